@@ -1,0 +1,62 @@
+#pragma once
+// The reference ops: the numerical oracle every backend (gpu_svc's OpenCL kernels, npu_svc's
+// emulator) is tested against. One op = one function, fp32 math, written for clarity first.
+// They parallelise internally over independent rows (see set_num_threads), never change results
+// with the thread count, and allocate nothing in the hot path except where noted.
+//
+// Layouts (row-major, the innermost dimension contiguous, as GGUF/ggml store them):
+//   activations  x[n_tokens][dim]
+//   weight W     [rows = output features][cols = input features]; each row is dtype_row_bytes()
+//   KV cache     per layer: k[n_ctx][n_kv_heads * head_dim], v likewise (sequence outermost,
+//                Transformer-Lite's sub-tensor layout: a step writes its rows in place)
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace duet::ops {
+
+// A weight matrix in place (typically inside the mmapped GGUF file): never copied.
+struct Matrix {
+  DType type = DType::F32;
+  int64_t rows = 0;  // output features (GGUF ne1)
+  int64_t cols = 0;  // input features (GGUF ne0)
+  const void* data = nullptr;
+  size_t row_bytes() const { return dtype_row_bytes(type, cols); }
+  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
+};
+
+// Threads used by the ops (default: hardware concurrency). Results do not depend on it.
+void set_num_threads(int n);
+int num_threads();
+
+// out[t][:] = dequantised table row tokens[t]. Token ids must be in [0, table.rows).
+void embed(const Matrix& table, const int32_t* tokens, int n_tokens, float* out);
+
+// out[t][i] = x[t][i] / sqrt(mean_i(x[t]^2) + eps) * weight[i]. out may alias x.
+void rmsnorm(const float* x, const float* weight, int n_tokens, int dim, float eps, float* out);
+
+// y[t][r] = sum_k W[r][k] * x[t][k] for r in [row_begin, row_end). y has row stride W.rows
+// (the full output), so two devices splitting the rows write disjoint parts of one tensor.
+// row_end < 0 means W.rows.
+void matmul(const Matrix& w, const float* x, int n_tokens, float* y, int64_t row_begin = 0,
+            int64_t row_end = -1);
+
+// RoPE on interleaved pairs (GGUF's permuted Q/K): for each head, pair (2i, 2i+1) of x[t] is
+// rotated by angle positions[t] * freq_base^(-2i / head_dim). In place.
+void rope(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* positions,
+          float freq_base);
+
+// Causal GQA attention over a KV cache. q[t] has n_heads*head_dim values; token t attends to
+// cache rows 0..positions[t] inclusive (the caller has already written this step's K/V rows).
+// Head h reads KV head h / (n_heads / n_kv_heads). Scale 1/sqrt(head_dim).
+// out[t] has n_heads*head_dim values.
+void attention(const float* q, const float* k_cache, const float* v_cache, int n_tokens,
+               const int32_t* positions, int n_heads, int n_kv_heads, int head_dim, float* out);
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate or up.
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
+
+// x[i] += y[i].
+void add(float* x, const float* y, int64_t n);
+
+}  // namespace duet::ops
