@@ -1,0 +1,2 @@
+// frontend entry point: placeholder until the service loop lands.
+int main() { return 0; }
