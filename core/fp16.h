@@ -10,7 +10,7 @@ namespace duet {
 
 inline float fp16_to_fp32(uint16_t h) {
 #if defined(__F16C__)
-  return _cvtsh_ss(h);
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 #else
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
@@ -40,7 +40,8 @@ inline float fp16_to_fp32(uint16_t h) {
 
 inline uint16_t fp32_to_fp16(float f) {
 #if defined(__F16C__)
-  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+  // The vector form: clang's _cvtss_sh macro is a compound literal, an error under -Wpedantic.
+  return static_cast<uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0));
 #else
   uint32_t x;
   std::memcpy(&x, &f, sizeof x);

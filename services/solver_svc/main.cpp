@@ -1,2 +1,16 @@
-// solver_svc entry point: placeholder until the service loop lands.
-int main() { return 0; }
+// solver_svc: the profiler and the partition solver. The service runtime (core/service.h)
+// answers hello/heartbeat/status/shutdown; the solver's handlers register below.
+#include <memory>
+
+#include "core/service.h"
+#include "services/solver_svc/solver_service.h"
+
+int main(int argc, char** argv) {
+  std::unique_ptr<duet::solver::SolverService> service;
+  return duet::service_main(argc, argv, duet::ServiceId::solver,
+                            [&service](duet::ServiceLoop& loop) {
+                              service = std::make_unique<duet::solver::SolverService>(
+                                  loop.options().soc, loop.options().model_path, loop.run_dir());
+                              duet::solver::install_solver_handlers(loop, *service);
+                            });
+}

@@ -1,0 +1,129 @@
+// gpu_bench: prints one JSON object.
+//   gemv: Q4_0 weights [rows, cols] x 1 token, in GB/s of weights read, next to the device's
+//         best plain buffer copy (clEnqueueCopyBuffer, read + write bytes) in the same run.
+//   gemm: Q4_0 weights [rows, cols] x tokens, in GFLOP/s, next to OpenBLAS sgemm on the same
+//         shape in fp32 (the host's cores; on PoCL the very cores the kernels run on).
+#include <CL/cl.h>
+#include <cblas.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "core/op_shape.h"
+#include "services/gpu_svc/gpu_profiler.h"
+
+namespace {
+
+using duet::gpu::check_cl;
+
+double event_us(cl_event e) {
+  check_cl(clWaitForEvents(1, &e), "wait");
+  cl_ulong s = 0, t = 0;
+  clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_START, sizeof s, &s, nullptr);
+  clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_END, sizeof t, &t, nullptr);
+  clReleaseEvent(e);
+  return (t - s) / 1e3;
+}
+
+// The best of the runtime's buffer copy and a plain copy kernel, in GB/s of bytes read + written.
+double copy_gbps(duet::gpu::GpuKernels& kernels, size_t bytes, int reps) {
+  auto& dev = kernels.device();
+  cl_int err = CL_SUCCESS;
+  cl_mem a = clCreateBuffer(dev.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+  check_cl(err, "clCreateBuffer");
+  cl_mem b = clCreateBuffer(dev.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+  check_cl(err, "clCreateBuffer");
+  const unsigned char zero = 1;
+  check_cl(clEnqueueFillBuffer(dev.queue(), a, &zero, 1, 0, bytes, 0, nullptr, nullptr), "fill");
+  check_cl(clEnqueueFillBuffer(dev.queue(), b, &zero, 1, 0, bytes, 0, nullptr, nullptr), "fill");
+  double best_us = 1e30;
+  for (int r = 0; r <= reps; ++r) {
+    cl_event e = nullptr;
+    check_cl(clEnqueueCopyBuffer(dev.queue(), a, b, 0, 0, bytes, 0, nullptr, &e), "copy");
+    const double runtime_copy = event_us(e);
+    const double kernel_copy = event_us(kernels.copy(a, b, bytes));
+    if (r > 0) best_us = std::min({best_us, runtime_copy, kernel_copy});
+  }
+  clReleaseMemObject(a);
+  clReleaseMemObject(b);
+  return 2.0 * static_cast<double>(bytes) / (best_us * 1e3);
+}
+
+double blas_gflops(int m, int k, int n, int reps) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> w(size_t(m) * k), x(size_t(n) * k), y(size_t(n) * m);
+  for (auto& v : w) v = d(rng);
+  for (auto& v : x) v = d(rng);
+  double best = 1e30;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    // y[n][m] = x[n][k] * W[m][k]^T, the matmul's layout.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.0f, x.data(), k, w.data(), k,
+                0.0f, y.data(), m);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, s);
+  }
+  return 2.0 * m * k * n / best / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("gpu_svc kernel benchmark (JSON on stdout)");
+  int gemv_rows = 14336, gemv_cols = 4096, gemm_rows = 4096, gemm_cols = 4096, gemm_tokens = 128,
+      reps = 5;
+  size_t copy_mb = 256;
+  app.add_option("--gemv-rows", gemv_rows);
+  app.add_option("--gemv-cols", gemv_cols);
+  app.add_option("--gemm-rows", gemm_rows);
+  app.add_option("--gemm-cols", gemm_cols);
+  app.add_option("--gemm-tokens", gemm_tokens);
+  app.add_option("--copy-mb", copy_mb);
+  app.add_option("--reps", reps);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    auto& dev = duet::gpu::shared_device();
+    duet::gpu::GpuKernels kernels(dev);
+    nlohmann::json out;
+    out["device"] = dev.info().name;
+    out["platform"] = dev.info().platform;
+    out["type"] = dev.info().type;
+    out["compute_units"] = dev.info().compute_units;
+
+    const double copy = copy_gbps(kernels, copy_mb << 20, reps);
+    for (auto type : {duet::DType::Q4_0, duet::DType::Q8_0, duet::DType::F16, duet::DType::F32}) {
+      const duet::OpShape gemv{duet::OpKind::MatMul, type, gemv_rows, gemv_cols, 1};
+      const auto m = duet::gpu::measure_op(kernels, gemv, static_cast<uint32_t>(reps));
+      const double bytes = static_cast<double>(duet::dtype_row_bytes(type, gemv_cols)) * gemv_rows;
+      const double gbps = bytes / (m.min_us * 1e3);
+      out["gemv"][std::string(duet::dtype_name(type))] = {
+          {"shape", {gemv_rows, gemv_cols, 1}}, {"weight_bytes", bytes}, {"min_us", m.min_us},
+          {"median_us", m.median_us},           {"weights_gbps", gbps},  {"copy_gbps", copy},
+          {"fraction_of_copy", gbps / copy}};
+    }
+    const duet::OpShape gemm{duet::OpKind::MatMul, duet::DType::Q4_0, gemm_rows, gemm_cols,
+                             gemm_tokens};
+    const auto g =
+        duet::gpu::measure_op(kernels, gemm, static_cast<uint32_t>(std::max(1, reps / 2)));
+    const double flops = 2.0 * gemm_rows * gemm_cols * gemm_tokens;
+    const double gflops = flops / (g.min_us * 1e3);
+    const double blas = blas_gflops(gemm_rows, gemm_cols, gemm_tokens, std::max(1, reps / 2));
+    out["gemm"] = {{"shape", {gemm_rows, gemm_cols, gemm_tokens}},
+                   {"type", "Q4_0"},
+                   {"min_us", g.min_us},
+                   {"gflops", gflops},
+                   {"openblas_sgemm_gflops", blas},
+                   {"fraction_of_openblas", gflops / blas}};
+    std::cout << out.dump(2) << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "gpu_bench: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,86 @@
+// duet chat --stack ID: an interactive chat over the stack's frontend. Each stdin line is one
+// turn of a session, so the frontend keeps the KV cache between turns and a turn only prefills
+// its own text; the reply streams to stdout. The session is closed at end of input.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "cli/command.h"
+#include "core/client.h"
+
+namespace {
+
+struct ChatArgs {
+  std::string stack = "default";
+  std::string run_dir;
+  std::string priority = "reactive";
+  duet::client::GenerateRequest request;
+  int timeout_s = 600;
+};
+
+void run_chat(ChatArgs args) {
+  using namespace duet::client;
+  Client c(stack_endpoint(args.stack, args.run_dir));
+  GenerateRequest turn = args.request;
+  turn.priority = parse_priority(args.priority);
+  turn.stream = true;
+  std::random_device rd;
+  turn.session = (uint64_t(rd()) << 32 | rd()) | 1;  // never 0 (= no session)
+  const bool interactive = isatty(STDIN_FILENO);
+  std::string line;
+  for (;;) {
+    if (interactive) std::fputs("> ", stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (line.empty()) continue;
+    turn.prompt = line;
+    const GenerateResult r = c.generate(
+        turn,
+        [](const Chunk& chunk) {
+          std::fwrite(chunk.text.data(), 1, chunk.text.size(), stdout);
+          std::fflush(stdout);
+          return true;
+        },
+        std::chrono::seconds(args.timeout_s));
+    std::printf("\n");
+    std::fflush(stdout);
+    if (interactive)
+      std::fprintf(stderr, "[%u tokens, TTFT %.1f ms, %.1f tok/s, %s]\n", r.stats.generated_tokens,
+                   r.stats.ttft_ms, r.stats.tpot_ms > 0 ? 1000.0 / r.stats.tpot_ms : 0.0,
+                   r.stats.finish_reason.c_str());
+  }
+  try {
+    c.close_session(turn.session);
+  } catch (const duet::Error& e) {
+    if (e.code() != duet::Errc::not_found) throw;  // no turn was ever taken
+  }
+}
+
+duet::cli::RegisterCommand register_chat([](CLI::App& app) {
+  auto args = std::make_shared<ChatArgs>();
+  auto* cmd = app.add_subcommand(
+      "chat",
+      "Chat with a running stack: each stdin line is a turn; the KV cache is kept between turns");
+  cmd->add_option("--stack", args->stack, "stack id")->capture_default_str();
+  cmd->add_option("--run-dir", args->run_dir, "run directory (default: from the stack id)");
+  cmd->add_option("--max-tokens", args->request.max_tokens, "tokens per reply at most")
+      ->capture_default_str();
+  cmd->add_option("--temperature", args->request.sampling.temperature, "0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", args->request.sampling.top_k, "0 = all tokens")->capture_default_str();
+  cmd->add_option("--top-p", args->request.sampling.top_p, "nucleus threshold in (0, 1]")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->request.sampling.seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--priority", args->priority, "reactive or proactive")->capture_default_str();
+  cmd->add_option("--plan", args->request.plan,
+                  "plan the stack must be running (default: its own)");
+  cmd->add_option("--stop", args->request.stop, "stop strings (repeatable)");
+  cmd->add_option("--timeout", args->timeout_s, "seconds one reply may take")
+      ->capture_default_str();
+  cmd->callback([args] { run_chat(*args); });
+});
+
+}  // namespace

@@ -1,0 +1,94 @@
+// duet eval --model M --ids "1 703 1975 ..." --logits-out F: the logits of every input position,
+// little-endian float32, one row of n_vocab per position. Runs the reference forward pass
+// in-process; a later backend (--stack/--plan) only has to provide another EvalBackend.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/forward.h"
+#include "core/model.h"
+#include "core/ops.h"
+
+namespace {
+
+struct EvalArgs {
+  std::string model = "models/fortune-q8_0.gguf";
+  std::string ids;
+  std::string logits_out;
+  int threads = 0;
+};
+
+// All logits [n_ids][n_vocab] of one sequence evaluated from an empty context.
+using EvalBackend = std::function<std::vector<float>(const std::vector<int32_t>& ids)>;
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::istringstream in(text);
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || v < 0 || v > INT32_MAX) {
+      throw duet::Error(duet::Errc::invalid_argument, "--ids: \"" + word + "\" is not a token id");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) throw duet::Error(duet::Errc::invalid_argument, "--ids: no token ids given");
+  return ids;
+}
+
+void write_logits(const std::string& path, const std::vector<float>& logits) {
+  static_assert(std::endian::native == std::endian::little,
+                "logits files are little-endian float32");
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(logits.data()),
+            static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  out.close();
+  if (!out) throw duet::Error(duet::Errc::io, path + ": cannot write the logits file");
+}
+
+void run_eval(const EvalArgs& args) {
+  if (args.threads > 0) duet::ops::set_num_threads(args.threads);
+  const std::vector<int32_t> ids = parse_ids(args.ids);
+  const auto model = duet::LlamaModel::load(args.model);
+  const int n_vocab = model->hp().n_vocab;
+  EvalBackend backend = [&](const std::vector<int32_t>& seq) {
+    duet::ReferenceForward fwd(*model);
+    return fwd.forward(seq, true);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<float> logits = backend(ids);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  write_logits(args.logits_out, logits);
+  std::fprintf(stderr, "eval: %zu positions x %d logits -> %s (%.1f tok/s)\n", ids.size(), n_vocab,
+               args.logits_out.c_str(), static_cast<double>(ids.size()) / seconds);
+}
+
+duet::cli::RegisterCommand register_eval([](CLI::App& app) {
+  auto args = std::make_shared<EvalArgs>();
+  auto* cmd = app.add_subcommand(
+      "eval",
+      "Write the logits of every input position (little-endian float32, one row of "
+      "n_vocab per position)");
+  cmd->add_option("--model", args->model, "GGUF model")->capture_default_str();
+  cmd->add_option("--ids", args->ids, "Token ids, space separated (BOS is not added)")->required();
+  cmd->add_option("--logits-out", args->logits_out, "Output file")->required();
+  cmd->add_option("--threads", args->threads, "Compute threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([args] { run_eval(*args); });
+});
+
+}  // namespace

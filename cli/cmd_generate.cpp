@@ -1,0 +1,124 @@
+// duet generate --model M --local --max-tokens N [sampling options] "prompt": streams the
+// continuation to stdout. The decoding loop only sees a GenerateBackend (prefill a prompt, then
+// one token at a time), so running through the service stack (--stack) is another backend.
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/forward.h"
+#include "core/model.h"
+#include "core/ops.h"
+#include "core/sampling.h"
+#include "core/tokenizer.h"
+
+namespace {
+
+struct GenerateArgs {
+  std::string model = "models/fortune-q8_0.gguf";
+  bool local = false;
+  int max_tokens = 64;
+  duet::SamplingParams sampling;
+  int threads = 0;
+  std::string prompt;
+};
+
+// Appends tokens to the sequence and returns the logits after the last one.
+using GenerateBackend = std::function<std::vector<float>(std::span<const int32_t> tokens)>;
+
+struct GenerateStats {
+  int prompt_tokens = 0, generated = 0;
+  double prompt_s = 0, generate_s = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Decodes until EOS, max_tokens or a full context; each token's text goes to `emit` as soon as
+// it is a whole UTF-8 character.
+GenerateStats generate(const duet::Tokenizer& tok, const GenerateBackend& backend, int n_ctx,
+                       const std::string& prompt, int max_tokens, duet::SamplingParams sampling,
+                       const std::function<void(const std::string&)>& emit) {
+  GenerateStats stats;
+  const std::vector<int32_t> prompt_ids = tok.encode(prompt, true);
+  stats.prompt_tokens = static_cast<int>(prompt_ids.size());
+  if (stats.prompt_tokens >= n_ctx) {
+    throw duet::Error(duet::Errc::out_of_range, "prompt of " + std::to_string(stats.prompt_tokens) +
+                                                    " tokens does not fit the context of " +
+                                                    std::to_string(n_ctx));
+  }
+  duet::Sampler sampler(sampling);
+  duet::Tokenizer::StreamDecoder stream(tok);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<float> logits = backend(prompt_ids);
+  stats.prompt_s = seconds_since(start);
+  start = std::chrono::steady_clock::now();
+  int position = stats.prompt_tokens;
+  while (stats.generated < max_tokens) {
+    const int32_t id = sampler.sample(logits);
+    if (id == tok.eos()) break;
+    ++stats.generated;
+    emit(stream.push(id));
+    if (stats.generated == max_tokens || position >= n_ctx) break;
+    logits = backend(std::span(&id, 1));
+    ++position;
+  }
+  emit(stream.flush());
+  stats.generate_s = seconds_since(start);
+  return stats;
+}
+
+void run_generate(GenerateArgs args) {
+  if (!args.local) {
+    throw duet::Error(duet::Errc::invalid_argument,
+                      "generate needs --local (run in-process); running through the service stack "
+                      "is not wired yet");
+  }
+  if (args.max_tokens < 0)
+    throw duet::Error(duet::Errc::invalid_argument, "--max-tokens must be >= 0");
+  args.sampling.validate();
+  if (args.threads > 0) duet::ops::set_num_threads(args.threads);
+  const auto model = duet::LlamaModel::load(args.model);
+  const duet::Tokenizer tok(model->vocab());
+  duet::ReferenceForward fwd(*model);
+  const GenerateBackend backend = [&](std::span<const int32_t> tokens) {
+    return fwd.forward(tokens, false);
+  };
+  const GenerateStats stats = generate(tok, backend, fwd.n_ctx(), args.prompt, args.max_tokens,
+                                       args.sampling, [](const std::string& text) {
+                                         std::fwrite(text.data(), 1, text.size(), stdout);
+                                         std::fflush(stdout);
+                                       });
+  std::printf("\n");
+  std::fprintf(stderr, "prompt: %d tokens, %.1f tok/s; generated: %d tokens, %.1f tok/s\n",
+               stats.prompt_tokens, stats.prompt_tokens / std::max(stats.prompt_s, 1e-9),
+               stats.generated, stats.generated / std::max(stats.generate_s, 1e-9));
+}
+
+duet::cli::RegisterCommand register_generate([](CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  auto* cmd = app.add_subcommand(
+      "generate", "Generate text from a prompt, streaming it to stdout (BOS is added)");
+  cmd->add_option("--model", args->model, "GGUF model")->capture_default_str();
+  cmd->add_flag("--local", args->local, "Run in-process with the reference forward pass");
+  cmd->add_option("--max-tokens", args->max_tokens, "Stop after this many tokens (or at EOS)")
+      ->capture_default_str();
+  cmd->add_option("--temperature", args->sampling.temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", args->sampling.top_k, "Keep the k most likely tokens (0 = all)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", args->sampling.top_p, "Nucleus sampling threshold in (0, 1]")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->sampling.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Compute threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("prompt", args->prompt, "Prompt text")->required();
+  cmd->callback([args] { run_generate(*args); });
+});
+
+}  // namespace

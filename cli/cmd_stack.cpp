@@ -1,0 +1,440 @@
+// `duet stack up|down|status|restart|logs`: the stack verbs (deploy/stack.sh runs these). `up`
+// daemonises duet-supervisor (found next to this executable) and waits on its readiness pipe
+// until all four services answer heartbeats, or reports why not; the other verbs talk to the
+// supervisor's control socket in the stack's run dir.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/messaging.h"
+#include "core/run_dir.h"
+
+extern char** environ;
+
+namespace {
+
+using namespace duet;
+using namespace std::chrono_literals;
+
+constexpr const char* kDefaultModel = "models/fortune-q8_0.gguf";
+
+struct StackArgs {
+  std::string stack;
+  std::string model = kDefaultModel;
+  std::string soc = "sd8gen3";
+  std::string service;
+  int timeout_s = 30;
+  int max_restarts = 5;
+  int restart_window_ms = 10000;
+  int unresponsive_ms = 3000;
+  int stop_timeout_ms = 3000;
+  bool json = false;
+  int lines = 100;
+};
+
+std::string default_stack() {
+  const char* env = std::getenv("DUET_STACK");
+  return env && *env ? env : std::string(kDefaultStackId);
+}
+
+std::string run_dir_of(const std::string& stack) {
+  return default_run_dir(stack);
+}
+
+int read_pid_file(const std::string& run_dir) {
+  std::ifstream f(pid_file_path(run_dir));
+  long pid = 0;
+  return (f >> pid) && pid > 0 ? static_cast<int>(pid) : 0;
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+// The supervisor's status, or nullopt when the stack has no supervisor socket.
+std::optional<nlohmann::json> query_status(const std::string& run_dir,
+                                           std::chrono::milliseconds timeout = 2000ms) {
+  const std::string sock = supervisor_socket_path(run_dir);
+  if (!exists(sock)) return std::nullopt;
+  msg::RequestClient client(ipc_endpoint(sock));
+  auto reply = client.call([](uint64_t id) { return msg::make_status_request(id); }, timeout);
+  const auto* r = reply.message().body_as_StatusReply();
+  if (!r || !r->json())
+    throw Error(Errc::bad_format, "the supervisor answered a status request with something else");
+  return nlohmann::json::parse(r->json()->str());
+}
+
+nlohmann::json require_status(const std::string& stack) {
+  const std::string run_dir = run_dir_of(stack);
+  const int pid = read_pid_file(run_dir);
+  if (pid != 0 && !process_alive(pid))
+    throw Error(Errc::unavailable, "stack '" + stack + "' is not up: its supervisor (pid " +
+                                       std::to_string(pid) + ") died; `duet stack down --stack " +
+                                       stack + "` or the next `up` reclaims what it left");
+  auto status = query_status(run_dir);
+  if (!status)
+    throw Error(Errc::not_found, "stack '" + stack + "' is not up (no supervisor socket in " +
+                                     run_dir + "): start it with `duet stack up --stack " + stack +
+                                     "`");
+  return *status;
+}
+
+// A --soc name becomes the path of its profile; a path must exist. The supervisor runs from
+// elsewhere, so everything it gets is absolute.
+std::string resolve_soc(const std::string& soc) {
+  if (soc.find('/') != std::string::npos || soc.ends_with(".toml")) {
+    if (!exists(soc)) throw Error(Errc::not_found, "SoC profile '" + soc + "' does not exist");
+    return absolute_path(soc);
+  }
+  std::vector<std::string> tried;
+  if (const char* dir = std::getenv("DUET_SOC_DIR"); dir && *dir)
+    tried.push_back(std::string(dir) + "/" + soc + ".toml");
+  tried.push_back("deploy/soc/" + soc + ".toml");
+  tried.push_back(executable_dir() + "/../../deploy/soc/" + soc + ".toml");
+  for (const auto& p : tried)
+    if (exists(p)) return absolute_path(p);
+  std::string list;
+  for (const auto& p : tried) list += (list.empty() ? "" : ", ") + p;
+  throw Error(Errc::not_found, "unknown SoC profile '" + soc + "' (looked for " + list + ")");
+}
+
+// Starts duet-supervisor in its own session with its readiness pipe on fd 3; returns its pid and
+// the read end of the pipe.
+std::pair<pid_t, int> spawn_supervisor(const StackArgs& a, const std::string& run_dir,
+                                       const std::string& model, const std::string& soc) {
+  const std::string exe = executable_dir() + "/duet-supervisor";
+  if (access(exe.c_str(), X_OK) != 0)
+    throw Error(Errc::not_found, "'" + exe + "' is missing: build the duet-supervisor target");
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw Error(Errc::io, "pipe2 failed");
+  if (fds[1] == 3) {  // dup2(3, 3) would keep O_CLOEXEC and the child would lose its pipe
+    int moved = fcntl(fds[1], F_DUPFD_CLOEXEC, 10);
+    close(fds[1]);
+    fds[1] = moved;
+  }
+  std::vector<std::string> args = {exe,
+                                   "--stack",
+                                   a.stack,
+                                   "--run-dir",
+                                   run_dir,
+                                   "--model",
+                                   model,
+                                   "--soc",
+                                   soc,
+                                   "--max-restarts",
+                                   std::to_string(a.max_restarts),
+                                   "--restart-window-ms",
+                                   std::to_string(a.restart_window_ms),
+                                   "--unresponsive-ms",
+                                   std::to_string(a.unresponsive_ms),
+                                   "--stop-timeout-ms",
+                                   std::to_string(a.stop_timeout_ms),
+                                   "--ready-fd",
+                                   "3"};
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 3);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGCHLD}) sigaddset(&defaults, s);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  // Its own session: closing this terminal or killing `duet stack up` leaves the stack running.
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    throw Error(Errc::io, "cannot start '" + exe + "': " + std::strerror(rc));
+  }
+  return {pid, fds[0]};
+}
+
+// Reads the supervisor's one readiness line; nullopt on EOF (it died) or at the deadline.
+std::optional<std::string> read_ready_line(int fd, std::chrono::seconds timeout, bool& timed_out) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string line;
+  timed_out = false;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      return std::nullopt;
+    }
+    pollfd p{fd, POLLIN, 0};
+    int n = poll(&p, 1, static_cast<int>(left.count()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;
+    char buf[512];
+    ssize_t got = read(fd, buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return line.empty() ? std::nullopt : std::optional(line);
+    line.append(buf, static_cast<size_t>(got));
+    if (auto nl = line.find('\n'); nl != std::string::npos) return line.substr(0, nl);
+  }
+}
+
+void stack_up(const StackArgs& a) {
+  validate_stack_id(a.stack);
+  const std::string run_dir = run_dir_of(a.stack);
+  std::string model = absolute_path(a.model);
+  // The default is relative to the repo root: found from elsewhere next to the build too.
+  if (a.model == kDefaultModel && !exists(model))
+    model = absolute_path(executable_dir() + "/../../" + kDefaultModel);
+  if (!exists(model) || access(model.c_str(), R_OK) != 0)
+    throw Error(Errc::not_found, "model '" + a.model + "' does not exist or is not readable");
+  const std::string soc = resolve_soc(a.soc);
+  (void)ipc_endpoint(supervisor_socket_path(run_dir));  // a too-long run dir fails here
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [pid, fd] = spawn_supervisor(a, run_dir, model, soc);
+  bool timed_out = false;
+  auto line = read_ready_line(fd, std::chrono::seconds(a.timeout_s), timed_out);
+  close(fd);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  if (line && line->starts_with("ok")) {
+    std::printf(
+        "stack %s is up: 4 services healthy in %lld ms (supervisor pid %d, run dir %s)%s%s\n",
+        a.stack.c_str(), static_cast<long long>(ms), pid, run_dir.c_str(),
+        line->size() > 2 ? "\n  " : "", line->size() > 4 ? line->c_str() + 4 : "");
+    return;
+  }
+  if (line && line->starts_with("degraded: "))
+    throw Error(Errc::unavailable,
+                "stack " + a.stack + " came up degraded: " + line->substr(10) +
+                    ". The supervisor keeps running: `duet stack status --stack " + a.stack +
+                    "`, `duet stack down --stack " + a.stack + "`");
+  if (line && line->starts_with("error: "))
+    throw Error(Errc::unavailable, "cannot start stack " + a.stack + ": " + line->substr(7));
+  if (timed_out)
+    throw Error(Errc::timeout, "stack " + a.stack + " was not healthy within " +
+                                   std::to_string(a.timeout_s) +
+                                   " s; see `duet stack status --stack " + a.stack + "` and " +
+                                   log_path(run_dir, "supervisor"));
+  int status = 0;
+  waitpid(pid, &status, 0);  // it closed the pipe without a word: it has exited
+  throw Error(Errc::internal,
+              "duet-supervisor exited before the stack was ready (" +
+                  std::string(WIFSIGNALED(status) ? "signal " : "status ") +
+                  std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)) +
+                  ")");
+}
+
+bool wait_gone(int pid, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (process_alive(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+void stack_down(const StackArgs& a) {
+  validate_stack_id(a.stack);
+  const std::string run_dir = run_dir_of(a.stack);
+  const int pid = read_pid_file(run_dir);
+  bool asked = false;
+  if (exists(supervisor_socket_path(run_dir)) && process_alive(pid)) {
+    try {
+      msg::RequestClient client(ipc_endpoint(supervisor_socket_path(run_dir)));
+      client.call([](uint64_t id) { return msg::make_shutdown(id); }, 3000ms);
+      asked = true;
+    } catch (const Error& e) {
+      std::fprintf(stderr,
+                   "duet: the supervisor did not take the down request (%s): sending SIGTERM\n",
+                   e.what());
+    }
+  }
+  if (process_alive(pid)) {
+    if (!asked) kill(pid, SIGTERM);
+    if (!wait_gone(pid, std::chrono::seconds(a.timeout_s)))
+      throw Error(Errc::timeout, "supervisor pid " + std::to_string(pid) + " of stack " + a.stack +
+                                     " is still running after " + std::to_string(a.timeout_s) +
+                                     " s");
+    std::printf("stack %s is down\n", a.stack.c_str());
+    return;
+  }
+  if (!exists(run_dir))
+    throw Error(Errc::not_found, "stack '" + a.stack + "' is not up (no run dir " + run_dir + ")");
+  // Its supervisor died without cleaning up: let a reclaim-only supervisor remove the leftovers.
+  std::string cmd = "'" + executable_dir() + "/duet-supervisor' --reclaim-only --stack " + a.stack +
+                    " --run-dir '" + run_dir + "'";
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) throw Error(Errc::io, "reclaiming stack " + a.stack + " failed: " + cmd);
+}
+
+std::string format_ms(const nlohmann::json& v) {
+  if (!v.is_number()) return "-";
+  double ms = v.get<double>();
+  char buf[32];
+  if (ms < 1000)
+    std::snprintf(buf, sizeof(buf), "%.0fms", ms);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1fs", ms / 1000);
+  return buf;
+}
+
+void stack_status(const StackArgs& a) {
+  validate_stack_id(a.stack);
+  const nlohmann::json s = require_status(a.stack);
+  if (a.json) {
+    std::printf("%s\n", s.dump(2).c_str());
+    return;
+  }
+  std::printf("stack %s: %s (supervisor pid %d, up %s, run dir %s)\n", a.stack.c_str(),
+              s.value("state", "?").c_str(), s.value("pid", 0), format_ms(s["uptime_ms"]).c_str(),
+              s.value("run_dir", "?").c_str());
+  std::printf("%-11s %8s  %-12s %8s %9s %10s  %s\n", "SERVICE", "PID", "STATE", "UPTIME",
+              "RESTARTS", "HEARTBEAT", "LAST EXIT");
+  for (const auto& svc : s["services"])
+    std::printf("%-11s %8d  %-12s %8s %9d %10s  %s\n", svc.value("name", "?").c_str(),
+                svc.value("pid", 0), svc.value("state", "?").c_str(),
+                format_ms(svc["uptime_ms"]).c_str(), svc.value("restarts", 0),
+                format_ms(svc["heartbeat_age_ms"]).c_str(), svc.value("last_exit", "").c_str());
+}
+
+const nlohmann::json* find_service(const nlohmann::json& status, std::string_view name) {
+  for (const auto& svc : status["services"])
+    if (svc.value("name", "") == name) return &svc;
+  return nullptr;
+}
+
+void stack_restart(const StackArgs& a) {
+  validate_stack_id(a.stack);
+  const ServiceId id = parse_service(a.service);
+  const std::string name(service_name(id));
+  const std::string run_dir = run_dir_of(a.stack);
+  const nlohmann::json before = require_status(a.stack);
+  const int old_pid = find_service(before, name)->value("pid", 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  msg::RequestClient client(ipc_endpoint(supervisor_socket_path(run_dir)));
+  client.call([&](uint64_t rid) { return msg::make_restart_service(rid, msg::service_kind(id)); },
+              3000ms);
+  const auto deadline = t0 + std::chrono::seconds(a.timeout_s);
+  for (;;) {
+    nlohmann::json now = require_status(a.stack);
+    const nlohmann::json* svc = find_service(now, name);
+    const int pid = svc->value("pid", 0);
+    if (svc->value("state", "") == "healthy" && pid != 0 && pid != old_pid) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+      std::printf("%s restarted: pid %d -> %d, healthy in %lld ms\n", name.c_str(), old_pid, pid,
+                  static_cast<long long>(ms));
+      return;
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Error(Errc::timeout, name + " was not healthy again within " +
+                                     std::to_string(a.timeout_s) + " s (state " +
+                                     svc->value("state", "?") + ", " + svc->value("last_exit", "") +
+                                     ")");
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+void stack_logs(const StackArgs& a) {
+  validate_stack_id(a.stack);
+  std::string name = a.service;
+  if (name != "supervisor") name = std::string(service_name(parse_service(name)));
+  const std::string path = log_path(run_dir_of(a.stack), name);
+  std::ifstream f(path);
+  if (!f) throw Error(Errc::not_found, "no log '" + path + "' (is stack '" + a.stack + "' up?)");
+  std::deque<std::string> tail;
+  for (std::string line; std::getline(f, line);) {
+    tail.push_back(std::move(line));
+    if (a.lines > 0 && static_cast<int>(tail.size()) > a.lines) tail.pop_front();
+  }
+  for (const auto& line : tail) std::printf("%s\n", line.c_str());
+}
+
+duet::cli::RegisterCommand reg([](CLI::App& app) {
+  auto args = std::make_shared<StackArgs>();
+  args->stack = default_stack();
+  auto* stack = app.add_subcommand("stack", "run the four services under a supervisor");
+  stack->require_subcommand(1);
+  auto add_stack_opt = [&](CLI::App* c) {
+    c->add_option("--stack", args->stack, "stack id (env DUET_STACK)")->capture_default_str();
+  };
+
+  auto* up = stack->add_subcommand("up", "start the stack and wait until all services are healthy");
+  add_stack_opt(up);
+  up->add_option("--model", args->model, "GGUF model")->capture_default_str();
+  up->add_option("--soc", args->soc, "SoC profile name or .toml path")->capture_default_str();
+  up->add_option("--timeout", args->timeout_s, "seconds to wait for healthy")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  up->add_option("--max-restarts", args->max_restarts, "restart intensity: restarts ...")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  up->add_option("--restart-window-ms", args->restart_window_ms, "... within this window")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600000));
+  up->add_option("--unresponsive-ms", args->unresponsive_ms,
+                 "no heartbeat reply for this long: the service is unresponsive")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600000));
+  up->add_option("--stop-timeout-ms", args->stop_timeout_ms, "on down: SIGTERM, then SIGKILL after")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600000));
+  up->callback([args] { stack_up(*args); });
+
+  auto* down = stack->add_subcommand("down", "stop the stack and remove its files and segments");
+  add_stack_opt(down);
+  down->add_option("--timeout", args->timeout_s, "seconds to wait")->capture_default_str();
+  down->callback([args] { stack_down(*args); });
+
+  auto* status = stack->add_subcommand("status", "per service: pid, uptime, restarts, heartbeat");
+  add_stack_opt(status);
+  status->add_flag("--json", args->json, "print the supervisor's JSON");
+  status->callback([args] { stack_status(*args); });
+
+  auto* restart = stack->add_subcommand("restart", "restart one service and wait until healthy");
+  add_stack_opt(restart);
+  restart->add_option("service", args->service, "frontend, gpu_svc, npu_svc or solver_svc")
+      ->required();
+  restart->add_option("--timeout", args->timeout_s, "seconds to wait")->capture_default_str();
+  restart->callback([args] { stack_restart(*args); });
+
+  auto* logs = stack->add_subcommand("logs", "print the end of a service's log");
+  add_stack_opt(logs);
+  logs->add_option("service", args->service, "a service or 'supervisor'")->required();
+  logs->add_option("-n,--lines", args->lines, "lines from the end (0 = all)")
+      ->capture_default_str();
+  logs->callback([args] { stack_logs(*args); });
+});
+
+}  // namespace

@@ -1,0 +1,118 @@
+// duet status --stack ID [--json]: the stack as a user sees it: the supervisor's view of the
+// services (pid, restarts, health) and the frontend's queue, running requests, limits and
+// metrics (TTFT, TPOT, tokens/s, queue time, flag wait, KV bytes copied, restarts; measured and
+// modelled). A part that does not answer is reported as an error, not hidden.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/command.h"
+#include "core/client.h"
+#include "core/messaging.h"
+#include "core/run_dir.h"
+
+namespace {
+
+struct StatusArgs {
+  std::string stack = "default";
+  std::string run_dir;
+  bool json = false;
+  int timeout_ms = 3000;
+};
+
+nlohmann::json supervisor_status(const std::string& run_dir, int timeout_ms) {
+  const std::string sock = duet::supervisor_socket_path(run_dir);
+  if (!std::filesystem::exists(sock))
+    return {
+        {"error", "no supervisor socket " + sock + " (the stack is not up, or runs unsupervised)"}};
+  try {
+    duet::msg::RequestClient c(duet::ipc_endpoint(sock));
+    auto reply = c.call([](uint64_t id) { return duet::msg::make_status_request(id); },
+                        std::chrono::milliseconds(timeout_ms));
+    const auto* s = reply.message().body_as_StatusReply();
+    if (!s || !s->json()) return {{"error", "the supervisor answered with something else"}};
+    return nlohmann::json::parse(s->json()->str());
+  } catch (const std::exception& e) {
+    return {{"error", e.what()}};
+  }
+}
+
+nlohmann::json frontend_status(const StatusArgs& a) {
+  try {
+    duet::client::Client c(duet::client::stack_endpoint(a.stack, a.run_dir));
+    return c.status(std::chrono::milliseconds(a.timeout_ms));
+  } catch (const std::exception& e) {
+    return {{"error", e.what()}};
+  }
+}
+
+double num(const nlohmann::json& j, const char* a, const char* b) {
+  const auto ia = j.find(a);
+  if (ia == j.end()) return 0;
+  const auto ib = ia->find(b);
+  return ib != ia->end() && ib->is_number() ? ib->get<double>() : 0;
+}
+
+void print_human(const std::string& stack, const nlohmann::json& sup, const nlohmann::json& fe) {
+  std::printf("stack %s\n", stack.c_str());
+  if (sup.contains("error")) {
+    std::printf("  supervisor: unavailable: %s\n", sup["error"].get<std::string>().c_str());
+  } else if (sup.contains("services") && sup["services"].is_array()) {
+    for (const auto& s : sup["services"])
+      std::printf("  %-10s %s\n", s.value("name", "?").c_str(), s.dump().c_str());
+  } else {
+    std::printf("  supervisor: %s\n", sup.dump().c_str());
+  }
+  if (fe.contains("error")) {
+    std::printf("  frontend: unavailable: %s\n", fe["error"].get<std::string>().c_str());
+    return;
+  }
+  const auto& m = fe["metrics"];
+  std::printf("  frontend: plan %s, queue %d reactive + %d proactive, %zu running, %d sessions\n",
+              fe.value("plan", "?").c_str(), fe["queue"].value("reactive", 0),
+              fe["queue"].value("proactive", 0), fe["running"].size(), fe.value("sessions", 0));
+  std::printf("  limits: %s\n", fe["limits"].dump().c_str());
+  std::printf("  requests: %s\n", m["requests"].dump().c_str());
+  std::printf("  tokens: prompt %.0f, generated %.0f in %.0f steps\n", num(m, "tokens", "prompt"),
+              num(m, "tokens", "generated"), m.value("steps", 0.0));
+  std::printf(
+      "  measured: TTFT %.2f ms, TPOT %.2f ms, %.1f tok/s, queue %.2f ms, flag wait %.2f ms\n",
+      num(m, "measured", "ttft_ms"), num(m, "measured", "tpot_ms"),
+      num(m, "measured", "tokens_per_s"), num(m, "measured", "queue_ms"),
+      num(m, "measured", "flag_wait_ms"));
+  std::printf("  modelled: TTFT %.2f ms, TPOT %.2f ms, %.1f tok/s\n", num(m, "modeled", "ttft_ms"),
+              num(m, "modeled", "tpot_ms"), num(m, "modeled", "tokens_per_s"));
+  std::printf("  KV bytes copied %.0f, restarts seen %.0f\n", m.value("kv_bytes_copied", 0.0),
+              m.value("restarts_seen", 0.0));
+}
+
+int run_status(const StatusArgs& a) {
+  duet::validate_stack_id(a.stack);
+  const std::string run_dir = a.run_dir.empty() ? duet::default_run_dir(a.stack) : a.run_dir;
+  const nlohmann::json sup = supervisor_status(run_dir, a.timeout_ms);
+  const nlohmann::json fe = frontend_status(a);
+  if (a.json)
+    std::printf(
+        "%s\n",
+        nlohmann::json{{"stack", a.stack}, {"supervisor", sup}, {"frontend", fe}}.dump(2).c_str());
+  else
+    print_human(a.stack, sup, fe);
+  if (fe.contains("error"))
+    throw duet::Error(duet::Errc::unavailable, fe["error"].get<std::string>());
+  return 0;
+}
+
+duet::cli::RegisterCommand register_status([](CLI::App& app) {
+  auto args = std::make_shared<StatusArgs>();
+  auto* cmd = app.add_subcommand(
+      "status", "the stack's services and the frontend's queue, limits and metrics");
+  cmd->add_option("--stack", args->stack, "stack id")->capture_default_str();
+  cmd->add_option("--run-dir", args->run_dir, "run directory (default: from the stack id)");
+  cmd->add_flag("--json", args->json, "print everything as JSON");
+  cmd->add_option("--timeout-ms", args->timeout_ms, "deadline per query")->capture_default_str();
+  cmd->callback([args] { run_status(*args); });
+});
+
+}  // namespace

@@ -1,0 +1,46 @@
+// duet tokenize --model M --text T: the ids of T under M's tokenizer, space separated, no BOS.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli/command.h"
+#include "core/gguf.h"
+#include "core/tokenizer.h"
+
+namespace {
+
+struct TokenizeArgs {
+  std::string model;
+  std::string text;
+  bool add_bos = false;
+  bool show_pieces = false;
+};
+
+void run_tokenize(const TokenizeArgs& args) {
+  const auto file = duet::GgufFile::open(args.model);
+  const duet::Tokenizer tokenizer(duet::Vocab::from_gguf(*file));
+  const std::vector<int32_t> ids = tokenizer.encode(args.text, args.add_bos);
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) line += ' ';
+    if (args.show_pieces) {
+      line += tokenizer.vocab().pieces[static_cast<size_t>(ids[i])];
+      line += '=';
+    }
+    line += std::to_string(ids[i]);
+  }
+  std::printf("%s\n", line.c_str());
+}
+
+duet::cli::RegisterCommand register_tokenize([](CLI::App& app) {
+  auto args = std::make_shared<TokenizeArgs>();
+  auto* cmd = app.add_subcommand(
+      "tokenize", "Print the token ids of a text, space separated (no BOS unless --bos)");
+  cmd->add_option("--model", args->model, "GGUF model whose tokenizer to use")->required();
+  cmd->add_option("--text", args->text, "Text to tokenize")->required();
+  cmd->add_flag("--bos", args->add_bos, "Prepend the BOS id");
+  cmd->add_flag("--pieces", args->show_pieces, "Print piece=id instead of bare ids");
+  cmd->callback([args] { run_tokenize(*args); });
+});
+
+}  // namespace

@@ -1,0 +1,379 @@
+#include "core/client.h"
+
+#include <sys/stat.h>
+
+#include <bit>
+#include <cstdio>
+#include <fstream>
+
+#include "core/messaging.h"
+#include "core/run_dir.h"
+
+namespace duet::client {
+
+namespace fbc = fb::client;
+using Clock = std::chrono::steady_clock;
+
+Priority parse_priority(std::string_view name) {
+  if (name == "reactive") return Priority::reactive;
+  if (name == "proactive") return Priority::proactive;
+  throw Error(Errc::invalid_argument,
+              "unknown priority '" + std::string(name) + "' (reactive or proactive)");
+}
+
+std::string_view priority_name(Priority p) {
+  return p == Priority::reactive ? "reactive" : "proactive";
+}
+
+nlohmann::json to_json(const Stats& s) {
+  return {{"prompt_tokens", s.prompt_tokens},
+          {"generated_tokens", s.generated_tokens},
+          {"ttft_ms", s.ttft_ms},
+          {"tpot_ms", s.tpot_ms},
+          {"tokens_per_s", s.tpot_ms > 0 ? 1000.0 / s.tpot_ms : 0.0},
+          {"queue_ms", s.queue_ms},
+          {"modeled_ttft_ms", s.modeled_ttft_ms},
+          {"modeled_tpot_ms", s.modeled_tpot_ms},
+          {"flag_wait_ms", s.flag_wait_ms},
+          {"kv_bytes_copied", s.kv_bytes_copied},
+          {"restarts_seen", s.restarts_seen},
+          {"plan", s.plan},
+          {"finish_reason", s.finish_reason}};
+}
+
+std::string stack_endpoint(std::string_view stack_id, const std::string& run_dir) {
+  validate_stack_id(stack_id);
+  const std::string dir = run_dir.empty() ? default_run_dir(stack_id) : run_dir;
+  const std::string path = client_socket_path(dir);
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0)
+    throw Error(Errc::unavailable, "stack '" + std::string(stack_id) + "' has no frontend socket " +
+                                       path + " (is it up? `duet stack up --stack " +
+                                       std::string(stack_id) + "`)");
+  return ipc_endpoint(path);
+}
+
+namespace {
+
+std::vector<int32_t> to_ids(const flatbuffers::Vector<int32_t>* v) {
+  return v ? std::vector<int32_t>(v->begin(), v->end()) : std::vector<int32_t>{};
+}
+
+std::string to_str(const flatbuffers::String* s) {
+  return s ? s->str() : std::string();
+}
+
+Event decode_event(const std::vector<uint8_t>& bytes) {
+  const fbc::ClientMessage* m = msg::verify_client(bytes);
+  Event e;
+  e.request_id = m->request_id();
+  switch (m->body_type()) {
+    case fbc::ClientBody::TokenChunk: {
+      const auto* c = m->body_as_TokenChunk();
+      e.kind = Event::Kind::chunk;
+      e.chunk = {e.request_id, to_ids(c->ids()), to_str(c->text())};
+      return e;
+    }
+    case fbc::ClientBody::Done: {
+      const auto* d = m->body_as_Done();
+      e.kind = Event::Kind::done;
+      e.done.request_id = e.request_id;
+      e.done.text = to_str(d->text());
+      e.done.ids = to_ids(d->ids());
+      if (const auto* s = d->stats()) {
+        e.done.stats = {s->prompt_tokens(),   s->generated_tokens(), s->ttft_ms(),
+                        s->tpot_ms(),         s->queue_ms(),         s->modeled_ttft_ms(),
+                        s->modeled_tpot_ms(), s->flag_wait_ms(),     s->kv_bytes_copied(),
+                        s->restarts_seen(),   to_str(s->plan()),     to_str(s->finish_reason())};
+      }
+      return e;
+    }
+    case fbc::ClientBody::Error: {
+      const auto* x = m->body_as_Error();
+      e.kind = Event::Kind::error;
+      if (x->request_id()) e.request_id = x->request_id();
+      e.code = msg::from_fb_code(static_cast<fb::Code>(x->code()));
+      e.message = to_str(x->message());
+      return e;
+    }
+    case fbc::ClientBody::EvalReply: {
+      const auto* r = m->body_as_EvalReply();
+      e.kind = Event::Kind::eval;
+      e.eval.n_tokens = r->n_tokens();
+      e.eval.n_vocab = r->n_vocab();
+      if (r->logits()) e.eval.logits.assign(r->logits()->begin(), r->logits()->end());
+      if (e.eval.logits.size() != size_t(e.eval.n_tokens) * e.eval.n_vocab)
+        throw Error(Errc::bad_format, "EvalReply carries " + std::to_string(e.eval.logits.size()) +
+                                          " logits for " + std::to_string(e.eval.n_tokens) + " x " +
+                                          std::to_string(e.eval.n_vocab));
+      return e;
+    }
+    case fbc::ClientBody::StatusReply:
+      e.kind = Event::Kind::status;
+      e.json = to_str(m->body_as_StatusReply()->json());
+      return e;
+    default:
+      throw Error(Errc::bad_format, std::string("the frontend sent an unexpected ") +
+                                        fbc::EnumNameClientBody(m->body_type()));
+  }
+}
+
+std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& fbb, uint64_t id, fbc::ClientBody type,
+                            flatbuffers::Offset<void> body) {
+  fbb.Finish(fbc::CreateClientMessage(fbb, id, type, body), fbc::ClientMessageIdentifier());
+  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+}
+
+std::chrono::milliseconds left_until(Clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(0),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+}
+
+}  // namespace
+
+Client::Client(std::string endpoint) : endpoint_(std::move(endpoint)) {
+  socket_ = std::make_unique<zmq::socket_t>(msg::context(), zmq::socket_type::dealer);
+  socket_->set(zmq::sockopt::linger, 0);
+  // Requests sent before the connection is up wait in the pipe instead of failing (the option
+  // must be set before connect: it decides whether the pipe exists before the peer answers).
+  socket_->set(zmq::sockopt::immediate, false);
+  socket_->set(zmq::sockopt::reconnect_ivl, 20);
+  socket_->set(zmq::sockopt::reconnect_ivl_max, 200);
+  socket_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(msg::kMaxMessageBytes));
+  socket_->set(zmq::sockopt::sndtimeo, 2000);  // a send waits this long for room, then fails
+  socket_->connect(endpoint_);
+}
+
+Client::~Client() = default;
+
+void Client::send(const std::vector<uint8_t>& bytes) {
+  zmq::message_t m(bytes.data(), bytes.size());
+  if (!socket_->send(m, zmq::send_flags::none))
+    throw Error(Errc::unavailable, "cannot send to the frontend at " + endpoint_ +
+                                       " within 2 s (its queue is full or it is not accepting "
+                                       "connections)");
+}
+
+std::optional<std::vector<uint8_t>> Client::recv_frame(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, left_until(deadline));
+    if (item.revents & ZMQ_POLLIN) {
+      zmq::message_t frame;
+      if (socket_->recv(frame, zmq::recv_flags::dontwait)) {
+        while (frame.more()) {  // keep the last frame of a multipart message
+          frame = zmq::message_t();
+          if (!socket_->recv(frame, zmq::recv_flags::none)) break;
+        }
+        const auto* p = static_cast<const uint8_t*>(frame.data());
+        return std::vector<uint8_t>(p, p + frame.size());
+      }
+    }
+    if (Clock::now() >= deadline) return std::nullopt;
+  }
+}
+
+uint64_t Client::submit(const GenerateRequest& r) {
+  const uint64_t id = next_request_id_++;
+  flatbuffers::FlatBufferBuilder fbb;
+  auto sampling = fbc::CreateSamplingParams(fbb, r.sampling.temperature, r.sampling.top_k,
+                                            r.sampling.top_p, r.sampling.seed);
+  std::vector<flatbuffers::Offset<flatbuffers::String>> stops;
+  for (const auto& s : r.stop) stops.push_back(fbb.CreateString(s));
+  auto body = fbc::CreateGenerateDirect(fbb, r.prompt_ids.empty() ? r.prompt.c_str() : nullptr,
+                                        r.prompt_ids.empty() ? nullptr : &r.prompt_ids, sampling,
+                                        r.max_tokens, stops.empty() ? nullptr : &stops,
+                                        static_cast<fbc::Priority>(r.priority), r.stream,
+                                        r.plan.c_str(), r.session, r.heartbeat_ms);
+  send(finish(fbb, id, fbc::ClientBody::Generate, body.Union()));
+  return id;
+}
+
+void Client::cancel(uint64_t request_id) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateCancel(fbb, request_id);
+  send(finish(fbb, request_id, fbc::ClientBody::Cancel, body.Union()));
+}
+
+void Client::keep_alive(uint64_t request_id) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateKeepAlive(fbb, request_id);
+  send(finish(fbb, request_id, fbc::ClientBody::KeepAlive, body.Union()));
+}
+
+std::optional<Event> Client::next_event(std::chrono::milliseconds timeout) {
+  if (!pending_.empty()) {
+    Event e = std::move(pending_.front());
+    pending_.pop_front();
+    return e;
+  }
+  auto frame = recv_frame(timeout);
+  if (!frame) return std::nullopt;
+  return decode_event(*frame);
+}
+
+Event Client::wait_for(uint64_t request_id, Clock::time_point deadline, const char* what) {
+  for (auto it = pending_.begin(); it != pending_.end(); ++it)
+    if (it->request_id == request_id) {
+      Event e = std::move(*it);
+      pending_.erase(it);
+      return e;
+    }
+  for (;;) {
+    auto frame = recv_frame(left_until(deadline));
+    if (!frame)
+      throw Error(Errc::timeout, std::string("no ") + what + " reply from the frontend at " +
+                                     endpoint_ + " before the deadline");
+    Event e = decode_event(*frame);
+    if (e.request_id == request_id) return e;
+    pending_.push_back(std::move(e));
+  }
+}
+
+GenerateResult Client::generate(const GenerateRequest& request,
+                                const std::function<bool(const Chunk&)>& on_chunk,
+                                std::chrono::milliseconds timeout) {
+  const uint64_t id = submit(request);
+  const auto deadline = Clock::now() + timeout;
+  const auto beat = std::chrono::milliseconds(std::max<uint32_t>(request.heartbeat_ms / 3, 1));
+  auto next_beat = Clock::now() + beat;
+  bool cancelled = false;
+  for (;;) {
+    if (Clock::now() >= deadline && !cancelled) {
+      cancel(id);
+      throw Error(Errc::timeout, "generate: no Done from the frontend at " + endpoint_ +
+                                     " within " + std::to_string(timeout.count()) + " ms");
+    }
+    if (request.heartbeat_ms > 0 && Clock::now() >= next_beat) {
+      keep_alive(id);
+      next_beat = Clock::now() + beat;
+    }
+    const auto wait =
+        std::min(left_until(deadline),
+                 request.heartbeat_ms > 0 ? left_until(next_beat) : std::chrono::milliseconds(100));
+    std::optional<Event> e;
+    // Events of other requests of this client wait in pending_.
+    for (auto it = pending_.begin(); it != pending_.end(); ++it)
+      if (it->request_id == id) {
+        e = std::move(*it);
+        pending_.erase(it);
+        break;
+      }
+    if (!e) {
+      auto frame = recv_frame(std::max(wait, std::chrono::milliseconds(1)));
+      if (!frame) continue;
+      e = decode_event(*frame);
+      if (e->request_id != id) {
+        pending_.push_back(std::move(*e));
+        continue;
+      }
+    }
+    switch (e->kind) {
+      case Event::Kind::chunk:
+        if (on_chunk && !cancelled && !on_chunk(e->chunk)) {
+          cancel(id);
+          cancelled = true;
+        }
+        break;
+      case Event::Kind::done:
+        return std::move(e->done);
+      case Event::Kind::error:
+        throw Error(e->code, e->message);
+      default:
+        throw Error(Errc::bad_format, "generate: the frontend answered with something else");
+    }
+  }
+}
+
+nlohmann::json Client::status(std::chrono::milliseconds timeout) {
+  const uint64_t id = next_request_id_++;
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateStatus(fbb);
+  send(finish(fbb, id, fbc::ClientBody::Status, body.Union()));
+  Event e = wait_for(id, Clock::now() + timeout, "status");
+  if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
+  if (e.kind != Event::Kind::status)
+    throw Error(Errc::bad_format, "status: the frontend answered with something else");
+  try {
+    return nlohmann::json::parse(e.json);
+  } catch (const nlohmann::json::exception& x) {
+    throw Error(Errc::bad_format,
+                std::string("status: the frontend's JSON is malformed: ") + x.what());
+  }
+}
+
+EvalResult Client::eval(const std::vector<int32_t>& ids, const std::string& plan,
+                        const std::string& model_path, std::chrono::milliseconds timeout) {
+  const uint64_t id = next_request_id_++;
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateEvalDirect(fbb, &ids, plan.c_str(), model_path.c_str());
+  send(finish(fbb, id, fbc::ClientBody::Eval, body.Union()));
+  Event e = wait_for(id, Clock::now() + timeout, "eval");
+  if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
+  if (e.kind != Event::Kind::eval)
+    throw Error(Errc::bad_format, "eval: the frontend answered with something else");
+  return std::move(e.eval);
+}
+
+void Client::close_session(uint64_t session, std::chrono::milliseconds timeout) {
+  const uint64_t id = next_request_id_++;
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateCloseSession(fbb, session);
+  send(finish(fbb, id, fbc::ClientBody::CloseSession, body.Union()));
+  Event e = wait_for(id, Clock::now() + timeout, "close-session");
+  if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
+}
+
+std::optional<std::vector<uint8_t>> Client::call_raw(std::span<const uint8_t> bytes,
+                                                     std::chrono::milliseconds timeout) {
+  send(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+  return recv_frame(timeout);
+}
+
+int run_generate_on_stack(const StackGenerateArgs& args) {
+  Client c(stack_endpoint(args.stack_id, args.run_dir));
+  GenerateRequest req = args.request;
+  req.stream = !args.json;
+  const GenerateResult r = c.generate(
+      req,
+      [](const Chunk& chunk) {
+        std::fwrite(chunk.text.data(), 1, chunk.text.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      },
+      std::chrono::seconds(args.timeout_s));
+  if (args.json) {
+    nlohmann::json j = {{"text", r.text}, {"ids", r.ids}, {"stats", to_json(r.stats)}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr,
+                 "prompt: %u tokens, TTFT %.1f ms; generated: %u tokens, TPOT %.2f ms (%.1f "
+                 "tok/s); queue %.1f ms; plan %s; finish %s\n",
+                 r.stats.prompt_tokens, r.stats.ttft_ms, r.stats.generated_tokens, r.stats.tpot_ms,
+                 r.stats.tpot_ms > 0 ? 1000.0 / r.stats.tpot_ms : 0.0, r.stats.queue_ms,
+                 r.stats.plan.c_str(), r.stats.finish_reason.c_str());
+  }
+  return 0;
+}
+
+int run_eval_on_stack(const StackEvalArgs& args) {
+  static_assert(std::endian::native == std::endian::little,
+                "logits files are little-endian float32");
+  Client c(stack_endpoint(args.stack_id, args.run_dir));
+  const auto start = Clock::now();
+  const EvalResult r =
+      c.eval(args.ids, args.plan, args.model_path, std::chrono::seconds(args.timeout_s));
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::ofstream out(args.logits_out, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(r.logits.data()),
+            static_cast<std::streamsize>(r.logits.size() * sizeof(float)));
+  out.close();
+  if (!out) throw Error(Errc::io, args.logits_out + ": cannot write the logits file");
+  std::fprintf(stderr, "eval: %u positions x %u logits -> %s (%.1f tok/s through the stack)\n",
+               r.n_tokens, r.n_vocab, args.logits_out.c_str(), double(r.n_tokens) / seconds);
+  return 0;
+}
+
+}  // namespace duet::client

@@ -1,0 +1,157 @@
+#pragma once
+// The C++ client of a stack's frontend (schemas/client.fbs over a ZeroMQ DEALER on
+// ipc://<run-dir>/frontend.sock), and the `duet generate/eval --stack` runners the CLI calls.
+// Every call has a deadline; an Error reply from the frontend is thrown as duet::Error with the
+// frontend's code and message.
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+#include <zmq.hpp>
+
+#include "core/error.h"
+#include "core/sampling.h"
+
+namespace duet::client {
+
+enum class Priority : uint8_t { reactive = 0, proactive = 1 };
+Priority parse_priority(
+    std::string_view name);  // "reactive" | "proactive"; throws invalid_argument
+std::string_view priority_name(Priority p);
+
+struct GenerateRequest {
+  std::string prompt;               // text (the frontend adds BOS) ...
+  std::vector<int32_t> prompt_ids;  // ... or ids as given (used when non-empty)
+  SamplingParams sampling;
+  int max_tokens = 128;
+  std::vector<std::string> stop;
+  Priority priority = Priority::reactive;
+  bool stream = true;
+  std::string plan;      // "" = the stack's plan
+  uint64_t session = 0;  // chat: keep the KV between turns of one session
+  // The client promises a KeepAlive this often while it waits (generate() sends them); the
+  // frontend cancels the request when they stop. 0 = none.
+  uint32_t heartbeat_ms = 1000;
+};
+
+struct Stats {
+  uint32_t prompt_tokens = 0, generated_tokens = 0;
+  double ttft_ms = 0, tpot_ms = 0, queue_ms = 0;
+  double modeled_ttft_ms = 0, modeled_tpot_ms = 0, flag_wait_ms = 0;
+  uint64_t kv_bytes_copied = 0;
+  uint32_t restarts_seen = 0;
+  std::string plan, finish_reason;
+};
+nlohmann::json to_json(const Stats& s);
+
+struct GenerateResult {
+  uint64_t request_id = 0;
+  std::string text;
+  std::vector<int32_t> ids;
+  Stats stats;
+};
+
+struct Chunk {
+  uint64_t request_id = 0;
+  std::vector<int32_t> ids;
+  std::string text;
+};
+
+struct EvalResult {
+  uint32_t n_tokens = 0, n_vocab = 0;
+  std::vector<float> logits;  // [n_tokens][n_vocab]
+};
+
+// One message from the frontend, decoded.
+struct Event {
+  enum class Kind { chunk, done, error, eval, status } kind = Kind::error;
+  uint64_t request_id = 0;
+  Chunk chunk;           // chunk
+  GenerateResult done;   // done
+  Errc code = Errc::ok;  // error
+  std::string message;   // error
+  EvalResult eval;       // eval
+  std::string json;      // status
+};
+
+// ipc://<run dir>/frontend.sock of a stack (run_dir "" = default_run_dir(stack_id)). Throws
+// unavailable, naming the stack, when the socket does not exist.
+std::string stack_endpoint(std::string_view stack_id, const std::string& run_dir = "");
+
+class Client {
+ public:
+  explicit Client(std::string endpoint);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Asynchronous use: submit() returns the request id; replies come from next_event().
+  uint64_t submit(const GenerateRequest& request);
+  std::optional<Event> next_event(std::chrono::milliseconds timeout);  // nullopt: timeout
+  void cancel(uint64_t request_id);
+  void keep_alive(uint64_t request_id);
+
+  // Blocking generate: on_chunk gets each streamed chunk and may return false to cancel (the
+  // result then has finish_reason "cancelled"). Throws the frontend's Error, or Error(timeout)
+  // (after cancelling) when the whole request takes longer than `timeout`.
+  GenerateResult generate(const GenerateRequest& request,
+                          const std::function<bool(const Chunk&)>& on_chunk = {},
+                          std::chrono::milliseconds timeout = std::chrono::minutes(10));
+  nlohmann::json status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  EvalResult eval(const std::vector<int32_t>& ids, const std::string& plan = "",
+                  const std::string& model_path = "",
+                  std::chrono::milliseconds timeout = std::chrono::minutes(5));
+  void close_session(uint64_t session, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+  // Sends bytes as they are (tests of hostile input) and returns the next reply's last frame,
+  // or nullopt at the deadline.
+  std::optional<std::vector<uint8_t>> call_raw(std::span<const uint8_t> bytes,
+                                               std::chrono::milliseconds timeout);
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void send(const std::vector<uint8_t>& bytes);
+  std::optional<std::vector<uint8_t>> recv_frame(std::chrono::milliseconds timeout);
+  // Waits for the event that answers `request_id` (kept aside: events of other requests).
+  Event wait_for(uint64_t request_id, std::chrono::steady_clock::time_point deadline,
+                 const char* what);
+
+  std::string endpoint_;
+  std::unique_ptr<zmq::socket_t> socket_;
+  uint64_t next_request_id_ = 1;
+  std::deque<Event> pending_;
+};
+
+// `duet generate --stack`: streams the text to stdout (or prints one JSON object with --json)
+// and the stats to stderr. Returns the process exit code.
+struct StackGenerateArgs {
+  std::string stack_id = "default";
+  std::string run_dir;  // "" = the stack's default
+  GenerateRequest request;
+  bool json = false;
+  int timeout_s = 600;
+};
+int run_generate_on_stack(const StackGenerateArgs& args);
+
+// `duet eval --stack`: the logits of every position into logits_out (little-endian float32, one
+// row of n_vocab per position: the local eval's format). model_path "" = don't check.
+struct StackEvalArgs {
+  std::string stack_id = "default";
+  std::string run_dir;
+  std::vector<int32_t> ids;
+  std::string plan;
+  std::string model_path;
+  std::string logits_out;
+  int timeout_s = 300;
+};
+int run_eval_on_stack(const StackEvalArgs& args);
+
+}  // namespace duet::client

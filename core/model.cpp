@@ -1,0 +1,165 @@
+#include "core/model.h"
+
+#include <limits>
+
+#include "core/error.h"
+#include "core/quant.h"
+
+namespace duet {
+
+class LlamaLoader {
+ public:
+  explicit LlamaLoader(LlamaModel& m) : m_(m), f_(*m.file_) {}
+
+  void load() {
+    read_hparams();
+    LlamaHparams& hp = m_.hp_;
+    m_.tok_embd = matrix("token_embd.weight", hp.n_vocab, hp.n_embd);
+    m_.tied_ = f_.find_tensor("output.weight") == nullptr;
+    m_.output = m_.tied_ ? m_.tok_embd : matrix("output.weight", hp.n_vocab, hp.n_embd);
+    m_.output_norm = norm("output_norm.weight");
+    m_.vocab_ = Vocab::from_gguf(f_);
+    if (static_cast<int>(m_.vocab_.pieces.size()) != hp.n_vocab) {
+      fail(Errc::bad_format, "tokenizer has " + std::to_string(m_.vocab_.pieces.size()) +
+                                 " pieces but token_embd.weight has " + std::to_string(hp.n_vocab) +
+                                 " rows");
+    }
+    const int kv_dim = hp.n_head_kv * hp.head_dim;
+    for (int i = 0; i < hp.n_layer; ++i) {
+      const std::string p = "blk." + std::to_string(i) + ".";
+      LlamaLayer l;
+      l.attn_norm = norm(p + "attn_norm.weight");
+      l.wq = matrix(p + "attn_q.weight", hp.n_embd, hp.n_embd);
+      l.wk = matrix(p + "attn_k.weight", kv_dim, hp.n_embd);
+      l.wv = matrix(p + "attn_v.weight", kv_dim, hp.n_embd);
+      l.wo = matrix(p + "attn_output.weight", hp.n_embd, hp.n_embd);
+      l.ffn_norm = norm(p + "ffn_norm.weight");
+      l.w_gate = matrix(p + "ffn_gate.weight", hp.n_ff, hp.n_embd);
+      l.w_up = matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
+      l.w_down = matrix(p + "ffn_down.weight", hp.n_embd, hp.n_ff);
+      m_.layers.push_back(l);
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(Errc code, const std::string& problem) const {
+    throw Error(code, f_.path() + ": " + problem);
+  }
+
+  int count(const std::string& key, uint64_t max) const {
+    const uint64_t v = f_.get_uint(key);
+    if (v == 0 || v > max)
+      fail(Errc::bad_format,
+           "hyperparameter " + key + " = " + std::to_string(v) + " is out of range");
+    return static_cast<int>(v);
+  }
+
+  void read_hparams() {
+    const std::string arch =
+        f_.has("general.architecture") ? f_.get_string("general.architecture") : "llama";
+    if (arch != "llama")
+      fail(Errc::unsupported, "architecture \"" + arch + "\" is not a Llama-family model");
+    const std::string a = arch + ".";
+    LlamaHparams& hp = m_.hp_;
+    constexpr uint64_t kMaxDim = 1 << 20;
+    hp.n_ctx = count(a + "context_length", 1 << 24);
+    hp.n_embd = count(a + "embedding_length", kMaxDim);
+    hp.n_layer = count(a + "block_count", 4096);
+    hp.n_ff = count(a + "feed_forward_length", kMaxDim);
+    hp.n_head = count(a + "attention.head_count", 4096);
+    hp.n_head_kv = f_.has(a + "attention.head_count_kv")
+                       ? count(a + "attention.head_count_kv", 4096)
+                       : hp.n_head;
+    hp.rope_freq_base =
+        f_.has(a + "rope.freq_base") ? f_.get_float(a + "rope.freq_base") : 10000.0f;
+    hp.rms_eps = f_.has(a + "attention.layer_norm_rms_epsilon")
+                     ? f_.get_float(a + "attention.layer_norm_rms_epsilon")
+                     : 1e-5f;
+    if (hp.n_embd % hp.n_head != 0) {
+      fail(Errc::bad_format, "embedding_length " + std::to_string(hp.n_embd) +
+                                 " is not a multiple of head_count " + std::to_string(hp.n_head));
+    }
+    if (hp.n_head % hp.n_head_kv != 0) {
+      fail(Errc::bad_format, "head_count " + std::to_string(hp.n_head) +
+                                 " is not a multiple of head_count_kv " +
+                                 std::to_string(hp.n_head_kv));
+    }
+    hp.head_dim = hp.n_embd / hp.n_head;
+    if (hp.head_dim % 2 != 0)
+      fail(Errc::bad_format, "head dimension " + std::to_string(hp.head_dim) + " is odd");
+    if (!(hp.rope_freq_base > 0) || !(hp.rms_eps >= 0))
+      fail(Errc::bad_format, "rope.freq_base or rms epsilon out of range");
+    // The vocabulary size is the embedding table's; vocab_size, when present, must agree.
+    const GgufTensorInfo& embd = f_.tensor("token_embd.weight");
+    if (embd.dims.size() != 2 || embd.dims[1] <= 0 ||
+        embd.dims[1] > std::numeric_limits<int>::max())
+      fail(Errc::bad_format, "tensor \"token_embd.weight\" must be 2-D [n_embd, n_vocab]");
+    hp.n_vocab = static_cast<int>(embd.dims[1]);
+    if (f_.has(a + "vocab_size") &&
+        f_.get_uint(a + "vocab_size") != static_cast<uint64_t>(hp.n_vocab)) {
+      fail(Errc::bad_format, a + "vocab_size " + std::to_string(f_.get_uint(a + "vocab_size")) +
+                                 " disagrees with token_embd.weight's " +
+                                 std::to_string(hp.n_vocab) + " rows");
+    }
+  }
+
+  static std::string dims_str(const std::vector<int64_t>& d) {
+    std::string s = "[";
+    for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+    return s + "]";
+  }
+
+  const GgufTensorInfo& expect(const std::string& name, std::vector<int64_t> dims) const {
+    const GgufTensorInfo* t = f_.find_tensor(name);
+    if (!t) fail(Errc::not_found, "tensor \"" + name + "\" is missing");
+    if (t->dims != dims) {
+      fail(Errc::bad_format, "tensor \"" + name + "\" has dims " + dims_str(t->dims) +
+                                 " but the hyperparameters need " + dims_str(dims));
+    }
+    return *t;
+  }
+
+  ops::Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
+    const GgufTensorInfo& t = expect(name, {cols, rows});
+    return ops::Matrix{t.type, rows, cols, t.data};
+  }
+
+  const float* norm(const std::string& name) {
+    const GgufTensorInfo& t = expect(name, {m_.hp_.n_embd});
+    if (t.type == DType::F32) return reinterpret_cast<const float*>(t.data);
+    auto& converted = m_.converted_norms_.emplace_back(static_cast<size_t>(m_.hp_.n_embd));
+    dequantize_row(t.type, t.data, converted.data(), m_.hp_.n_embd);
+    return converted.data();
+  }
+
+  LlamaModel& m_;
+  const GgufFile& f_;
+};
+
+std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& path) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel());
+  m->file_ = GgufFile::open(path);
+  LlamaLoader(*m).load();
+  return m;
+}
+
+uint64_t LlamaModel::offset_of(const void* p) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (b < file_->data() || b >= file_->data() + file_->size()) {
+    throw Error(Errc::invalid_argument,
+                file_->path() + ": pointer is not inside the mapped model file");
+  }
+  return static_cast<uint64_t>(b - file_->data());
+}
+
+uint64_t LlamaModel::weight_bytes() const {
+  auto mat = [](const ops::Matrix& w) { return static_cast<uint64_t>(w.rows) * w.row_bytes(); };
+  const uint64_t norm = static_cast<uint64_t>(hp_.n_embd) * sizeof(float);
+  uint64_t total = tok_embd.row_bytes() + mat(output) + norm;  // one embedding row per token
+  for (const auto& l : layers)
+    total += mat(l.wq) + mat(l.wk) + mat(l.wv) + mat(l.wo) + mat(l.w_gate) + mat(l.w_up) +
+             mat(l.w_down) + 2 * norm;
+  return total;
+}
+
+}  // namespace duet

@@ -1,0 +1,77 @@
+#include "core/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "core/error.h"
+
+namespace duet {
+
+void SamplingParams::validate() const {
+  if (std::isnan(temperature) || temperature < 0 || std::isinf(temperature)) {
+    throw Error(Errc::invalid_argument,
+                "temperature must be a finite number >= 0, got " + std::to_string(temperature));
+  }
+  if (std::isnan(top_p) || top_p <= 0 || top_p > 1) {
+    throw Error(Errc::invalid_argument, "top_p must be in (0, 1], got " + std::to_string(top_p));
+  }
+  if (top_k < 0)
+    throw Error(Errc::invalid_argument, "top_k must be >= 0, got " + std::to_string(top_k));
+}
+
+Sampler::Sampler(SamplingParams p) : p_(p), rng_(p.seed) {
+  p_.validate();
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (logits.empty()) throw Error(Errc::invalid_argument, "sample: no logits");
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (std::isnan(logits[i]))
+      throw Error(Errc::invalid_argument, "sample: logit " + std::to_string(i) + " is NaN");
+  }
+  if (p_.temperature == 0) {  // greedy; ties go to the lowest id
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  const int n = static_cast<int>(logits.size());
+  order_.resize(n);
+  std::iota(order_.begin(), order_.end(), 0);
+  // Highest logit first; equal logits by id so the order is fully determined.
+  auto higher = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  const int k = (p_.top_k > 0 && p_.top_k < n) ? p_.top_k : n;
+  std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), higher);
+  order_.resize(k);
+
+  probs_.resize(k);
+  const double max_logit = logits[order_[0]];
+  double sum = 0;
+  for (int i = 0; i < k; ++i)
+    sum += probs_[i] = std::exp((logits[order_[i]] - max_logit) / p_.temperature);
+  // Nucleus: the smallest prefix whose probability reaches top_p.
+  int keep = k;
+  if (p_.top_p < 1) {
+    double cumulative = 0;
+    for (int i = 0; i < k; ++i) {
+      cumulative += probs_[i] / sum;
+      if (cumulative >= p_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept_sum = 0;
+  for (int i = 0; i < keep; ++i) kept_sum += probs_[i];
+  const double u =
+      static_cast<double>(rng_() >> 11) * 0x1.0p-53 * kept_sum;  // uniform in [0, kept_sum)
+  double acc = 0;
+  for (int i = 0; i < keep; ++i) {
+    acc += probs_[i];
+    if (u < acc) return order_[i];
+  }
+  return order_[keep - 1];
+}
+
+}  // namespace duet

@@ -1,0 +1,252 @@
+#include "core/shapes.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/gguf_writer.h"
+#include "core/quant.h"
+#include "core/thread_pool.h"
+
+namespace duet {
+namespace {
+
+// From the models' published configs (HF config.json): vocab, hidden, layers, intermediate, heads,
+// KV heads, max positions, rope theta, rms eps, tied embeddings.
+const std::array<ModelShape, 5>& all_shapes() {
+  static const std::array<ModelShape, 5> shapes{{
+      {"llama3.2-1b", 128256, 2048, 16, 8192, 32, 8, 131072, 500000.0f, 1e-5f, true},
+      {"llama3-8b", 128256, 4096, 32, 14336, 32, 8, 8192, 500000.0f, 1e-5f, false},
+      {"llama2-7b", 32000, 4096, 32, 11008, 32, 32, 4096, 10000.0f, 1e-5f, false},
+      {"internlm-1.8b", 92544, 2048, 24, 8192, 16, 8, 32768, 1000000.0f, 1e-5f, false},
+      {"tiny-fortune", 2048, 256, 6, 704, 8, 4, 512, 10000.0f, 1e-5f, false},
+  }};
+  return shapes;
+}
+
+// GGUF token types (llama_token_type).
+constexpr int32_t kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeByte = 6;
+
+// general.file_type (llama_ftype) of a model whose matrices are all `type`.
+uint32_t file_type_of(DType type) {
+  switch (type) {
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::Q4_0:
+      return 2;
+    case DType::Q8_0:
+      return 7;
+  }
+  throw Error(Errc::unsupported, "mkmodel: no file type for " + std::string(dtype_name(type)));
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Fills a row with approximately normal values (Irwin-Hall of four 16-bit uniforms: mean 0, the
+// given std, bounded at +-2*sqrt(3)*std), one 64-bit PRNG step per value. Seeded per row so that
+// any split of rows across threads produces the same tensor.
+void fill_row_normalish(uint64_t row_seed, float stddev, float* out, int64_t n) {
+  const uint64_t state = splitmix64(row_seed);
+  const float scale = stddev * std::sqrt(3.0f) / 65536.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t z = splitmix64(state + static_cast<uint64_t>(i));
+    const uint32_t sum = static_cast<uint32_t>(z & 0xffff) +
+                         static_cast<uint32_t>((z >> 16) & 0xffff) +
+                         static_cast<uint32_t>((z >> 32) & 0xffff) + static_cast<uint32_t>(z >> 48);
+    out[i] = (static_cast<float>(sum) - 2.0f * 65535.0f) * scale;
+  }
+}
+
+void check_shape(const ModelShape& s, const SyntheticModelOptions& o, int n_vocab, int n_layer,
+                 int n_ctx) {
+  auto bad = [&](const std::string& what) {
+    throw Error(Errc::invalid_argument, "mkmodel " + s.name + ": " + what);
+  };
+  if (s.n_embd <= 0 || s.n_ff <= 0 || s.n_head <= 0 || s.n_head_kv <= 0)
+    bad("dims must be positive");
+  if (s.n_embd % s.n_head != 0) bad("n_embd is not a multiple of n_head");
+  if (s.n_head % s.n_head_kv != 0) bad("n_head is not a multiple of n_head_kv");
+  if (n_vocab < kMinSyntheticVocab || n_vocab > kMaxSyntheticVocab) {
+    bad("vocab must be " + std::to_string(kMinSyntheticVocab) + " to " +
+        std::to_string(kMaxSyntheticVocab));
+  }
+  if (n_layer < 1) bad("at least one layer is needed");
+  if (n_ctx < 1) bad("context must be positive");
+  if (o.n_threads < 1) bad("threads must be positive");
+  if (!(o.weight_std > 0.0f) || !std::isfinite(o.weight_std))
+    bad("weight std must be positive and finite");
+  if (o.type != DType::F32 && o.type != DType::F16 && o.type != DType::Q8_0 &&
+      o.type != DType::Q4_0) {
+    bad("unsupported type");
+  }
+  const int64_t block = dtype_block_elems(o.type);
+  if (s.n_embd % block != 0 || s.n_ff % block != 0) {
+    bad("n_embd and n_ff must be multiples of " + std::to_string(block) + " for " +
+        std::string(dtype_name(o.type)));
+  }
+}
+
+}  // namespace
+
+const ModelShape& model_shape(std::string_view name) {
+  for (const auto& s : all_shapes()) {
+    if (s.name == name) return s;
+  }
+  std::string known;
+  for (const auto& s : all_shapes()) known += (known.empty() ? "" : ", ") + s.name;
+  throw Error(Errc::not_found,
+              "unknown model shape '" + std::string(name) + "' (known: " + known + ")");
+}
+
+std::vector<std::string> model_shape_names() {
+  std::vector<std::string> names;
+  for (const auto& s : all_shapes()) names.push_back(s.name);
+  return names;
+}
+
+SyntheticVocab make_synthetic_vocab(int n_vocab) {
+  if (n_vocab < kMinSyntheticVocab || n_vocab > kMaxSyntheticVocab) {
+    throw Error(Errc::invalid_argument,
+                "synthetic vocab: needs " + std::to_string(kMinSyntheticVocab) + " to " +
+                    std::to_string(kMaxSyntheticVocab) + " pieces, got " + std::to_string(n_vocab));
+  }
+  SyntheticVocab v;
+  const size_t n = static_cast<size_t>(n_vocab);
+  v.tokens.reserve(n);
+  auto add = [&](std::string piece, float score, int32_t type) {
+    v.tokens.push_back(std::move(piece));
+    v.scores.push_back(score);
+    v.types.push_back(type);
+  };
+  add("<unk>", 0.0f, kTypeUnknown);
+  add("<s>", 0.0f, kTypeControl);
+  add("</s>", 0.0f, kTypeControl);
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "<0x%02X>", b);
+    add(hex, 0.0f, kTypeByte);
+  }
+  // Normal pieces by decreasing score. Every multi-character piece is the concatenation of an
+  // earlier piece and a single character, so BPE can reach it by merges.
+  float score = 0.0f;
+  auto add_normal = [&](std::string piece) {
+    if (v.tokens.size() < n) add(std::move(piece), score--, kTypeNormal);
+  };
+  add_normal("\xe2\x96\x81");
+  for (char c = '!'; c <= '~'; ++c) add_normal(std::string(1, c));
+  std::vector<std::string> words = {""};
+  while (v.tokens.size() < n) {
+    std::vector<std::string> longer;
+    longer.reserve(words.size() * 26);
+    for (const auto& w : words) {
+      for (char c = 'a'; c <= 'z'; ++c) longer.push_back(w + c);
+    }
+    for (const auto& w : longer) add_normal("\xe2\x96\x81" + w);
+    if (longer.front().size() >= 2) {
+      for (const auto& w : longer) add_normal(w);
+    }
+    words = std::move(longer);
+  }
+  return v;
+}
+
+void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions& options,
+                           const std::string& path) {
+  if (options.n_vocab < 0 || options.n_layer < 0 || options.n_ctx < 0) {
+    throw Error(Errc::invalid_argument, "mkmodel: vocab, layers and ctx must not be negative");
+  }
+  const int n_vocab =
+      options.n_vocab > 0 ? options.n_vocab : std::min(kDefaultSyntheticVocab, shape.n_vocab);
+  const int n_layer = options.n_layer > 0 ? options.n_layer : shape.n_layer;
+  const int n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min(kMaxSyntheticCtx, shape.n_ctx);
+  check_shape(shape, options, n_vocab, n_layer, n_ctx);
+  const int head_dim = shape.n_embd / shape.n_head;
+  const int n_embd_kv = head_dim * shape.n_head_kv;
+
+  GgufWriter w;
+  w.set_string("general.architecture", "llama");
+  w.set_string("general.name",
+               "synthetic-" + shape.name + "-" + std::string(dtype_name(options.type)));
+  w.set_uint32("general.file_type", file_type_of(options.type));
+  w.set_uint32("general.quantization_version", 2);
+  w.set_uint64("duet.synthetic.seed", options.seed);
+  w.set_uint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
+  w.set_uint32("llama.context_length", static_cast<uint32_t>(n_ctx));
+  w.set_uint32("llama.embedding_length", static_cast<uint32_t>(shape.n_embd));
+  w.set_uint32("llama.block_count", static_cast<uint32_t>(n_layer));
+  w.set_uint32("llama.feed_forward_length", static_cast<uint32_t>(shape.n_ff));
+  w.set_uint32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.set_uint32("llama.attention.head_count", static_cast<uint32_t>(shape.n_head));
+  w.set_uint32("llama.attention.head_count_kv", static_cast<uint32_t>(shape.n_head_kv));
+  w.set_float32("llama.attention.layer_norm_rms_epsilon", shape.rms_eps);
+  w.set_float32("llama.rope.freq_base", shape.rope_freq_base);
+
+  SyntheticVocab vocab = make_synthetic_vocab(n_vocab);
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string_array("tokenizer.ggml.tokens", std::move(vocab.tokens));
+  w.set_float32_array("tokenizer.ggml.scores", std::move(vocab.scores));
+  w.set_int32_array("tokenizer.ggml.token_type", std::move(vocab.types));
+  w.set_uint32("tokenizer.ggml.bos_token_id", 1);
+  w.set_uint32("tokenizer.ggml.eos_token_id", 2);
+  w.set_uint32("tokenizer.ggml.unknown_token_id", 0);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+
+  // The pool lives until write() returns: the row sources below run inside it.
+  ThreadPool pool(options.n_threads);
+  uint64_t tensor_index = 0;
+  auto add_matrix = [&](std::string name, int64_t n_in, int64_t n_out) {
+    const uint64_t tensor_seed = splitmix64(options.seed ^ splitmix64(++tensor_index));
+    const DType type = options.type;
+    const float stddev = options.weight_std;
+    const size_t row_bytes = dtype_row_bytes(type, n_in);
+    w.add_tensor_rows(std::move(name), type, {n_in, n_out},
+                      [&pool, tensor_seed, type, stddev, row_bytes, n_in](
+                          int64_t row0, int64_t n_rows, uint8_t* dst) {
+                        pool.parallel_for(n_rows, 16, [&](int64_t begin, int64_t end) {
+                          std::vector<float> row(static_cast<size_t>(n_in));
+                          for (int64_t r = begin; r < end; ++r) {
+                            fill_row_normalish(tensor_seed + static_cast<uint64_t>(row0 + r),
+                                               stddev, row.data(), n_in);
+                            quantize_row(type, row.data(), dst + static_cast<size_t>(r) * row_bytes,
+                                         n_in);
+                          }
+                        });
+                      });
+  };
+  auto add_norm = [&](std::string name) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(shape.n_embd) * sizeof(float));
+    const float one = 1.0f;
+    for (size_t i = 0; i < bytes.size(); i += sizeof one)
+      std::memcpy(bytes.data() + i, &one, sizeof one);
+    w.add_tensor(std::move(name), DType::F32, {shape.n_embd}, std::move(bytes));
+  };
+
+  add_matrix("token_embd.weight", shape.n_embd, n_vocab);
+  for (int l = 0; l < n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add_norm(p + "attn_norm.weight");
+    add_matrix(p + "attn_q.weight", shape.n_embd, shape.n_embd);
+    add_matrix(p + "attn_k.weight", shape.n_embd, n_embd_kv);
+    add_matrix(p + "attn_v.weight", shape.n_embd, n_embd_kv);
+    add_matrix(p + "attn_output.weight", shape.n_embd, shape.n_embd);
+    add_norm(p + "ffn_norm.weight");
+    add_matrix(p + "ffn_gate.weight", shape.n_embd, shape.n_ff);
+    add_matrix(p + "ffn_up.weight", shape.n_embd, shape.n_ff);
+    add_matrix(p + "ffn_down.weight", shape.n_ff, shape.n_embd);
+  }
+  add_norm("output_norm.weight");
+  if (!shape.tied_embeddings) add_matrix("output.weight", shape.n_embd, n_vocab);
+  w.write(path);
+}
+
+}  // namespace duet

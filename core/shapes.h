@@ -1,0 +1,58 @@
+#pragma once
+// Named Llama-family model shapes (the real models' dimensions) for mkmodel, the solver and the
+// benchmarks, and the synthetic-model writer behind `duet mkmodel`: a valid GGUF with those shapes,
+// random weights and a small synthetic vocabulary.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace duet {
+
+struct ModelShape {
+  std::string name;
+  int n_vocab, n_embd, n_layer, n_ff, n_head, n_head_kv,
+      n_ctx;  // n_ctx: the model's trained context
+  float rope_freq_base;
+  float rms_eps = 1e-5f;
+  bool tied_embeddings = false;  // no output.weight: the output projection is token_embd.weight
+};
+
+// llama3.2-1b, llama3-8b, llama2-7b, internlm-1.8b, tiny-fortune. Throws Errc::not_found naming the
+// known shapes.
+const ModelShape& model_shape(std::string_view name);
+std::vector<std::string> model_shape_names();
+
+struct SyntheticModelOptions {
+  DType type = DType::Q4_0;  // every matrix; norm weights are always F32
+  int n_vocab = 0;           // 0: min(kDefaultSyntheticVocab, the shape's vocab)
+  int n_layer = 0;           // 0: the shape's
+  int n_ctx = 0;             // 0: min(kMaxSyntheticCtx, the shape's)
+  uint64_t seed = 1;
+  int n_threads = 2;
+  float weight_std = 0.02f;  // matrices; norms are 1.0, which keeps activations finite at any depth
+};
+constexpr int kDefaultSyntheticVocab = 4096;
+constexpr int kMaxSyntheticCtx = 8192;
+constexpr int kMinSyntheticVocab = 3 + 256 + 1;  // <unk> <s> </s>, 256 byte pieces, "▁"
+constexpr int kMaxSyntheticVocab = 1 << 20;
+
+// The vocabulary of a synthetic model: <unk>, <s>, </s>, the 256 byte-fallback pieces, then "▁",
+// printable ASCII and lowercase letter strings (with and without "▁") by decreasing score.
+// Returns tokens, scores and GGUF token types.
+struct SyntheticVocab {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+};
+SyntheticVocab make_synthetic_vocab(int n_vocab);
+
+// Writes a Llama GGUF (llama.* hyperparameters, tokenizer.ggml.* vocabulary, blk.N.* tensors) with
+// weights drawn from a seeded PRNG and quantised per row; tensors stream to the file. The same
+// shape, options and seed give the same bytes whatever n_threads is. Throws duet::Error.
+void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions& options,
+                           const std::string& path);
+
+}  // namespace duet

@@ -1,0 +1,55 @@
+#pragma once
+// The frontend's view of "something that computes tokens": the scheduler batches requests into
+// steps and an Engine runs each step. Engines:
+//   ReferenceEngine  core/forward.h per sequence, in process (the oracle; --plan reference)
+//   ProgramEngine    the plan's programs on gpu_svc and npu_svc over shm (the product), or the
+//                    same programs on in-process runners (the stack-overhead benchmark)
+// An engine owns the KV cache of every open sequence. A sequence's KV stays put from open_seq to
+// close_seq: steps append to it in place (zero KV bytes copied), so a preempted or interrupted
+// request resumes where it stopped.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/model.h"
+
+namespace duet::frontend {
+
+// One sequence's part of a step: `tokens` are appended at positions pos0, pos0+1, ...
+struct SeqStep {
+  uint64_t seq_id = 0;
+  std::vector<int32_t> tokens;
+  int32_t pos0 = 0;
+  bool want_logits = true;  // logits of the last token of this entry
+};
+
+struct StepStats {
+  double measured_us = 0;    // wall time of the step here
+  double modeled_us = 0;     // the step on the SoC profile (0 when the engine has no model)
+  double flag_wait_us = 0;   // time spent waiting on completion flags
+  uint64_t kv_bytes_copied = 0;
+  uint32_t n_tokens = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual const LlamaModel& model() const = 0;
+  // The plan it runs ("reference", "gpu-only", "tensor", ...).
+  virtual std::string plan_name() const = 0;
+  // Reserves KV for a sequence of up to max_positions; Error(busy) when the KV cache is full.
+  virtual void open_seq(uint64_t seq_id, int max_positions) = 0;
+  // Frees the sequence's KV at once; unknown ids are ignored.
+  virtual void close_seq(uint64_t seq_id) = 0;
+  // Forgets positions >= n_past of a sequence (a chat turn that rewinds, a stop string).
+  virtual void truncate_seq(uint64_t seq_id, int n_past) = 0;
+  // One step over several sequences (continuous batching). Returns, for each entry with
+  // want_logits, n_vocab logits of its last token, entries in order.
+  virtual std::vector<float> step(const std::vector<SeqStep>& batch, StepStats* stats) = 0;
+  // The most tokens one step may carry (prefill longer than this is chunked by the caller).
+  virtual int max_step_tokens() const = 0;
+  virtual nlohmann::json status() const = 0;
+};
+
+}  // namespace duet::frontend

@@ -1,0 +1,527 @@
+// Frontend: the client socket, request parsing and validation, replies and status.
+#include "services/frontend/frontend.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <string_view>
+
+#include "core/error.h"
+#include "core/run_dir.h"
+
+namespace duet::frontend {
+
+namespace fbc = fb::client;
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+size_t invalid_utf8_at(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8 either.
+    static constexpr std::array<uint32_t, 5> kMin = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+namespace {
+
+// Plans any duet stack may run; a request naming another is a typo, one of these that this stack
+// does not run is a mismatch. Both are errors that say which.
+constexpr std::array<std::string_view, 6> kKnownPlans = {"reference", "gpu-only", "npu-only",
+                                                         "layer",     "tensor",   "auto"};
+
+}  // namespace
+
+std::string peer_key(const std::vector<std::string>& routing) {
+  std::string k;
+  for (const auto& r : routing) k += std::to_string(r.size()) + ":" + r;
+  return k;
+}
+
+nlohmann::json StackMetrics::to_json() const {
+  auto mean = [](double sum, uint64_t n) { return n ? sum / double(n) : 0.0; };
+  return {
+      {"requests",
+       {{"received", received},
+        {"completed", completed},
+        {"cancelled", cancelled},
+        {"failed", failed},
+        {"reaped", reaped},
+        {"rejected", rejected}}},
+      {"tokens", {{"prompt", prompt_tokens}, {"generated", generated_tokens}}},
+      {"steps", steps},
+      {"step_tokens", step_tokens},
+      {"measured",
+       {{"ttft_ms", mean(ttft_ms_sum, ttft_n)},
+        {"tpot_ms", mean(tpot_ms_sum, tpot_n)},
+        {"queue_ms", mean(queue_ms_sum, queue_n)},
+        {"tokens_per_s", step_ms_sum > 0 ? double(step_tokens) * 1000.0 / step_ms_sum : 0.0},
+        {"step_ms", step_ms_sum},
+        {"flag_wait_ms", flag_wait_ms_sum}}},
+      {"modeled",
+       {{"ttft_ms", mean(modeled_ttft_ms_sum, modeled_ttft_n)},
+        {"tpot_ms", mean(modeled_tpot_ms_sum, modeled_tpot_n)},
+        {"tokens_per_s",
+         modeled_step_ms_sum > 0 ? double(step_tokens) * 1000.0 / modeled_step_ms_sum : 0.0},
+        {"step_ms", modeled_step_ms_sum}}},
+      {"kv_bytes_copied", kv_bytes_copied},
+      {"restarts_seen", restarts_seen},
+  };
+}
+
+Frontend::Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
+                   FrontendOptions options)
+    : engine_(std::move(engine)),
+      options_(options),
+      tokenizer_(Vocab::from_gguf(engine_->model().file())),
+      socket_path_(client_socket_path(run_dir)),
+      scheduler_(options.max_running, options.max_queue) {
+  const int n_ctx = engine_->model().hp().n_ctx;
+  if (options_.max_context <= 0 || options_.max_context > n_ctx) options_.max_context = n_ctx;
+  if (options_.max_running <= 0 || options_.max_queue < 0)
+    throw Error(Errc::invalid_argument, "frontend: max_running must be > 0 and max_queue >= 0");
+  make_private_dir(run_dir);
+  socket_ = msg::bind_router(socket_path_);
+  // A send to a client that is gone fails with EHOSTUNREACH instead of vanishing silently: that
+  // is how a disconnect mid-stream is noticed.
+  socket_.set(zmq::sockopt::router_mandatory, true);
+  started_ms_ = now_ms();
+}
+
+Frontend::~Frontend() {
+  for (auto& [key, r] : requests_)
+    if (r->seq_open && r->owns_seq) engine_->close_seq(r->seq_id);
+  for (auto& [id, s] : sessions_)
+    if (s.open) engine_->close_seq(s.seq_id);
+}
+
+bool Frontend::has_work() const {
+  for (Request* r : scheduler_.running_requests())
+    if (r->finish_reason.empty() && (r->prefilling() || r->decoding())) return true;
+  return scheduler_.queued() > 0 &&
+         static_cast<int>(scheduler_.running()) < scheduler_.max_running();
+}
+
+bool Frontend::pump() {
+  read_socket();
+  const double now = now_ms();
+  if (now - last_reap_ms_ >= 20) reap(now);
+  step();
+  flush_outboxes();
+  return has_work();
+}
+
+void Frontend::pump_for(std::chrono::milliseconds budget) {
+  const double end = now_ms() + double(budget.count());
+  while (pump() && now_ms() < end) {
+  }
+}
+
+void Frontend::serve(const std::atomic<bool>& stop, std::chrono::milliseconds idle_tick) {
+  while (!stop.load()) {
+    if (!pump()) {
+      zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, idle_tick);
+    }
+  }
+}
+
+void Frontend::read_socket() {
+  msg::Envelope env;
+  // A bounded batch per pump, so a flood of clients cannot starve the running requests.
+  for (int i = 0; i < 256 && msg::try_recv_envelope(socket_, env); ++i) handle(env);
+}
+
+Frontend::SendResult Frontend::send_to(const std::vector<std::string>& routing,
+                                       std::span<const uint8_t> bytes) {
+  if (routing.empty()) return SendResult::vanished;
+  try {
+    for (const auto& r : routing) {
+      zmq::message_t frame(r.data(), r.size());
+      if (!socket_.send(frame, zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+        return SendResult::full;
+    }
+    zmq::message_t body(bytes.data(), bytes.size());
+    if (!socket_.send(body, zmq::send_flags::dontwait)) return SendResult::full;
+    return SendResult::sent;
+  } catch (const zmq::error_t&) {
+    // EHOSTUNREACH: the client is gone (ZMQ_ROUTER_MANDATORY). Nothing else is expected on a
+    // ROUTER; whatever it is, this client cannot be reached.
+    return SendResult::vanished;
+  }
+}
+
+void Frontend::reply_error(const std::vector<std::string>& routing, uint64_t id, Errc code,
+                           const std::string& message) {
+  const msg::Bytes b = msg::make_client_error(id, code, message);
+  (void)send_to(routing, b);
+}
+
+void Frontend::deliver(Request& r, msg::Bytes bytes) {
+  if (r.vanished) return;
+  if (r.outbox.empty()) {
+    switch (send_to(r.routing, bytes)) {
+      case SendResult::sent:
+        return;
+      case SendResult::vanished:
+        r.vanished = true;
+        return;
+      case SendResult::full:
+        break;
+    }
+  }
+  if (r.outbox.size() >= options_.max_outbox) {
+    r.vanished = true;  // a client that reads nothing for this long is treated as gone
+    return;
+  }
+  r.outbox.push_back(std::move(bytes));
+}
+
+void Frontend::flush_outboxes() {
+  for (auto& [key, r] : requests_) {
+    while (!r->outbox.empty() && !r->vanished) {
+      const SendResult s = send_to(r->routing, r->outbox.front());
+      if (s == SendResult::full) break;
+      if (s == SendResult::vanished) r->vanished = true;
+      r->outbox.pop_front();
+    }
+  }
+}
+
+void Frontend::handle(msg::Envelope& env) {
+  std::vector<std::string> routing;
+  for (auto& f : env.routing) routing.emplace_back(static_cast<const char*>(f.data()), f.size());
+  const fbc::ClientMessage* m = nullptr;
+  try {
+    m = msg::verify_client(env.payload);
+  } catch (const Error& e) {
+    ++metrics_.rejected;
+    reply_error(routing, 0, e.code(), e.what());
+    return;
+  }
+  const uint64_t id = m->request_id();
+  try {
+    switch (m->body_type()) {
+      case fbc::ClientBody::Generate:
+        on_generate(routing, id, *m->body_as_Generate());
+        return;
+      case fbc::ClientBody::Eval:
+        on_eval(routing, id, *m->body_as_Eval());
+        return;
+      case fbc::ClientBody::Cancel: {
+        const uint64_t target = m->body_as_Cancel()->request_id();
+        on_cancel(routing, id, target ? target : id);
+        return;
+      }
+      case fbc::ClientBody::KeepAlive: {
+        const uint64_t target = m->body_as_KeepAlive()->request_id();
+        auto it = requests_.find({peer_key(routing), target ? target : id});
+        if (it != requests_.end()) it->second->last_seen_ms = now_ms();
+        return;
+      }
+      case fbc::ClientBody::CloseSession:
+        on_close_session(routing, id, m->body_as_CloseSession()->session());
+        return;
+      case fbc::ClientBody::Status: {
+        flatbuffers::FlatBufferBuilder fbb;
+        auto body = fbc::CreateStatusReplyDirect(fbb, status().dump().c_str());
+        fbb.Finish(fbc::CreateClientMessage(fbb, id, fbc::ClientBody::StatusReply, body.Union()),
+                   fbc::ClientMessageIdentifier());
+        (void)send_to(routing, std::span<const uint8_t>(fbb.GetBufferPointer(), fbb.GetSize()));
+        return;
+      }
+      default:
+        throw Error(Errc::invalid_argument,
+                    std::string("the frontend does not accept ") +
+                        fbc::EnumNameClientBody(m->body_type()) +
+                        " from clients (send Generate, Cancel, Status, Eval, KeepAlive or "
+                        "CloseSession)");
+    }
+  } catch (const Error& e) {
+    ++metrics_.rejected;
+    reply_error(routing, id, e.code(), e.what());
+  } catch (const std::exception& e) {
+    ++metrics_.rejected;
+    reply_error(routing, id, Errc::internal, std::string("frontend: ") + e.what());
+  }
+}
+
+void Frontend::check_plan(const flatbuffers::String* plan) const {
+  if (!plan || plan->size() == 0 || plan->string_view() == "auto") return;
+  const std::string_view p = plan->string_view();
+  if (p == engine_->plan_name()) return;
+  if (std::find(kKnownPlans.begin(), kKnownPlans.end(), p) == kKnownPlans.end())
+    throw Error(Errc::invalid_argument,
+                "unknown plan '" + std::string(p) +
+                    "' (plans: reference, gpu-only, npu-only, layer, tensor, auto)");
+  throw Error(Errc::unsupported, "this stack runs plan '" + engine_->plan_name() + "', not '" +
+                                     std::string(p) +
+                                     "'; start a stack with that plan or ask for 'auto'");
+}
+
+void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
+                           const fbc::Generate& g) {
+  Key key{peer_key(routing), id};
+  if (requests_.count(key))
+    throw Error(Errc::invalid_argument,
+                "request id " + std::to_string(id) + " is already in flight on this connection");
+  check_plan(g.plan());
+  if (static_cast<uint8_t>(g.priority()) > static_cast<uint8_t>(fbc::Priority::MAX))
+    throw Error(Errc::invalid_argument, "unknown priority " +
+                                            std::to_string(static_cast<int>(g.priority())) +
+                                            " (reactive = 0, proactive = 1)");
+  SamplingParams sp;
+  if (const auto* s = g.sampling()) {
+    sp.temperature = s->temperature();
+    sp.top_k = s->top_k();
+    sp.top_p = s->top_p();
+    sp.seed = s->seed();
+  }
+  sp.validate();
+  const int ctx = options_.max_context;
+  if (g.max_tokens() <= 0)
+    throw Error(Errc::invalid_argument,
+                "max_tokens must be > 0, got " + std::to_string(g.max_tokens()));
+  if (g.max_tokens() > ctx)
+    throw Error(Errc::out_of_range, "max_tokens " + std::to_string(g.max_tokens()) +
+                                        " exceeds the context of " + std::to_string(ctx) +
+                                        " positions");
+  auto r = std::make_unique<Request>();
+  r->routing = routing;
+  r->client_request_id = id;
+  r->priority = static_cast<Priority>(g.priority());
+  r->max_tokens = g.max_tokens();
+  r->stream = g.stream();
+  r->heartbeat_ms = g.heartbeat_ms();
+  r->arrived_ms = r->last_seen_ms = now_ms();
+  if (const auto* stops = g.stop()) {
+    if (stops->size() > options_.max_stop_strings)
+      throw Error(Errc::invalid_argument,
+                  "too many stop strings: " + std::to_string(stops->size()) + " (at most " +
+                      std::to_string(options_.max_stop_strings) + ")");
+    for (const auto* s : *stops) {
+      if (!s || s->size() == 0 || s->size() > options_.max_stop_bytes)
+        throw Error(Errc::invalid_argument, "a stop string must have 1 to " +
+                                                std::to_string(options_.max_stop_bytes) + " bytes");
+      r->stop.push_back(s->str());
+      r->max_stop_bytes = std::max<size_t>(r->max_stop_bytes, s->size());
+    }
+  }
+
+  // The session, if any: its turn appends to the KV it kept.
+  Session* session = nullptr;
+  bool new_session = false;
+  if (g.session() != 0) {
+    auto it = sessions_.find(g.session());
+    if (it == sessions_.end()) {
+      if (static_cast<int>(sessions_.size()) >= options_.max_sessions)
+        throw Error(Errc::busy, "too many chat sessions open (" +
+                                    std::to_string(options_.max_sessions) +
+                                    "); close one (CloseSession) or retry later");
+      new_session = true;
+    } else if (it->second.busy) {
+      throw Error(Errc::busy,
+                  "session " + std::to_string(g.session()) + " already has a turn in flight");
+    } else {
+      session = &it->second;
+    }
+  }
+  const int32_t n_past = session ? session->n_past : 0;
+  const bool has_pending = session && session->pending.has_value();
+  if (has_pending) r->prompt.push_back(*session->pending);
+
+  if (g.prompt_ids() && g.prompt_ids()->size() > 0) {
+    if (g.prompt_ids()->size() > static_cast<size_t>(ctx))
+      throw Error(Errc::out_of_range, "prompt of " + std::to_string(g.prompt_ids()->size()) +
+                                          " tokens is longer than the context of " +
+                                          std::to_string(ctx));
+    for (const int32_t t : *g.prompt_ids()) {
+      if (t < 0 || t >= tokenizer_.n_vocab())
+        throw Error(Errc::invalid_argument, "prompt id " + std::to_string(t) +
+                                                " is outside the vocabulary [0, " +
+                                                std::to_string(tokenizer_.n_vocab()) + ")");
+      r->prompt.push_back(t);
+    }
+  } else if (g.prompt()) {
+    const std::string_view text = g.prompt()->string_view();
+    if (text.size() > options_.max_prompt_bytes)
+      throw Error(Errc::out_of_range, "prompt of " + std::to_string(text.size()) +
+                                          " bytes exceeds the limit of " +
+                                          std::to_string(options_.max_prompt_bytes));
+    if (const size_t bad = invalid_utf8_at(text); bad != std::string_view::npos)
+      throw Error(Errc::invalid_argument,
+                  "prompt is not valid UTF-8 (bad byte at offset " + std::to_string(bad) + ")");
+    const bool add_bos = n_past == 0 && !has_pending;
+    const auto ids = tokenizer_.encode(text, add_bos);
+    r->prompt.insert(r->prompt.end(), ids.begin(), ids.end());
+  } else {
+    throw Error(Errc::invalid_argument, "Generate needs a prompt (text or prompt_ids)");
+  }
+  if (r->prompt.empty()) r->prompt.push_back(tokenizer_.bos());
+  const int64_t need = int64_t(n_past) + int64_t(r->prompt.size()) + r->max_tokens;
+  if (need > ctx)
+    throw Error(Errc::out_of_range,
+                (session ? "session " + std::to_string(g.session()) + " holds " +
+                               std::to_string(n_past) + " positions; with "
+                         : std::string("")) +
+                    "a prompt of " + std::to_string(r->prompt.size()) + " tokens and max_tokens " +
+                    std::to_string(r->max_tokens) + " it needs " + std::to_string(need) +
+                    " positions, more than the context of " + std::to_string(ctx));
+  r->prompt_tokens = static_cast<uint32_t>(r->prompt.size());
+  r->sampler = std::make_unique<Sampler>(sp);
+  r->decoder = std::make_unique<Tokenizer::StreamDecoder>(tokenizer_);
+  r->pos = n_past;
+  r->session = g.session();
+  if (r->session) {
+    r->owns_seq = false;
+    r->max_positions = ctx;
+    r->seq_id = session ? session->seq_id : next_seq_id_++;
+  } else {
+    r->max_positions = static_cast<int>(std::min<int64_t>(ctx, need));
+    r->seq_id = next_seq_id_++;
+  }
+  scheduler_.enqueue(r.get());  // throws busy when the queue is full
+  if (new_session) {
+    Session s;
+    s.seq_id = r->seq_id;
+    session = &sessions_.emplace(r->session, s).first->second;
+  }
+  if (session) {
+    session->busy = true;
+    session->last_used_ms = r->arrived_ms;
+  }
+  ++metrics_.received;
+  requests_.emplace(std::move(key), std::move(r));
+}
+
+void Frontend::on_eval(const std::vector<std::string>& routing, uint64_t id, const fbc::Eval& e) {
+  Key key{peer_key(routing), id};
+  if (requests_.count(key))
+    throw Error(Errc::invalid_argument,
+                "request id " + std::to_string(id) + " is already in flight on this connection");
+  check_plan(e.plan());
+  if (e.model_path() && e.model_path()->size() > 0) {
+    namespace fs = std::filesystem;
+    std::error_code ec1, ec2;
+    const auto asked = fs::weakly_canonical(fs::path(e.model_path()->str()), ec1);
+    const auto served = fs::weakly_canonical(fs::path(engine_->model().file().path()), ec2);
+    if (ec1 || ec2 || asked != served)
+      throw Error(Errc::invalid_argument, "model '" + e.model_path()->str() +
+                                              "' is not this stack's model '" +
+                                              engine_->model().file().path() + "'");
+  }
+  if (!e.ids() || e.ids()->size() == 0)
+    throw Error(Errc::invalid_argument, "Eval needs at least one token id");
+  if (e.ids()->size() > static_cast<size_t>(options_.max_context))
+    throw Error(Errc::out_of_range, "Eval of " + std::to_string(e.ids()->size()) +
+                                        " tokens is longer than the context of " +
+                                        std::to_string(options_.max_context));
+  auto r = std::make_unique<Request>();
+  r->kind = RequestKind::eval;
+  r->routing = routing;
+  r->client_request_id = id;
+  r->arrived_ms = r->last_seen_ms = now_ms();
+  for (const int32_t t : *e.ids()) {
+    if (t < 0 || t >= tokenizer_.n_vocab())
+      throw Error(Errc::invalid_argument, "token id " + std::to_string(t) +
+                                              " is outside the vocabulary [0, " +
+                                              std::to_string(tokenizer_.n_vocab()) + ")");
+    r->prompt.push_back(t);
+  }
+  r->prompt_tokens = static_cast<uint32_t>(r->prompt.size());
+  r->max_positions = static_cast<int>(r->prompt.size());
+  r->seq_id = next_seq_id_++;
+  r->eval_logits.reserve(r->prompt.size() * size_t(tokenizer_.n_vocab()));
+  scheduler_.enqueue(r.get());
+  ++metrics_.received;
+  requests_.emplace(std::move(key), std::move(r));
+}
+
+void Frontend::on_cancel(const std::vector<std::string>& routing, uint64_t id, uint64_t target) {
+  auto it = requests_.find({peer_key(routing), target});
+  if (it == requests_.end() || !it->second->finish_reason.empty())
+    throw Error(Errc::not_found, "no request " + std::to_string(target) +
+                                     " in flight on this connection to cancel (cancel " +
+                                     std::to_string(id) + ")");
+  finish(*it->second, "cancelled");
+}
+
+void Frontend::on_close_session(const std::vector<std::string>& routing, uint64_t id,
+                                uint64_t session) {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end())
+    throw Error(Errc::not_found, "no chat session " + std::to_string(session));
+  if (it->second.busy)
+    throw Error(Errc::busy, "session " + std::to_string(session) +
+                                " has a turn in flight; cancel it before closing the session");
+  if (it->second.open) engine_->close_seq(it->second.seq_id);
+  sessions_.erase(it);
+  flatbuffers::FlatBufferBuilder fbb;
+  auto stats = fbc::CreateStatsDirect(fbb, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                      engine_->plan_name().c_str(), "closed");
+  auto body = fbc::CreateDoneDirect(fbb, id, "", nullptr, stats);
+  fbb.Finish(fbc::CreateClientMessage(fbb, id, fbc::ClientBody::Done, body.Union()),
+             fbc::ClientMessageIdentifier());
+  (void)send_to(routing, std::span<const uint8_t>(fbb.GetBufferPointer(), fbb.GetSize()));
+}
+
+nlohmann::json Frontend::status() const {
+  nlohmann::json running = nlohmann::json::array();
+  const double now = now_ms();
+  for (const Request* r : scheduler_.running_requests())
+    running.push_back({{"request_id", r->client_request_id},
+                       {"kind", r->kind == RequestKind::eval ? "eval" : "generate"},
+                       {"priority", r->priority == Priority::reactive ? "reactive" : "proactive"},
+                       {"session", r->session},
+                       {"prompt_tokens", r->prompt_tokens},
+                       {"prefilled", r->n_prefilled},
+                       {"generated", r->generated.size()},
+                       {"age_ms", now - r->arrived_ms}});
+  return {{"service", "frontend"},
+          {"plan", engine_->plan_name()},
+          {"uptime_ms", now - started_ms_},
+          {"queue",
+           {{"reactive", scheduler_.queued(Priority::reactive)},
+            {"proactive", scheduler_.queued(Priority::proactive)}}},
+          {"running", running},
+          {"sessions", sessions_.size()},
+          {"limits",
+           {{"max_running", options_.max_running},
+            {"max_queue", options_.max_queue},
+            {"max_context", options_.max_context},
+            {"max_sessions", options_.max_sessions},
+            {"max_step_tokens", engine_->max_step_tokens()}}},
+          {"engine", engine_->status()},
+          {"metrics", metrics_.to_json()}};
+}
+
+}  // namespace duet::frontend

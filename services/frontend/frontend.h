@@ -1,0 +1,149 @@
+#pragma once
+// The serving core: the client socket (<run-dir>/frontend.sock, schemas/client.fbs), the request
+// table, the scheduler and one Engine. pump() never blocks: it reads what clients sent, runs at
+// most ONE engine step over the current batch (continuous batching), and sends what that step
+// produced, so a service loop can call it between its other duties.
+//
+// Client API (every message a verified ClientMessage; replies carry the request's id):
+//   Generate  -> TokenChunk* (stream) then Done with Stats, or Error
+//   Cancel    -> the cancelled request ends with Done (finish_reason "cancelled"); KV freed at once
+//   Status    -> StatusReply (JSON: queue, running, limits, sessions, engine, metrics)
+//   Eval      -> EvalReply (logits of every position), or Error
+//   KeepAlive -> nothing; a request with heartbeat_ms is reaped when they stop
+//   CloseSession -> Done (finish_reason "closed"); the session's KV is freed
+// A client that vanishes is noticed when a send to it fails (ZMQ_ROUTER_MANDATORY: EHOSTUNREACH)
+// or its KeepAlives stop; its requests are cancelled and their KV freed.
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+#include <zmq.hpp>
+
+#include "core/messaging.h"
+#include "core/tokenizer.h"
+#include "services/frontend/engine.h"
+#include "services/frontend/request.h"
+#include "services/frontend/scheduler.h"
+
+namespace duet::frontend {
+
+struct FrontendOptions {
+  int max_running = 16;                       // requests in the batch at once
+  int max_queue = 64;                         // requests waiting beyond those
+  int max_context = 0;                        // positions per sequence; 0 = the model's n_ctx
+  int max_sessions = 64;                      // chat sessions holding KV between turns
+  double session_idle_ms = 30 * 60 * 1000.0;  // a session unused this long is closed
+  size_t max_stop_strings = 16;
+  size_t max_stop_bytes = 256;
+  size_t max_prompt_bytes = size_t{1} << 20;
+  size_t max_outbox = 4096;  // unsent messages per request before its client counts as gone
+};
+
+// Aggregates over every finished request (per stack).
+struct StackMetrics {
+  uint64_t received = 0, completed = 0, cancelled = 0, failed = 0, reaped = 0, rejected = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, step_tokens = 0;
+  double ttft_ms_sum = 0, tpot_ms_sum = 0, queue_ms_sum = 0;
+  uint64_t ttft_n = 0, tpot_n = 0, queue_n = 0;
+  double modeled_ttft_ms_sum = 0, modeled_tpot_ms_sum = 0;
+  uint64_t modeled_ttft_n = 0, modeled_tpot_n = 0;
+  double step_ms_sum = 0, modeled_step_ms_sum = 0, flag_wait_ms_sum = 0;
+  uint64_t kv_bytes_copied = 0, restarts_seen = 0;
+  nlohmann::json to_json() const;
+};
+
+class Frontend {
+ public:
+  // Binds the ROUTER at client_socket_path(run_dir) (0600). The tokenizer comes from the
+  // engine's model file.
+  Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
+           FrontendOptions options = {});
+  ~Frontend();
+  Frontend(const Frontend&) = delete;
+  Frontend& operator=(const Frontend&) = delete;
+
+  // Reads waiting client messages, runs at most one engine step, sends its results, reaps
+  // vanished clients. Never blocks. Returns true while there is work to step.
+  bool pump();
+  // Calls pump() until there is no work or `budget` has passed (for a service loop's idle hook).
+  void pump_for(std::chrono::milliseconds budget);
+  // Serves until `stop` is set: waits on the socket (at most `idle_tick`) only when idle.
+  void serve(const std::atomic<bool>& stop,
+             std::chrono::milliseconds idle_tick = std::chrono::milliseconds(20));
+
+  bool has_work() const;
+  zmq::socket_t& socket() { return socket_; }
+  const std::string& socket_path() const { return socket_path_; }
+  Engine& engine() { return *engine_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  nlohmann::json status() const;
+  const StackMetrics& metrics() const { return metrics_; }
+
+ private:
+  using Key = std::pair<std::string, uint64_t>;  // (client identity, client's request id)
+  struct Session {
+    uint64_t seq_id = 0;
+    bool open = false;  // the engine holds its sequence
+    bool busy = false;  // a turn is in flight
+    int32_t n_past = 0;
+    std::optional<int32_t> pending;  // last sampled token, appended at the next turn
+    double last_used_ms = 0;
+  };
+  enum class SendResult { sent, full, vanished };
+
+  // frontend.cpp: messages in and out
+  void read_socket();
+  void handle(msg::Envelope& env);
+  void on_generate(const std::vector<std::string>& routing, uint64_t id,
+                   const fb::client::Generate& g);
+  void on_eval(const std::vector<std::string>& routing, uint64_t id, const fb::client::Eval& e);
+  void on_cancel(const std::vector<std::string>& routing, uint64_t id, uint64_t target);
+  void on_close_session(const std::vector<std::string>& routing, uint64_t id, uint64_t session);
+  void check_plan(const flatbuffers::String* plan) const;
+  SendResult send_to(const std::vector<std::string>& routing, std::span<const uint8_t> bytes);
+  void reply_error(const std::vector<std::string>& routing, uint64_t id, Errc code,
+                   const std::string& message);
+  // Queues `bytes` for the request's client; a vanished client marks the request "disconnected".
+  void deliver(Request& r, msg::Bytes bytes);
+  void flush_outboxes();
+
+  // frontend_step.cpp: the step and what follows from it
+  void open_request(Request* r);
+  void step();
+  void apply_part(const StepPart& part, std::span<const float> logits, const StepStats& stats,
+                  double now);
+  void accept_token(Request& r, int32_t token, double now);
+  void stream_out(Request& r);
+  void finish(Request& r, const std::string& reason);
+  void fail(Request& r, Errc code, const std::string& message);
+  void release(Request& r);  // frees KV (or hands it back to its session) and forgets r
+  void reap(double now);
+  msg::Bytes make_done(const Request& r) const;
+
+  std::unique_ptr<Engine> engine_;
+  FrontendOptions options_;
+  Tokenizer tokenizer_;
+  std::string socket_path_;
+  zmq::socket_t socket_;
+  Scheduler scheduler_;
+  std::map<Key, std::unique_ptr<Request>> requests_;
+  std::map<uint64_t, Session> sessions_;
+  uint64_t next_seq_id_ = 1;
+  double started_ms_ = 0;
+  double last_reap_ms_ = 0;
+  StackMetrics metrics_;
+};
+
+double now_ms();  // steady clock, milliseconds
+// A client connection's identity as a map key (its ROUTER routing frames).
+std::string peer_key(const std::vector<std::string>& routing);
+// Byte offset of the first invalid UTF-8 sequence, or npos when the text is valid.
+size_t invalid_utf8_at(std::string_view text);
+
+}  // namespace duet::frontend

@@ -1,0 +1,306 @@
+#include "services/frontend/program_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+
+namespace duet::frontend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct TokenRow {
+  int32_t token, pos, seq, logits_row;
+};
+
+Plan plan_by_name(const std::string& name) {
+  if (name == "gpu-only") return Plan::gpu_only();
+  if (name == "npu-only" || name == "layer") {
+    Plan p = Plan::npu_only();
+    p.name = name;
+    return p;
+  }
+  throw Error(Errc::invalid_argument, "plan '" + name + "' needs the solver (no plan_for given)");
+}
+
+double us_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<LlamaModel> model,
+                             std::unique_ptr<DeviceLink> gpu, std::unique_ptr<DeviceLink> npu)
+    : options_(std::move(options)), model_(std::move(model)), gpu_(std::move(gpu)), npu_(std::move(npu)) {
+  if (!model_ || !gpu_) throw Error(Errc::invalid_argument, "program engine: needs a model and a GPU");
+  if (options_.buckets.empty()) throw Error(Errc::invalid_argument, "program engine: no token buckets");
+  std::sort(options_.buckets.begin(), options_.buckets.end());
+  const LlamaHparams& hp = model_->hp();
+  const uint32_t max_ctx = options_.max_ctx ? options_.max_ctx : static_cast<uint32_t>(hp.n_ctx);
+  options_.max_ctx = max_ctx;
+  max_pages_per_seq_ = (max_ctx + options_.page_tokens - 1) / options_.page_tokens;
+  const uint32_t n_pages = options_.kv_pages ? options_.kv_pages : max_pages_per_seq_ * options_.max_seqs;
+  const uint64_t page_bytes = uint64_t{static_cast<uint32_t>(hp.n_layer)} * 2 * options_.page_tokens *
+                              static_cast<uint64_t>(hp.n_head_kv * hp.head_dim) * 4;
+
+  // A frontend that crashed left its segments behind: this engine owns those names, so it removes
+  // them (services holding the old mappings re-map when the programs are registered again).
+  for (const std::string& name : {arena_name(options_.stack_id), kv_name(options_.stack_id), flags_name(options_.stack_id)}) {
+    try {
+      shm::Segment::open(name).unlink();
+    } catch (const Error&) {
+    }
+  }
+  // KV pages first: the programs need where page 0 starts.
+  kv_seg_ = shm::Segment::create(kv_name(options_.stack_id), shm::KvPages::bytes_for(n_pages, page_bytes));
+  kv_pages_.emplace(shm::KvPages::format(kv_seg_, n_pages, page_bytes));
+
+  uint64_t arena_bytes = 0;
+  uint32_t n_flags = 0;
+  for (uint32_t b : options_.buckets) {
+    ProgramSpec spec;
+    spec.model = model_.get();
+    spec.plan = options_.plan_for ? options_.plan_for(b) : plan_by_name(options_.plan_name);
+    spec.max_tokens = b;
+    spec.max_seqs = options_.max_seqs;
+    spec.max_logit_rows = options_.max_seqs;
+    spec.max_ctx = max_ctx;
+    spec.kv_pages = n_pages;
+    spec.page_tokens = options_.page_tokens;
+    spec.kv_pages_offset = kv_pages_->page_offset(0);
+    spec.name = options_.plan_name + "/" + std::to_string(b);
+    spec.arena_segment = arena_name(options_.stack_id);
+    spec.kv_segment = kv_name(options_.stack_id);
+    spec.flags_segment = flags_name(options_.stack_id);
+    Bucket bucket{b, spec.plan, build_programs(spec)};
+    arena_bytes = std::max(arena_bytes, bucket.programs.arena.bytes);
+    n_flags = std::max(n_flags, bucket.programs.n_flags);
+    if (!bucket.programs.npu.ops.empty() && !npu_)
+      throw Error(Errc::invalid_argument, "plan '" + spec.plan.name + "' uses the NPU but there is none");
+    buckets_.push_back(std::move(bucket));
+  }
+  arena_seg_ = shm::Segment::create(arena_name(options_.stack_id), arena_bytes);
+  flags_seg_ = shm::Segment::create(flags_name(options_.stack_id), shm::FlagTable::bytes_for(n_flags));
+  flags_ = shm::FlagTable::format(flags_seg_, n_flags);
+
+  reregister(*gpu_);
+  if (npu_) reregister(*npu_);
+}
+
+ProgramEngine::~ProgramEngine() {
+  // This engine created the data plane; it removes it. Mappings held elsewhere stay valid.
+  for (shm::Segment* s : {&arena_seg_, &kv_seg_, &flags_seg_}) {
+    try {
+      if (s->valid()) s->unlink();
+    } catch (...) {
+    }
+  }
+}
+
+void ProgramEngine::reregister(DeviceLink& device) {
+  const bool is_gpu = &device == gpu_.get();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const fb::ProgramT& p = is_gpu ? buckets_[i].programs.gpu : buckets_[i].programs.npu;
+    if (!p.ops.empty()) device.register_program(static_cast<uint32_t>(i * 2 + (is_gpu ? 0 : 1)), p);
+  }
+}
+
+ProgramMemory ProgramEngine::memory() const {
+  return {arena_seg_.data(), arena_seg_.size(), kv_seg_.data(), kv_seg_.size(), model_->file().data(),
+          model_->file().size()};
+}
+
+const ProgramEngine::Bucket& ProgramEngine::bucket_for(uint32_t n_tokens) const {
+  for (const Bucket& b : buckets_)
+    if (n_tokens <= b.max_tokens) return b;
+  throw Error(Errc::invalid_argument, "a step of " + std::to_string(n_tokens) + " tokens exceeds the largest bucket (" +
+                                          std::to_string(buckets_.back().max_tokens) + ")");
+}
+
+void ProgramEngine::open_seq(uint64_t seq_id, int max_positions) {
+  if (seq_id == shm::KvPages::kFree) throw Error(Errc::invalid_argument, "sequence id 0 is reserved");
+  if (max_positions <= 0 || static_cast<uint32_t>(max_positions) > options_.max_ctx)
+    throw Error(Errc::out_of_range, "a sequence of " + std::to_string(max_positions) +
+                                        " positions exceeds the context of " + std::to_string(options_.max_ctx));
+  if (seqs_.count(seq_id)) throw Error(Errc::invalid_argument, "sequence " + std::to_string(seq_id) + " is open");
+  seqs_[seq_id] = Sequence{max_positions, 0};
+}
+
+void ProgramEngine::close_seq(uint64_t seq_id) {
+  if (seqs_.erase(seq_id)) kv_pages_->free_owner(seq_id);
+}
+
+void ProgramEngine::truncate_seq(uint64_t seq_id, int n_past) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  it->second.n_past = std::clamp(n_past, 0, it->second.n_past);
+}
+
+void ProgramEngine::ensure_pages(uint64_t seq_id, int positions) {
+  const uint32_t need = (static_cast<uint32_t>(positions) + options_.page_tokens - 1) / options_.page_tokens;
+  const uint32_t have = static_cast<uint32_t>(kv_pages_->pages_of(seq_id).size());
+  if (need > have) kv_pages_->alloc(need - have, seq_id);  // Error(busy) when the cache is full
+}
+
+std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepStats* stats) {
+  const auto t0 = Clock::now();
+  if (batch.empty()) throw Error(Errc::invalid_argument, "empty step");
+  if (batch.size() > options_.max_seqs)
+    throw Error(Errc::invalid_argument, "a step of " + std::to_string(batch.size()) + " sequences exceeds " +
+                                            std::to_string(options_.max_seqs));
+  uint32_t n_tokens = 0;
+  for (const SeqStep& s : batch) {
+    auto it = seqs_.find(s.seq_id);
+    if (it == seqs_.end()) throw Error(Errc::not_found, "sequence " + std::to_string(s.seq_id) + " is not open");
+    if (s.tokens.empty()) throw Error(Errc::invalid_argument, "a step entry with no tokens");
+    if (s.pos0 < 0 || s.pos0 > it->second.n_past)
+      throw Error(Errc::out_of_range, "sequence " + std::to_string(s.seq_id) + " would leave a gap at position " +
+                                          std::to_string(it->second.n_past));
+    if (s.pos0 + static_cast<int>(s.tokens.size()) > it->second.max_positions)
+      throw Error(Errc::out_of_range, "sequence " + std::to_string(s.seq_id) + " grows past its " +
+                                          std::to_string(it->second.max_positions) + " positions");
+    n_tokens += static_cast<uint32_t>(s.tokens.size());
+  }
+  const Bucket& bucket = bucket_for(n_tokens);
+  const size_t bucket_index = static_cast<size_t>(&bucket - buckets_.data());
+  const BuiltPrograms& built = bucket.programs;
+  const int32_t n_vocab = model_->hp().n_vocab;
+  for (const SeqStep& s : batch) {
+    if (s.tokens.size() > 0)
+      for (int32_t t : s.tokens)
+        if (t < 0 || t >= n_vocab) throw Error(Errc::invalid_argument, "token id " + std::to_string(t) + " outside the vocabulary");
+    ensure_pages(s.seq_id, s.pos0 + static_cast<int>(s.tokens.size()));
+  }
+
+  // The step's token table and page tables, in the arena.
+  auto* rows = reinterpret_cast<TokenRow*>(arena_seg_.data() + built.arena.tokens);
+  auto* tables = reinterpret_cast<int32_t*>(arena_seg_.data() + built.arena.page_tables);
+  uint32_t t = 0;
+  int32_t n_logits = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqStep& s = batch[i];
+    for (size_t j = 0; j < s.tokens.size(); ++j, ++t) {
+      const bool last = j + 1 == s.tokens.size();
+      rows[t] = {s.tokens[j], s.pos0 + static_cast<int32_t>(j), static_cast<int32_t>(i),
+                 last && s.want_logits ? n_logits++ : -1};
+    }
+    const std::vector<uint32_t> pages = kv_pages_->pages_of(s.seq_id);
+    int32_t* row = tables + i * built.max_pages_per_seq;
+    for (uint32_t p = 0; p < built.max_pages_per_seq; ++p)
+      row[p] = p < pages.size() ? static_cast<int32_t>(pages[p]) : -1;
+  }
+
+  StepArgs args;
+  args.n_tokens = n_tokens;
+  args.n_seqs = static_cast<uint32_t>(batch.size());
+  args.tokens_offset = built.arena.tokens;
+  args.page_tables_offset = built.arena.page_tables;
+  args.page_table_cols = built.max_pages_per_seq;
+
+  // A device that died mid-step is restarted by the supervisor; the step is re-run under a new
+  // seq once the device has its programs again. Re-running is exact: the token table, page tables
+  // and KV rows of earlier positions are in shm, and this step rewrites its own KV rows with the
+  // same values. Nothing before this step is recomputed.
+  const auto give_up = Clock::now() + std::chrono::milliseconds(options_.recovery_timeout_ms);
+  Attempt attempt;
+  for (;;) {
+    args.seq = ++step_seq_;
+    try {
+      attempt = run_on_devices(bucket_index, args);
+      break;
+    } catch (const Error& e) {
+      const bool recoverable = e.code() == Errc::timeout || e.code() == Errc::unavailable ||
+                               e.code() == Errc::not_found;
+      if (!recoverable || Clock::now() > give_up) throw;
+      last_failure_ = e.what();
+      recover(give_up);
+    }
+  }
+  const double wait_us = attempt.wait_us;
+  const DeviceLink::Report& gpu_report = attempt.gpu;
+  const DeviceLink::Report& npu_report = attempt.npu;
+
+  for (const SeqStep& s : batch) seqs_[s.seq_id].n_past = s.pos0 + static_cast<int>(s.tokens.size());
+  ++steps_;
+  flag_wait_us_ += wait_us;
+  if (stats) {
+    stats->measured_us = us_since(t0);
+    stats->modeled_us = std::max(gpu_report.modeled_us, npu_report.modeled_us);
+    stats->flag_wait_us = wait_us;
+    stats->kv_bytes_copied = 0;  // KV rows are written in place by the KvWrite op
+    stats->n_tokens = n_tokens;
+  }
+  const float* logits = reinterpret_cast<const float*>(arena_seg_.data() + built.arena.logits);
+  return {logits, logits + static_cast<size_t>(n_logits) * n_vocab};
+}
+
+ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, const StepArgs& args) {
+  const BuiltPrograms& built = buckets_[bucket_index].programs;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
+  const bool on_npu = !built.npu.ops.empty();
+  gpu_->start_step(static_cast<uint32_t>(bucket_index * 2), args);
+  if (on_npu) npu_->start_step(static_cast<uint32_t>(bucket_index * 2 + 1), args);
+
+  // Fast sync: the step is done when every device's last op has published its flag. A stack
+  // epoch bump (the supervisor saw a service die) ends the wait at once.
+  Attempt a;
+  const auto wait_start = Clock::now();
+  shm::WaitStatus status = shm::WaitStatus::ready;
+  for (uint32_t flag : built.done_flags) {
+    shm::WaitOptions o;
+    o.deadline = deadline;
+    status = flags_.wait(flag, args.seq, o).status;
+    if (status != shm::WaitStatus::ready) break;
+  }
+  a.wait_us = us_since(wait_start);
+  // The reports carry each device's times, and its error when a device failed.
+  const auto report_deadline = status == shm::WaitStatus::ready ? deadline : Clock::now() + std::chrono::seconds(1);
+  a.gpu = gpu_->finish_step(args.seq, report_deadline);
+  if (on_npu) a.npu = npu_->finish_step(args.seq, report_deadline);
+  if (status == shm::WaitStatus::epoch_changed)
+    throw Error(Errc::unavailable, "step " + std::to_string(args.seq) + ": the stack epoch changed (a service restarted)");
+  if (status != shm::WaitStatus::ready)
+    throw Error(Errc::timeout, "step " + std::to_string(args.seq) + " did not complete in time");
+  return a;
+}
+
+void ProgramEngine::recover(Clock::time_point give_up) {
+  ++recoveries_;
+  for (DeviceLink* link : {gpu_.get(), npu_.get()}) {
+    if (!link) continue;
+    for (;;) {
+      try {
+        reregister(*link);
+        break;
+      } catch (const Error&) {
+        if (Clock::now() > give_up) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+}
+
+nlohmann::json ProgramEngine::status() const {
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const Bucket& b : buckets_)
+    buckets.push_back({{"max_tokens", b.max_tokens},
+                       {"plan", b.plan.name},
+                       {"gpu_ops", b.programs.gpu.ops.size()},
+                       {"npu_ops", b.programs.npu.ops.size()}});
+  return {{"engine", "programs"},
+          {"plan", options_.plan_name},
+          {"buckets", buckets},
+          {"kv_pages_total", kv_pages_->n_pages()},
+          {"kv_pages_free", kv_pages_->free_count()},
+          {"open_sequences", seqs_.size()},
+          {"steps", steps_},
+          {"flag_wait_ms", flag_wait_us_ / 1000.0},
+          {"kv_bytes_copied", 0},
+          {"recoveries", recoveries_},
+          {"last_failure", last_failure_}};
+}
+
+}  // namespace duet::frontend

@@ -1,0 +1,73 @@
+#include "services/frontend/scheduler.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+
+namespace duet::frontend {
+
+void Scheduler::enqueue(Request* r) {
+  if (static_cast<int>(queued()) >= max_queue_)
+    throw Error(Errc::busy, "the request queue is full (" + std::to_string(max_queue_) +
+                                " waiting, " + std::to_string(running_.size()) +
+                                " running); retry later");
+  queue(r->priority).push_back(r);
+}
+
+void Scheduler::remove(Request* r) {
+  for (auto* q : {&reactive_, &proactive_})
+    q->erase(std::remove(q->begin(), q->end(), r), q->end());
+  running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
+}
+
+StepBatch Scheduler::build(int max_step_tokens) {
+  StepBatch b;
+  size_t budget = static_cast<size_t>(std::max(1, max_step_tokens));
+  auto add = [&](Request* r, size_t n, bool decode) {
+    StepPart part{r, n, decode, b.n_logit_rows, 0};
+    if (decode) {
+      b.entries.push_back({r->seq_id, {*r->next_token}, r->pos, true});
+      part.n_logit_rows = 1;
+    } else if (r->kind == RequestKind::eval) {
+      // Every position's logits: one entry per token (an engine fuses consecutive entries).
+      for (size_t i = 0; i < n; ++i)
+        b.entries.push_back(
+            {r->seq_id, {r->prompt[r->n_prefilled + i]}, r->pos + static_cast<int32_t>(i), true});
+      part.n_logit_rows = n;
+    } else {
+      const auto first = r->prompt.begin() + static_cast<std::ptrdiff_t>(r->n_prefilled);
+      const bool last_chunk = r->n_prefilled + n == r->prompt.size();
+      b.entries.push_back({r->seq_id,
+                           std::vector<int32_t>(first, first + static_cast<std::ptrdiff_t>(n)),
+                           r->pos, last_chunk});
+      part.n_logit_rows = last_chunk ? 1 : 0;
+    }
+    b.n_logit_rows += part.n_logit_rows;
+    b.parts.push_back(part);
+    budget -= n;
+  };
+
+  // Decode first, reactive before proactive; when there are more decoders than the budget, the
+  // cursor rotates who waits so that no request starves.
+  std::vector<Request*> decoders;
+  for (Priority p : {Priority::reactive, Priority::proactive})
+    for (Request* r : running_)
+      if (r->priority == p && r->decoding()) decoders.push_back(r);
+  if (!decoders.empty()) {
+    const size_t n = decoders.size();
+    const size_t take = std::min(n, budget);
+    const size_t start = n > take ? decode_cursor_ % n : 0;
+    for (size_t i = 0; i < take; ++i) add(decoders[(start + i) % n], 1, true);
+    if (n > take) decode_cursor_ += take;
+  }
+  for (Priority p : {Priority::reactive, Priority::proactive})
+    for (Request* r : running_) {
+      if (budget == 0) return b;
+      if (r->priority != p || !r->prefilling() || !r->finish_reason.empty()) continue;
+      add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);
+    }
+  return b;
+}
+
+}  // namespace duet::frontend

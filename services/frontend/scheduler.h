@@ -1,0 +1,85 @@
+#pragma once
+// Continuous batching: which requests wait, which run, and what one engine step carries.
+// Two queues, reactive before proactive (issue 9 grows preemption and aging from here). Each step
+// carries one decode token of every decoding request, then prefill chunks (reactive first, in
+// arrival order) up to the engine's token budget, so long prompts never stall decoding.
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "services/frontend/engine.h"
+#include "services/frontend/request.h"
+
+namespace duet::frontend {
+
+// What one step gives a request: `n_tokens` appended, and where its logit rows are in the step's
+// output (first_logit_row .. + n_logit_rows).
+struct StepPart {
+  Request* request = nullptr;
+  size_t n_tokens = 0;
+  bool decode = false;
+  size_t first_logit_row = 0;
+  size_t n_logit_rows = 0;
+};
+
+struct StepBatch {
+  std::vector<SeqStep> entries;
+  std::vector<StepPart> parts;
+  size_t n_logit_rows = 0;
+  bool empty() const { return entries.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(int max_running, int max_queue) : max_running_(max_running), max_queue_(max_queue) {}
+
+  // Queues a request; Error(busy) when the queue is full.
+  void enqueue(Request* r);
+  // Moves queued requests into the running set while there is room; `open` reserves the
+  // request's KV and throws Error(busy) when the engine has none left (the request stays first
+  // in its queue). Returns the requests admitted.
+  template <class Open>
+  std::vector<Request*> admit(Open&& open);
+  // Drops a request from wherever it is (queue or running).
+  void remove(Request* r);
+  StepBatch build(int max_step_tokens);
+
+  size_t queued(Priority p) const { return queue(p).size(); }
+  size_t queued() const { return reactive_.size() + proactive_.size(); }
+  size_t running() const { return running_.size(); }
+  const std::vector<Request*>& running_requests() const { return running_; }
+  int max_running() const { return max_running_; }
+  int max_queue() const { return max_queue_; }
+
+ private:
+  std::deque<Request*>& queue(Priority p) {
+    return p == Priority::reactive ? reactive_ : proactive_;
+  }
+  const std::deque<Request*>& queue(Priority p) const {
+    return p == Priority::reactive ? reactive_ : proactive_;
+  }
+
+  int max_running_;
+  int max_queue_;
+  std::deque<Request*> reactive_, proactive_;
+  std::vector<Request*> running_;  // in admission order
+  size_t decode_cursor_ = 0;       // rotates which decoders go first when the budget is short
+};
+
+template <class Open>
+std::vector<Request*> Scheduler::admit(Open&& open) {
+  std::vector<Request*> admitted;
+  for (Priority p : {Priority::reactive, Priority::proactive}) {
+    auto& q = queue(p);
+    while (!q.empty() && static_cast<int>(running_.size()) < max_running_) {
+      Request* r = q.front();
+      open(r);  // may throw busy: r stays queued
+      q.pop_front();
+      running_.push_back(r);
+      admitted.push_back(r);
+    }
+  }
+  return admitted;
+}
+
+}  // namespace duet::frontend

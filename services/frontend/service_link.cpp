@@ -1,0 +1,99 @@
+// A device service (gpu_svc, npu_svc) as a DeviceLink: RegisterProgram and RunStep over a
+// ZeroMQ DEALER. RunStep is sent without waiting, so both devices start the step at once; the
+// StepDone (or StepFailed) reply is read by finish_step. Replies carry the request id (the
+// step's seq for RunStep) and a reply to an abandoned request is dropped.
+#include <zmq.hpp>
+
+#include "core/error.h"
+#include "core/messaging.h"
+#include "services/frontend/program_engine.h"
+
+namespace duet::frontend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class ServiceLink : public DeviceLink {
+ public:
+  ServiceLink(std::string name, std::string endpoint)
+      : name_(std::move(name)), endpoint_(std::move(endpoint)) {
+    reset();
+  }
+
+  std::string name() const override { return name_; }
+
+  void register_program(uint32_t program_id, const fb::ProgramT& program) override {
+    flatbuffers::FlatBufferBuilder fbb(1 << 16);
+    const uint64_t id = next_id_++;
+    auto body = fb::CreateRegisterProgram(fbb, program_id, fb::Program::Pack(fbb, &program));
+    send(msg::finish_message(fbb, id, body));
+    const msg::Bytes reply = receive(id, Clock::now() + std::chrono::seconds(120));
+    const fb::Message* m = msg::verify_control(reply);
+    msg::throw_if_error(*m);
+    if (m->body_type() != fb::Body::ProgramRegistered)
+      throw Error(Errc::bad_format, name_ + ": unexpected reply to RegisterProgram");
+  }
+
+  void start_step(uint32_t program_id, const StepArgs& step) override {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    const fb::TensorRef tokens(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.tokens_offset, step.n_tokens, 4);
+    const fb::TensorRef tables(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.page_tables_offset, step.n_seqs,
+                               step.page_table_cols);
+    auto body = fb::CreateRunStep(fbb, program_id, step.seq, step.n_tokens, step.n_seqs, &tokens, &tables);
+    send(msg::finish_message(fbb, step.seq, body));
+  }
+
+  Report finish_step(uint64_t step_seq, Clock::time_point deadline) override {
+    const msg::Bytes reply = receive(step_seq, deadline);
+    const fb::Message* m = msg::verify_control(reply);
+    msg::throw_if_error(*m);
+    if (const auto* failed = m->body_as_StepFailed())
+      throw Error(msg::from_fb_code(failed->code()),
+                  name_ + ": " + (failed->message() ? failed->message()->str() : std::string("step failed")));
+    const auto* done = m->body_as_StepDone();
+    if (!done) throw Error(Errc::bad_format, name_ + ": unexpected reply to RunStep");
+    return Report{done->measured_us(), done->modeled_us(), done->wait_us()};
+  }
+
+ private:
+  void reset() { socket_ = std::make_unique<zmq::socket_t>(msg::connect_dealer(endpoint_)); }
+
+  void send(const msg::Bytes& bytes) {
+    if (!socket_->send(zmq::buffer(bytes), zmq::send_flags::dontwait))
+      throw Error(Errc::unavailable, name_ + ": cannot send (service down?)");
+  }
+
+  // The reply with request id `id`; others (late replies to abandoned requests) are dropped.
+  msg::Bytes receive(uint64_t id, Clock::time_point deadline) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
+      if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
+        reset();  // a late reply must never be read as the answer to a later request
+        throw Error(Errc::timeout, name_ + ": no reply to request " + std::to_string(id) + " in time");
+      }
+      zmq::message_t frame;
+      if (!socket_->recv(frame, zmq::recv_flags::dontwait)) continue;
+      msg::Bytes bytes(static_cast<const uint8_t*>(frame.data()),
+                       static_cast<const uint8_t*>(frame.data()) + frame.size());
+      try {
+        if (msg::verify_control(bytes)->request_id() == id) return bytes;
+      } catch (const Error&) {
+        // An unverifiable frame is dropped; the deadline still bounds the wait.
+      }
+    }
+  }
+
+  std::string name_;
+  std::string endpoint_;
+  std::unique_ptr<zmq::socket_t> socket_;
+  uint64_t next_id_ = uint64_t{1} << 62;  // never collides with step seqs
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceLink> make_service_link(std::string name, std::string endpoint) {
+  return std::make_unique<ServiceLink>(std::move(name), std::move(endpoint));
+}
+
+}  // namespace duet::frontend

@@ -1,0 +1,302 @@
+#include "services/gpu_svc/cl_device.h"
+
+#include <unistd.h>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+
+namespace duet::gpu {
+
+extern const unsigned char kKernelSource[];
+extern const size_t kKernelSourceSize;
+
+namespace {
+
+constexpr cl_int kPlatformNotFoundKhr = -1001;  // cl_khr_icd: the loader found no platform
+
+std::string platform_string(cl_platform_id p, cl_platform_info what) {
+  size_t n = 0;
+  check_cl(clGetPlatformInfo(p, what, 0, nullptr, &n), "clGetPlatformInfo");
+  std::string s(n, '\0');
+  check_cl(clGetPlatformInfo(p, what, n, s.data(), nullptr), "clGetPlatformInfo");
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
+}
+
+std::string device_string(cl_device_id d, cl_device_info what) {
+  size_t n = 0;
+  check_cl(clGetDeviceInfo(d, what, 0, nullptr, &n), "clGetDeviceInfo");
+  std::string s(n, '\0');
+  check_cl(clGetDeviceInfo(d, what, n, s.data(), nullptr), "clGetDeviceInfo");
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
+}
+
+template <typename T>
+T device_value(cl_device_id d, cl_device_info what) {
+  T v{};
+  check_cl(clGetDeviceInfo(d, what, sizeof v, &v, nullptr), "clGetDeviceInfo");
+  return v;
+}
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string default_cache_dir() {
+  if (const char* d = std::getenv("DUET_CACHE_DIR"); d && *d) return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/duet";
+  if (const char* d = std::getenv("HOME"); d && *d) return std::string(d) + "/.cache/duet";
+  return "";
+}
+
+const char* type_name(cl_device_type t) {
+  if (t & CL_DEVICE_TYPE_GPU) return "gpu";
+  if (t & CL_DEVICE_TYPE_CPU) return "cpu";
+  if (t & CL_DEVICE_TYPE_ACCELERATOR) return "accelerator";
+  return "other";
+}
+
+}  // namespace
+
+std::string cl_error_name(cl_int err) {
+  switch (err) {
+    case CL_DEVICE_NOT_FOUND:
+      return "CL_DEVICE_NOT_FOUND";
+    case CL_OUT_OF_RESOURCES:
+      return "CL_OUT_OF_RESOURCES";
+    case CL_OUT_OF_HOST_MEMORY:
+      return "CL_OUT_OF_HOST_MEMORY";
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE:
+      return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case CL_BUILD_PROGRAM_FAILURE:
+      return "CL_BUILD_PROGRAM_FAILURE";
+    case CL_INVALID_VALUE:
+      return "CL_INVALID_VALUE";
+    case CL_INVALID_BUFFER_SIZE:
+      return "CL_INVALID_BUFFER_SIZE";
+    case CL_INVALID_HOST_PTR:
+      return "CL_INVALID_HOST_PTR";
+    case CL_INVALID_KERNEL_NAME:
+      return "CL_INVALID_KERNEL_NAME";
+    case CL_INVALID_KERNEL_ARGS:
+      return "CL_INVALID_KERNEL_ARGS";
+    case CL_INVALID_ARG_INDEX:
+      return "CL_INVALID_ARG_INDEX";
+    case CL_INVALID_ARG_SIZE:
+      return "CL_INVALID_ARG_SIZE";
+    case CL_INVALID_WORK_GROUP_SIZE:
+      return "CL_INVALID_WORK_GROUP_SIZE";
+    case CL_INVALID_WORK_ITEM_SIZE:
+      return "CL_INVALID_WORK_ITEM_SIZE";
+    case CL_INVALID_GLOBAL_WORK_SIZE:
+      return "CL_INVALID_GLOBAL_WORK_SIZE";
+    case CL_INVALID_BINARY:
+      return "CL_INVALID_BINARY";
+    case kPlatformNotFoundKhr:
+      return "kPlatformNotFoundKhr (no OpenCL ICD)";
+    default:
+      return "OpenCL error " + std::to_string(err);
+  }
+}
+
+void check_cl(cl_int err, const char* what) {
+  if (err == CL_SUCCESS) return;
+  const Errc code = (err == CL_DEVICE_NOT_FOUND || err == kPlatformNotFoundKhr) ? Errc::unavailable
+                    : (err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY ||
+                       err == CL_MEM_OBJECT_ALLOCATION_FAILURE)
+                        ? Errc::busy
+                        : Errc::internal;
+  throw Error(code, std::string(what) + " failed: " + cl_error_name(err));
+}
+
+std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
+  std::unique_ptr<ClDevice> dev(new ClDevice());
+  cl_uint n_platforms = 0;
+  check_cl(clGetPlatformIDs(0, nullptr, &n_platforms), "clGetPlatformIDs");
+  if (n_platforms == 0) throw Error(Errc::unavailable, "no OpenCL platform (is an ICD installed?)");
+  std::vector<cl_platform_id> platforms(n_platforms);
+  check_cl(clGetPlatformIDs(n_platforms, platforms.data(), nullptr), "clGetPlatformIDs");
+
+  std::string select = options.select;
+  if (select.empty())
+    if (const char* e = std::getenv("DUET_OPENCL_DEVICE"); e) select = e;
+  auto devices_of = [](cl_platform_id p, cl_device_type t) {
+    cl_uint n = 0;
+    if (clGetDeviceIDs(p, t, 0, nullptr, &n) != CL_SUCCESS || n == 0)
+      return std::vector<cl_device_id>{};
+    std::vector<cl_device_id> ids(n);
+    check_cl(clGetDeviceIDs(p, t, n, ids.data(), nullptr), "clGetDeviceIDs");
+    return ids;
+  };
+  if (!select.empty()) {
+    unsigned p = 0, d = 0;
+    char colon = 0;
+    std::istringstream in(select);
+    if (!(in >> p >> colon >> d) || colon != ':')
+      throw Error(Errc::invalid_argument,
+                  "OpenCL device selector '" + select + "' is not PLATFORM:DEVICE");
+    if (p >= n_platforms)
+      throw Error(Errc::not_found, "OpenCL platform " + std::to_string(p) + " does not exist (" +
+                                       std::to_string(n_platforms) + " platforms)");
+    auto ids = devices_of(platforms[p], CL_DEVICE_TYPE_ALL);
+    if (d >= ids.size())
+      throw Error(Errc::not_found, "OpenCL device " + select + " does not exist");
+    dev->platform_ = platforms[p];
+    dev->device_ = ids[d];
+  } else {
+    for (cl_device_type want :
+         {cl_device_type{CL_DEVICE_TYPE_GPU}, cl_device_type{CL_DEVICE_TYPE_ALL}}) {
+      for (auto p : platforms) {
+        auto ids = devices_of(p, want);
+        if (!ids.empty()) {
+          dev->platform_ = p;
+          dev->device_ = ids[0];
+          break;
+        }
+      }
+      if (dev->device_) break;
+    }
+    if (!dev->device_) throw Error(Errc::unavailable, "no OpenCL device on any platform");
+  }
+
+  DeviceInfo& in = dev->info_;
+  in.platform = platform_string(dev->platform_, CL_PLATFORM_NAME) + " " +
+                platform_string(dev->platform_, CL_PLATFORM_VERSION);
+  in.name = device_string(dev->device_, CL_DEVICE_NAME);
+  in.vendor = device_string(dev->device_, CL_DEVICE_VENDOR);
+  in.version = device_string(dev->device_, CL_DEVICE_VERSION);
+  in.driver = device_string(dev->device_, CL_DRIVER_VERSION);
+  in.extensions = device_string(dev->device_, CL_DEVICE_EXTENSIONS);
+  const auto type = device_value<cl_device_type>(dev->device_, CL_DEVICE_TYPE);
+  in.type = type_name(type);
+  in.compute_units =
+      static_cast<int>(device_value<cl_uint>(dev->device_, CL_DEVICE_MAX_COMPUTE_UNITS));
+  in.global_mem_bytes = device_value<cl_ulong>(dev->device_, CL_DEVICE_GLOBAL_MEM_SIZE);
+  in.local_mem_bytes = device_value<cl_ulong>(dev->device_, CL_DEVICE_LOCAL_MEM_SIZE);
+  in.max_alloc_bytes = device_value<cl_ulong>(dev->device_, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
+  in.max_work_group = device_value<size_t>(dev->device_, CL_DEVICE_MAX_WORK_GROUP_SIZE);
+  in.host_unified = device_value<cl_bool>(dev->device_, CL_DEVICE_HOST_UNIFIED_MEMORY) == CL_TRUE;
+  in.fp64 = in.extensions.find("cl_khr_fp64") != std::string::npos;
+  dev->zero_copy_ = (type & CL_DEVICE_TYPE_CPU) || in.host_unified;
+  if (const char* e = std::getenv("DUET_GPU_FORCE_COPIES");
+      options.force_copies || (e && *e == '1'))
+    dev->zero_copy_ = false;
+
+  cl_int err = CL_SUCCESS;
+  dev->context_ = clCreateContext(nullptr, 1, &dev->device_, nullptr, nullptr, &err);
+  check_cl(err, "clCreateContext");
+  dev->queue_ = clCreateCommandQueue(dev->context_, dev->device_, CL_QUEUE_PROFILING_ENABLE, &err);
+  check_cl(err, "clCreateCommandQueue");
+  dev->build_program(options);
+  return dev;
+}
+
+void ClDevice::build_program(const DeviceOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string build_options = "-cl-std=CL1.2 -cl-mad-enable";
+  uint64_t h = 1469598103934665603ull;
+  for (const std::string& s :
+       {info_.platform, info_.name, info_.version, info_.driver, build_options})
+    h = fnv1a(h, s.data(), s.size() + 1);
+  h = fnv1a(h, kKernelSource, kKernelSourceSize);
+
+  const std::string dir = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
+  if (!dir.empty() && dir != "-") {
+    char name[32];
+    std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
+    cache_path_ = dir + "/opencl-" + name + ".bin";
+  }
+
+  cl_int err = CL_SUCCESS;
+  if (!cache_path_.empty()) {
+    std::ifstream f(cache_path_, std::ios::binary);
+    std::vector<unsigned char> bin((std::istreambuf_iterator<char>(f)),
+                                   std::istreambuf_iterator<char>());
+    if (!bin.empty()) {
+      const unsigned char* ptr = bin.data();
+      const size_t size = bin.size();
+      cl_int status = CL_SUCCESS;
+      cl_program p = clCreateProgramWithBinary(context_, 1, &device_, &size, &ptr, &status, &err);
+      if (err == CL_SUCCESS && status == CL_SUCCESS &&
+          clBuildProgram(p, 1, &device_, build_options.c_str(), nullptr, nullptr) == CL_SUCCESS) {
+        program_ = p;
+        program_from_cache_ = true;
+      } else if (p) {
+        clReleaseProgram(p);  // a stale or foreign binary: rebuild from source below
+      }
+    }
+  }
+  if (!program_) {
+    const char* src = reinterpret_cast<const char*>(kKernelSource);
+    const size_t len = kKernelSourceSize;
+    program_ = clCreateProgramWithSource(context_, 1, &src, &len, &err);
+    check_cl(err, "clCreateProgramWithSource");
+    err = clBuildProgram(program_, 1, &device_, build_options.c_str(), nullptr, nullptr);
+    if (err != CL_SUCCESS) {
+      size_t n = 0;
+      clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
+      std::string log(n, '\0');
+      clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr);
+      throw Error(Errc::internal, "building the gpu_svc kernels for " + info_.name + " failed (" +
+                                      cl_error_name(err) + "):\n" + log);
+    }
+    if (!cache_path_.empty()) {
+      size_t size = 0;
+      check_cl(clGetProgramInfo(program_, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr),
+               "clGetProgramInfo");
+      std::vector<unsigned char> bin(size);
+      unsigned char* ptr = bin.data();
+      check_cl(clGetProgramInfo(program_, CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr),
+               "clGetProgramInfo");
+      // Write then rename, so a concurrent reader never sees half a binary.
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(cache_path_).parent_path(), ec);
+      const std::string tmp = cache_path_ + ".tmp" + std::to_string(::getpid());
+      std::ofstream out(tmp, std::ios::binary);
+      out.write(reinterpret_cast<const char*>(bin.data()),
+                static_cast<std::streamsize>(bin.size()));
+      out.close();
+      if (out) std::filesystem::rename(tmp, cache_path_, ec);
+      if (!out || ec)
+        std::filesystem::remove(tmp, ec);  // a cache that cannot be written only costs time
+    }
+  }
+  program_build_ms_ =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+cl_kernel ClDevice::kernel(const std::string& name) {
+  auto it = kernels_.find(name);
+  if (it != kernels_.end()) return it->second;
+  cl_int err = CL_SUCCESS;
+  cl_kernel k = clCreateKernel(program_, name.c_str(), &err);
+  if (err != CL_SUCCESS)
+    throw Error(Errc::internal, "gpu_svc kernel '" + name + "': " + cl_error_name(err));
+  kernels_.emplace(name, k);
+  return k;
+}
+
+ClDevice::~ClDevice() {
+  for (auto& [name, k] : kernels_) clReleaseKernel(k);
+  if (program_) clReleaseProgram(program_);
+  if (queue_) clReleaseCommandQueue(queue_);
+  if (context_) clReleaseContext(context_);
+}
+
+ClDevice& shared_device() {
+  static std::once_flag once;
+  static std::unique_ptr<ClDevice> dev;
+  std::call_once(once, [] { dev = ClDevice::open(); });
+  return *dev;
+}
+
+}  // namespace duet::gpu

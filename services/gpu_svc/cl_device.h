@@ -1,0 +1,89 @@
+#pragma once
+// One OpenCL device, its context and in-order profiling queue, and the kernel program built
+// once per device: the binary is cached on disk keyed by a hash of the device, driver, build
+// options and source, so only the first run on a machine pays PoCL's (or a GPU driver's)
+// compile time.
+#include <CL/cl.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace duet::gpu {
+
+// Throws duet::Error(internal or unavailable) naming the call and the OpenCL error code.
+void check_cl(cl_int err, const char* what);
+std::string cl_error_name(cl_int err);
+
+struct DeviceInfo {
+  std::string platform;
+  std::string name;
+  std::string vendor;
+  std::string version;
+  std::string driver;
+  std::string type;  // "gpu", "cpu", "accelerator", "other"
+  std::string extensions;
+  int compute_units = 0;
+  uint64_t global_mem_bytes = 0;
+  uint64_t local_mem_bytes = 0;
+  uint64_t max_alloc_bytes = 0;
+  size_t max_work_group = 0;
+  bool host_unified = false;
+  bool fp64 = false;
+};
+
+struct DeviceOptions {
+  // Which device: "" picks the first GPU, else the first device of any type;
+  // "P:D" picks device D of platform P. Env DUET_OPENCL_DEVICE overrides an empty value.
+  std::string select;
+  // Where built program binaries are cached: "" = $DUET_CACHE_DIR, else $XDG_CACHE_HOME/duet,
+  // else $HOME/.cache/duet. "-" disables the cache.
+  std::string cache_dir;
+  // Treat the device as discrete (copy in and out) even if it shares host memory: exercises the
+  // copies path on PoCL. Env DUET_GPU_FORCE_COPIES=1 sets it too.
+  bool force_copies = false;
+};
+
+class ClDevice {
+ public:
+  static std::unique_ptr<ClDevice> open(const DeviceOptions& options = {});
+  ~ClDevice();
+  ClDevice(const ClDevice&) = delete;
+  ClDevice& operator=(const ClDevice&) = delete;
+
+  const DeviceInfo& info() const { return info_; }
+  cl_context context() const { return context_; }
+  cl_command_queue queue() const { return queue_; }
+  cl_device_id id() const { return device_; }
+  // Host memory can be used in place (CL_MEM_USE_HOST_PTR without copies): CPU devices and
+  // GPUs reporting host-unified memory. Otherwise the runner copies and says so.
+  bool zero_copy() const { return zero_copy_; }
+  // A kernel of the built program, created on first use and kept.
+  cl_kernel kernel(const std::string& name);
+  bool program_from_cache() const { return program_from_cache_; }
+  double program_build_ms() const { return program_build_ms_; }
+  const std::string& cache_path() const { return cache_path_; }
+
+ private:
+  ClDevice() = default;
+  void build_program(const DeviceOptions& options);
+
+  DeviceInfo info_;
+  cl_platform_id platform_ = nullptr;
+  cl_device_id device_ = nullptr;
+  cl_context context_ = nullptr;
+  cl_command_queue queue_ = nullptr;
+  cl_program program_ = nullptr;
+  std::map<std::string, cl_kernel> kernels_;
+  bool zero_copy_ = false;
+  bool program_from_cache_ = false;
+  double program_build_ms_ = 0;
+  std::string cache_path_;
+};
+
+// The process-wide device most callers (the service, tests, benches) share: building the
+// program once per process keeps test binaries fast. Opened on first use with default options.
+ClDevice& shared_device();
+
+}  // namespace duet::gpu

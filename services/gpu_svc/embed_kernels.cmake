@@ -1,0 +1,16 @@
+# Concatenates kernels/*.cl (sorted: _common.cl first) into a C++ byte array, so the service
+# carries its kernel source and needs no files at run time. Run with -DOUT=... -DDIR=...
+file(GLOB _cl_files ${DIR}/*.cl)
+list(SORT _cl_files)
+set(_text "")
+foreach(f ${_cl_files})
+  file(READ ${f} _one)
+  get_filename_component(_name ${f} NAME)
+  string(APPEND _text "// ---- ${_name}\n${_one}\n")
+endforeach()
+file(WRITE ${OUT}.cl "${_text}")
+file(READ ${OUT}.cl _hex HEX)
+string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," _bytes "${_hex}")
+string(REGEX REPLACE "(0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,)" "\\1\n" _bytes "${_bytes}")
+file(WRITE ${OUT}.tmp "// Generated from services/gpu_svc/kernels/*.cl by embed_kernels.cmake. Do not edit.\n#include <cstddef>\nnamespace duet::gpu {\nextern const unsigned char kKernelSource[] = {\n${_bytes}0x00};\nextern const size_t kKernelSourceSize = sizeof(kKernelSource) - 1;\n}  // namespace duet::gpu\n")
+file(COPY_FILE ${OUT}.tmp ${OUT} ONLY_IF_DIFFERENT)

@@ -1,0 +1,540 @@
+#include "services/gpu_svc/gpu_runner.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+#include "core/error.h"
+#include "core/gpu_timing.h"
+#include "core/op_shape.h"
+
+namespace duet::gpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string op_label(const fb::OpT& op, size_t index) {
+  return "op " + std::to_string(index) + " (" + fb::EnumNameOpKind(op.kind) + ", layer " +
+         std::to_string(op.layer) + ")";
+}
+
+struct TokenRow {
+  int32_t token, pos, seq, logits_row;
+};
+
+// The completion callback's context: owned by the callback, which deletes it.
+struct PublishContext {
+  FlagSync* flags;
+  uint32_t flag;
+  uint64_t seq;
+  std::atomic<int>* pending;
+};
+
+void CL_CALLBACK publish_on_complete(cl_event, cl_int status, void* user) {
+  auto* ctx = static_cast<PublishContext*>(user);
+  // A failed command never publishes: the consumer then times out rather than reading garbage.
+  if (status == CL_COMPLETE) ctx->flags->publish(ctx->flag, ctx->seq);
+  ctx->pending->fetch_sub(1, std::memory_order_acq_rel);
+  delete ctx;
+}
+
+double event_us(cl_event first, cl_event last) {
+  cl_ulong start = 0, end = 0;
+  if (clGetEventProfilingInfo(first, CL_PROFILING_COMMAND_START, sizeof start, &start, nullptr) !=
+          CL_SUCCESS ||
+      clGetEventProfilingInfo(last, CL_PROFILING_COMMAND_END, sizeof end, &end, nullptr) !=
+          CL_SUCCESS)
+    return 0;
+  return end > start ? static_cast<double>(end - start) / 1e3 : 0.0;
+}
+
+}  // namespace
+
+struct GpuRunner::Program {
+  fb::ProgramT prog;
+  ProgramMemory mem;
+  bool uses_flags = false;
+  cl_mem weights = nullptr, arena = nullptr, kv = nullptr;
+  bool uses_kv = false;
+};
+
+GpuRunner::GpuRunner(ClDevice& dev, const SocProfile* soc) : dev_(dev), kernels_(dev), soc_(soc) {}
+
+GpuRunner::~GpuRunner() {
+  clFinish(dev_.queue());
+  wait_callbacks(Clock::now() + std::chrono::seconds(5));
+  for (auto& [key, mem] : buffers_) clReleaseMemObject(mem);
+}
+
+size_t GpuRunner::n_ops(uint32_t id) const {
+  auto it = programs_.find(id);
+  if (it == programs_.end())
+    throw Error(Errc::not_found, "gpu_svc: no program " + std::to_string(id));
+  return it->second->prog.ops.size();
+}
+
+cl_mem GpuRunner::wrap(const void* host, uint64_t bytes, bool read_only) {
+  if (!host || bytes == 0) bytes = 64;  // OpenCL has no empty buffers; nothing valid addresses it
+  auto key = std::make_pair(host, bytes);
+  if (auto it = buffers_.find(key); it != buffers_.end()) return it->second;
+  if (bytes > dev_.info().max_alloc_bytes)
+    throw Error(Errc::out_of_range, "gpu_svc: a segment of " + std::to_string(bytes) +
+                                        " bytes exceeds " + dev_.info().name +
+                                        "'s largest buffer (" +
+                                        std::to_string(dev_.info().max_alloc_bytes) + " bytes)");
+  cl_int err = CL_SUCCESS;
+  const cl_mem_flags access = read_only ? CL_MEM_READ_ONLY : CL_MEM_READ_WRITE;
+  cl_mem m = nullptr;
+  if (!host) {
+    m = clCreateBuffer(dev_.context(), access, bytes, nullptr, &err);
+  } else if (dev_.zero_copy()) {
+    m = clCreateBuffer(dev_.context(), access | CL_MEM_USE_HOST_PTR, bytes, const_cast<void*>(host),
+                       &err);
+  } else {
+    // Discrete device: weights are copied once here; arena and KV around every step.
+    m = clCreateBuffer(dev_.context(), access | CL_MEM_COPY_HOST_PTR, bytes,
+                       const_cast<void*>(host), &err);
+  }
+  check_cl(err, "clCreateBuffer");
+  buffers_.emplace(key, m);
+  return m;
+}
+
+void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const ProgramMemory& mem) {
+  validate_program(program, mem);
+  auto p = std::make_unique<Program>();
+  for (size_t i = 0; i < program.ops.size(); ++i) {
+    const fb::OpT& op = *program.ops[i];
+    const std::string where = "gpu_svc: " + op_label(op, i);
+    auto fail = [&](const std::string& what) {
+      throw Error(Errc::invalid_argument, where + ": " + what);
+    };
+    for (const fb::TensorRef* r : {op.in0.get(), op.in1.get(), op.out.get()})
+      if (r && r->offset() % 4 != 0)
+        fail("activation offset " + std::to_string(r->offset()) + " is not 4-byte aligned");
+    if (op.weight) {
+      const auto wt = static_cast<DType>(op.weight->dtype());
+      const uint64_t align = wt == DType::F32 ? 4 : 2;
+      if (op.weight->offset() % align != 0)
+        fail("weight offset is not " + std::to_string(align) + "-byte aligned");
+      if (op.kind != fb::OpKind::RmsNorm) {
+        kernel_type_suffix(wt);  // throws unsupported for a type the kernels do not read
+        if (op.weight->cols() % kQK != 0)
+          fail("weight width " + std::to_string(op.weight->cols()) + " is not a multiple of 32");
+      } else if (wt != DType::F32) {
+        fail("norm weight must be F32");
+      }
+    }
+    if (!op.wait_flags.empty() || op.publish_flag >= 0) p->uses_flags = true;
+    switch (op.kind) {
+      case fb::OpKind::Embed:
+        if (op.out->cols() != op.weight->cols()) fail("output width != embedding width");
+        break;
+      case fb::OpKind::RmsNorm:
+        if (op.out->cols() != op.in0->cols()) fail("output width != input width");
+        break;
+      case fb::OpKind::SwiGlu:
+      case fb::OpKind::Add:
+        if (op.in0->cols() != op.out->cols() || op.in1->cols() != op.out->cols())
+          fail("operand widths differ");
+        break;
+      case fb::OpKind::KvWrite:
+        if (op.in1->cols() != program.kv->kv_dim) fail("V width != kv_dim");
+        p->uses_kv = true;
+        break;
+      case fb::OpKind::Attention:
+        if (op.head_dim > GpuKernels::kMaxHeadDim)
+          fail("head_dim " + std::to_string(op.head_dim) + " exceeds the kernel's " +
+               std::to_string(GpuKernels::kMaxHeadDim));
+        if (op.in0->cols() != uint32_t{op.n_heads} * op.head_dim ||
+            op.out->cols() != op.in0->cols())
+          fail("Q/output width != n_heads * head_dim");
+        p->uses_kv = true;
+        break;
+      default:
+        break;
+    }
+  }
+  p->mem = mem;
+  p->weights = wrap(mem.weights, mem.weights_bytes, true);
+  p->arena = wrap(mem.arena, mem.arena_bytes, false);
+  p->kv = wrap(mem.kv, mem.kv_bytes, false);
+  p->prog = std::move(program);
+  programs_[id] = std::move(p);
+}
+
+void GpuRunner::unregister_program(uint32_t id) {
+  programs_.erase(id);
+}
+
+cl_event GpuRunner::read_back_output(const Program& p, const fb::OpT& op, const void* token_rows,
+                                     const int32_t* page_tables, const StepArgs& step, uint32_t t0,
+                                     uint32_t t1) {
+  const uint32_t n = step.n_tokens;
+  cl_command_queue q = dev_.queue();
+  const auto* rows = static_cast<const TokenRow*>(token_rows);
+  cl_event e = nullptr;
+  auto read = [&](cl_mem buf, uint8_t* host, uint64_t offset, uint64_t bytes) {
+    if (e) clReleaseEvent(e);
+    e = nullptr;
+    check_cl(clEnqueueReadBuffer(q, buf, CL_FALSE, offset, bytes, host + offset, 0, nullptr, &e),
+             "clEnqueueReadBuffer");
+  };
+  // Rows [r0, r1) of token rows [a, b) of a [tokens][cols] f32 tensor.
+  auto read_rect = [&](const fb::TensorRef& t, uint32_t a, uint32_t b, uint32_t r0, uint32_t r1) {
+    if (b <= a || r1 <= r0) return;
+    if (e) clReleaseEvent(e);
+    e = nullptr;
+    const size_t buffer_origin[3] = {t.offset() + size_t{r0} * 4, a, 0};
+    const size_t host_origin[3] = {size_t{r0} * 4, a, 0};
+    const size_t region[3] = {size_t{r1 - r0} * 4, b - a, 1};
+    const size_t pitch = size_t{t.cols()} * 4;
+    check_cl(clEnqueueReadBufferRect(q, p.arena, CL_FALSE, buffer_origin, host_origin, region,
+                                     pitch, 0, pitch, 0, p.mem.arena + t.offset(), 0, nullptr, &e),
+             "clEnqueueReadBufferRect");
+  };
+  const fb::KvLayoutT& kvl = *p.prog.kv;
+  switch (op.kind) {
+    case fb::OpKind::MatMul:
+      read_rect(*op.out, t0, t1, op.row_begin, op.row_end ? op.row_end : op.weight->rows());
+      break;
+    case fb::OpKind::Logits:
+      for (uint32_t t = t0; t < t1; ++t)
+        if (rows[t].logits_row >= 0)
+          read_rect(*op.out, static_cast<uint32_t>(rows[t].logits_row),
+                    static_cast<uint32_t>(rows[t].logits_row) + 1, op.row_begin,
+                    op.row_end ? op.row_end : op.weight->rows());
+      break;
+    case fb::OpKind::KvWrite:
+      for (uint32_t t = 0; t < n; ++t) {
+        const int32_t page = page_tables[uint64_t(rows[t].seq) * step.page_table_cols +
+                                         static_cast<uint32_t>(rows[t].pos) / kvl.page_tokens];
+        const uint64_t row = static_cast<uint32_t>(rows[t].pos) % kvl.page_tokens;
+        for (uint64_t which = 0; which < 2; ++which)
+          read(p.kv, p.mem.kv,
+               kvl.pages_offset + uint64_t(page) * kvl.page_bytes +
+                   ((uint64_t(op.layer) * 2 + which) * kvl.page_tokens + row) * kvl.kv_dim * 4,
+               uint64_t{kvl.kv_dim} * 4);
+      }
+      break;
+    case fb::OpKind::Rope:
+      read(p.arena, p.mem.arena, op.in0->offset(), uint64_t{n} * op.in0->cols() * 4);
+      break;
+    default:
+      read(p.arena, p.mem.arena, op.out->offset(), uint64_t{n} * op.out->cols() * 4);
+      break;
+  }
+  return e;
+}
+
+void GpuRunner::wait_event(cl_event e, Clock::time_point deadline, const char* what) {
+  check_cl(clFlush(dev_.queue()), "clFlush");
+  const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+  for (;;) {
+    cl_int status = CL_QUEUED;
+    check_cl(clGetEventInfo(e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr),
+             "clGetEventInfo");
+    if (status == CL_COMPLETE) return;
+    if (status < 0)
+      throw Error(Errc::internal, std::string("gpu_svc: ") + what +
+                                      " failed on the device: " + cl_error_name(status));
+    const auto now = Clock::now();
+    if (now >= deadline)
+      throw Error(Errc::timeout,
+                  std::string("gpu_svc: ") + what + " did not finish by its deadline");
+    if (now < spin_until)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void GpuRunner::wait_callbacks(Clock::time_point deadline) {
+  while (pending_callbacks_.load(std::memory_order_acquire) > 0) {
+    if (Clock::now() >= deadline)
+      throw Error(Errc::timeout, "gpu_svc: completion callbacks did not run by the deadline");
+    std::this_thread::yield();
+  }
+}
+
+StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
+                               std::chrono::milliseconds deadline_ms, FlagSync* flags) {
+  const auto started = Clock::now();
+  const auto deadline = started + deadline_ms;
+  auto it = programs_.find(id);
+  if (it == programs_.end())
+    throw Error(Errc::not_found, "gpu_svc: no program " + std::to_string(id) + " registered");
+  Program& p = *it->second;
+  const fb::ProgramT& prog = p.prog;
+  const fb::KvLayoutT& kvl = *prog.kv;
+  const uint32_t n = step.n_tokens;
+  auto bad = [](Errc c, const std::string& what) { throw Error(c, "gpu_svc step: " + what); };
+
+  // The step's tables are host memory (shm): check them before any kernel reads them.
+  if (n == 0 || n > prog.max_tokens)
+    bad(Errc::out_of_range,
+        "n_tokens " + std::to_string(n) + " outside [1, " + std::to_string(prog.max_tokens) + "]");
+  if (step.tokens_offset % 4 != 0 ||
+      step.tokens_offset + uint64_t{n} * sizeof(TokenRow) > p.mem.arena_bytes)
+    bad(Errc::out_of_range, "token table at " + std::to_string(step.tokens_offset) +
+                                " is misaligned or outside the arena");
+  const auto* rows = reinterpret_cast<const TokenRow*>(p.mem.arena + step.tokens_offset);
+  const int32_t* page_tables = nullptr;
+  if (p.uses_kv) {
+    const uint64_t pt_bytes = uint64_t{step.n_seqs} * step.page_table_cols * 4;
+    if (step.n_seqs == 0 || step.page_table_cols == 0 || step.page_tables_offset % 4 != 0 ||
+        step.page_tables_offset + pt_bytes > p.mem.arena_bytes)
+      bad(Errc::out_of_range, "page tables are empty, misaligned or outside the arena");
+    page_tables = reinterpret_cast<const int32_t*>(p.mem.arena + step.page_tables_offset);
+  }
+  std::vector<int32_t> max_pos(step.n_seqs, -1);
+  uint32_t n_logit_rows = 0;
+  for (uint32_t t = 0; t < n; ++t) {
+    const TokenRow& r = rows[t];
+    if (r.seq < 0 || static_cast<uint32_t>(r.seq) >= step.n_seqs)
+      bad(Errc::out_of_range,
+          "token " + std::to_string(t) + " names sequence " + std::to_string(r.seq));
+    if (r.pos < 0 || (p.uses_kv && static_cast<uint64_t>(r.pos) >=
+                                       uint64_t{step.page_table_cols} * kvl.page_tokens))
+      bad(Errc::out_of_range, "token " + std::to_string(t) + " has position " +
+                                  std::to_string(r.pos) + " past the context");
+    max_pos[r.seq] = std::max(max_pos[r.seq], r.pos);
+    if (r.logits_row >= 0) ++n_logit_rows;
+  }
+  if (page_tables)
+    for (uint32_t s = 0; s < step.n_seqs; ++s)
+      for (int32_t pg = 0;
+           max_pos[s] >= 0 && pg <= max_pos[s] / static_cast<int32_t>(kvl.page_tokens); ++pg) {
+        const int32_t page = page_tables[uint64_t{s} * step.page_table_cols + pg];
+        if (page < 0 || static_cast<uint32_t>(page) >= kvl.n_pages)
+          bad(Errc::out_of_range, "sequence " + std::to_string(s) + " maps page slot " +
+                                      std::to_string(pg) + " to page " + std::to_string(page) +
+                                      " of " + std::to_string(kvl.n_pages));
+      }
+  for (size_t i = 0; i < prog.ops.size(); ++i) {
+    const fb::OpT& op = *prog.ops[i];
+    if (op.kind == fb::OpKind::Embed)
+      for (uint32_t t = 0; t < n; ++t)
+        if (rows[t].token < 0 || static_cast<uint32_t>(rows[t].token) >= op.weight->rows())
+          bad(Errc::out_of_range,
+              "token " + std::to_string(t) + " has id " + std::to_string(rows[t].token) +
+                  " outside the vocabulary [0, " + std::to_string(op.weight->rows()) + ")");
+    if (op.kind == fb::OpKind::Logits)
+      for (uint32_t t = 0; t < n; ++t)
+        if (rows[t].logits_row >= 0 && static_cast<uint32_t>(rows[t].logits_row) >= op.out->rows())
+          bad(Errc::out_of_range, "token " + std::to_string(t) + " writes logits row " +
+                                      std::to_string(rows[t].logits_row) +
+                                      " past the logits tensor");
+  }
+
+  if (p.uses_flags && !flags)
+    bad(Errc::invalid_argument, "the program uses completion flags but none were given");
+
+  cl_command_queue q = dev_.queue();
+  if (copies()) {
+    check_cl(clEnqueueWriteBuffer(q, p.arena, CL_FALSE, 0, p.mem.arena_bytes, p.mem.arena, 0,
+                                  nullptr, nullptr),
+             "clEnqueueWriteBuffer(arena)");
+    if (p.mem.kv)
+      check_cl(
+          clEnqueueWriteBuffer(q, p.kv, CL_FALSE, 0, p.mem.kv_bytes, p.mem.kv, 0, nullptr, nullptr),
+          "clEnqueueWriteBuffer(kv)");
+  }
+
+  StepReport report;
+  report.seq = step.seq;
+  std::vector<std::pair<cl_event, cl_event>> op_events;
+  op_events.reserve(prog.ops.size());
+  struct EventGuard {
+    std::vector<std::pair<cl_event, cl_event>>& v;
+    ~EventGuard() {
+      for (auto& [a, b] : v) {
+        if (a) clReleaseEvent(a);
+        if (b && b != a) clReleaseEvent(b);
+      }
+    }
+  } guard{op_events};
+
+  const uint64_t tok = step.tokens_offset;
+  const TokenRange all{0, n};
+  try {
+    for (size_t i = 0; i < prog.ops.size(); ++i) {
+      const fb::OpT& op = *prog.ops[i];
+      if (!op.wait_flags.empty()) {
+        const auto w0 = Clock::now();
+        for (uint32_t f : op.wait_flags) flags->wait(f, step.seq, op.predicted_us);
+        report.wait_us += std::chrono::duration<double, std::micro>(Clock::now() - w0).count();
+        if (copies()) {
+          // Another device wrote into host memory meanwhile: upload the inputs, once our own
+          // earlier read-backs have landed there (a runtime may read the host copy at enqueue).
+          cl_event drained = nullptr;
+          check_cl(clEnqueueMarkerWithWaitList(q, 0, nullptr, &drained),
+                   "clEnqueueMarkerWithWaitList");
+          try {
+            wait_event(drained, deadline, "the read-backs before a cross-device input");
+          } catch (...) {
+            clReleaseEvent(drained);
+            throw;
+          }
+          clReleaseEvent(drained);
+          for (const fb::TensorRef* r : {op.in0.get(), op.in1.get()})
+            if (r)
+              check_cl(clEnqueueWriteBuffer(q, p.arena, CL_FALSE, r->offset(),
+                                            uint64_t{r->rows()} * r->cols() * 4,
+                                            p.mem.arena + r->offset(), 0, nullptr, nullptr),
+                       "clEnqueueWriteBuffer(input)");
+          if (p.mem.kv && (op.kind == fb::OpKind::Attention))
+            check_cl(clEnqueueWriteBuffer(q, p.kv, CL_FALSE, 0, p.mem.kv_bytes, p.mem.kv, 0,
+                                          nullptr, nullptr),
+                     "clEnqueueWriteBuffer(kv)");
+        }
+      }
+      const uint32_t t0 = std::min(op.seq_begin, n);
+      const uint32_t t1 = op.seq_end ? std::min(op.seq_end, n) : n;
+      const KvArgs kv{p.kv,
+                      kvl.pages_offset,
+                      kvl.page_bytes,
+                      kvl.page_tokens,
+                      kvl.kv_dim,
+                      static_cast<uint32_t>(std::max<int16_t>(op.layer, 0)),
+                      step.page_tables_offset,
+                      step.page_table_cols};
+      cl_event first = nullptr, last = nullptr;
+      switch (op.kind) {
+        case fb::OpKind::Embed:
+          last = kernels_.embed(p.arena, static_cast<DType>(op.weight->dtype()), p.weights,
+                                op.weight->offset(), op.weight->cols(), tok, op.out->offset(),
+                                op.out->cols(), all);
+          break;
+        case fb::OpKind::RmsNorm:
+          last = kernels_.rmsnorm(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
+                                  op.out->cols(), p.weights, op.weight->offset(), op.in0->cols(),
+                                  op.eps, all);
+          break;
+        case fb::OpKind::MatMul:
+        case fb::OpKind::Logits: {
+          MatmulArgs a;
+          a.wtype = static_cast<DType>(op.weight->dtype());
+          a.w = p.weights;
+          a.w_off = op.weight->offset();
+          a.k = op.weight->cols();
+          a.x_off = op.in0->offset();
+          a.x_stride = op.in0->cols();
+          a.y_off = op.out->offset();
+          a.y_stride = op.out->cols();
+          a.row_begin = op.row_begin;
+          a.row_end = op.row_end ? op.row_end : op.weight->rows();
+          a.tokens = TokenRange{t0, std::max(t0, t1)};
+          a.tok_off = tok;
+          a.rows_from_table = op.kind == fb::OpKind::Logits;
+          last = kernels_.matmul(p.arena, a);
+          break;
+        }
+        case fb::OpKind::Rope:
+          last = kernels_.rope(p.arena, op.in0->offset(), op.in0->cols(), op.n_heads, op.head_dim,
+                               op.freq_base, tok, all);
+          break;
+        case fb::OpKind::KvWrite:
+          last = kernels_.kv_write(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                                   op.in1->cols(), kv, tok, all);
+          break;
+        case fb::OpKind::Attention:
+          last = kernels_.attention(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
+                                    op.out->cols(), kv, tok, op.n_heads, op.n_kv_heads, op.head_dim,
+                                    all);
+          break;
+        case fb::OpKind::SwiGlu:
+          last = kernels_.swiglu(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                                 op.in1->cols(), op.out->offset(), op.out->cols(), op.out->cols(),
+                                 all);
+          break;
+        case fb::OpKind::Add:
+          last =
+              kernels_.add(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                           op.in1->cols(), op.out->offset(), op.out->cols(), op.out->cols(), all);
+          break;
+      }
+      first = last;
+      op_events.emplace_back(first, last);
+      // Copies mode: host memory is where the other device and the frontend look, so bring back
+      // exactly what this op wrote (never more: the other device may be writing the rest).
+      cl_event readback =
+          copies() ? read_back_output(p, op, rows, page_tables, step, t0, t1) : nullptr;
+      if (op.publish_flag >= 0) {
+        pending_callbacks_.fetch_add(1, std::memory_order_acq_rel);
+        auto* ctx = new PublishContext{flags, static_cast<uint32_t>(op.publish_flag), step.seq,
+                                       &pending_callbacks_};
+        const cl_int err =
+            clSetEventCallback(readback ? readback : last, CL_COMPLETE, publish_on_complete, ctx);
+        if (err != CL_SUCCESS) {
+          pending_callbacks_.fetch_sub(1, std::memory_order_acq_rel);
+          delete ctx;
+          if (readback) clReleaseEvent(readback);
+          check_cl(err, "clSetEventCallback");
+        }
+        check_cl(clFlush(q), "clFlush");  // the consumer is waiting: start now
+      }
+      if (readback) clReleaseEvent(readback);
+    }
+    cl_event end = nullptr;
+    check_cl(clEnqueueMarkerWithWaitList(q, 0, nullptr, &end), "clEnqueueMarkerWithWaitList");
+    struct Release {
+      cl_event e;
+      ~Release() { clReleaseEvent(e); }
+    } release_end{end};
+    wait_event(end, deadline, "the step's kernels");
+    wait_callbacks(deadline);
+  } catch (...) {
+    // Callbacks of ops already enqueued hold `flags`, which the caller may free once we
+    // return: let them run first (an error path, so a blocking clFinish is acceptable).
+    clFinish(q);
+    try {
+      wait_callbacks(Clock::now() + std::chrono::seconds(5));
+    } catch (const Error&) {
+    }
+    throw;
+  }
+  for (size_t i = 0; i < prog.ops.size(); ++i) {
+    const fb::OpT& op = *prog.ops[i];
+    OpTiming ot;
+    ot.op_index = static_cast<uint32_t>(i);
+    ot.measured_us = event_us(op_events[i].first, op_events[i].second);
+    if (soc_) {
+      OpShape s;
+      s.kind = static_cast<OpKind>(op.kind);
+      s.wtype = op.weight ? static_cast<DType>(op.weight->dtype()) : DType::F16;
+      s.n = n;
+      const uint32_t t0 = std::min(op.seq_begin, n);
+      const uint32_t t1 = op.seq_end ? std::min(op.seq_end, n) : n;
+      switch (op.kind) {
+        case fb::OpKind::MatMul:
+        case fb::OpKind::Logits:
+          s.m = (op.row_end ? op.row_end : op.weight->rows()) - op.row_begin;
+          s.k = op.weight->cols();
+          s.n = op.kind == fb::OpKind::Logits ? n_logit_rows : (t1 > t0 ? t1 - t0 : 0);
+          break;
+        case fb::OpKind::Attention: {
+          int32_t longest = 0;
+          for (int32_t mp : max_pos) longest = std::max(longest, mp + 1);
+          s.m = int64_t{op.n_heads} * op.head_dim;
+          s.k = longest;
+          break;
+        }
+        case fb::OpKind::KvWrite:
+          s.m = kvl.kv_dim;
+          break;
+        default:
+          s.m = op.out ? op.out->cols() : 0;
+          break;
+      }
+      ot.modeled_us = gpu_modeled_us(*soc_, s);
+    }
+    report.measured_us += ot.measured_us;
+    report.modeled_us += ot.modeled_us;
+    report.ops.push_back(ot);
+  }
+  report.wall_us = std::chrono::duration<double, std::micro>(Clock::now() - started).count();
+  return report;
+}
+
+}  // namespace duet::gpu

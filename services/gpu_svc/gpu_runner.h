@@ -1,0 +1,90 @@
+#pragma once
+// GpuRunner: executes registered Programs (schemas/program.fbs) on one OpenCL device, op by op
+// in program order on an in-order queue. Segments (the mmapped GGUF file, the shm arena, the KV
+// pages) are wrapped with CL_MEM_USE_HOST_PTR where the device shares host memory (zero copy);
+// otherwise they are copied in and out around each step (`copies()` is then true).
+//
+// Cross-device sync without clFinish on the hot path: an op's wait_flags are waited on by the
+// host before its kernels are enqueued; its publish_flag is published from the completion
+// callback of its last kernel (clSetEventCallback), so the host never blocks between ops. Only
+// the step's end waits for the device, with the step's deadline.
+#include <CL/cl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/program.h"
+#include "core/soc_profile.h"
+#include "services/gpu_svc/cl_device.h"
+#include "services/gpu_svc/gpu_kernels.h"
+
+namespace duet::gpu {
+
+struct OpTiming {
+  uint32_t op_index = 0;
+  double measured_us = 0;  // device time of the op's kernels (OpenCL profiling events)
+  double modeled_us = 0;   // the op on the SoC profile's GPU (core/gpu_timing)
+};
+
+struct StepReport {
+  uint64_t seq = 0;
+  double wall_us = 0;      // the whole step, host wall clock, waits included
+  double measured_us = 0;  // sum of the ops' device time
+  double modeled_us = 0;   // sum of the ops' modelled time
+  double wait_us = 0;      // host time spent waiting on other devices' flags
+  std::vector<OpTiming> ops;
+};
+
+class GpuRunner {
+ public:
+  // soc may be null: modelled times are then 0.
+  GpuRunner(ClDevice& dev, const SocProfile* soc);
+  ~GpuRunner();
+  GpuRunner(const GpuRunner&) = delete;
+  GpuRunner& operator=(const GpuRunner&) = delete;
+
+  // Validates every op against the memory (core validate_program plus this device's rules:
+  // alignment, head_dim, weight types, buffer limits) and keeps the program under `id`,
+  // replacing an earlier one. Throws duet::Error naming the op and the problem.
+  void register_program(uint32_t id, fb::ProgramT program, const ProgramMemory& mem);
+  void unregister_program(uint32_t id);
+  bool has_program(uint32_t id) const { return programs_.count(id) != 0; }
+  size_t n_ops(uint32_t id) const;
+
+  // Runs one step: checks the token table and page tables, executes every op, waits for the
+  // device with `deadline`, and reports per-op measured and modelled time. `flags` (needed when
+  // an op waits or publishes) is used only during the call: every completion callback has run
+  // when run_step returns or throws.
+  StepReport run_step(uint32_t id, const StepArgs& step, std::chrono::milliseconds deadline,
+                      FlagSync* flags = nullptr);
+
+  bool copies() const { return !dev_.zero_copy(); }
+  ClDevice& device() { return dev_; }
+
+ private:
+  struct Program;
+  cl_mem wrap(const void* host, uint64_t bytes, bool read_only);
+  // Copies mode: enqueues reads of exactly the bytes `op` wrote back to host memory; returns
+  // the last read's event (the caller releases it) or null when the op wrote nothing.
+  cl_event read_back_output(const Program& p, const fb::OpT& op, const void* token_rows,
+                            const int32_t* page_tables, const StepArgs& step, uint32_t t0,
+                            uint32_t t1);
+  void wait_event(cl_event e, std::chrono::steady_clock::time_point deadline, const char* what);
+  void wait_callbacks(std::chrono::steady_clock::time_point deadline);
+
+  ClDevice& dev_;
+  GpuKernels kernels_;
+  const SocProfile* soc_;
+  std::map<uint32_t, std::unique_ptr<Program>> programs_;
+  // One cl_mem per wrapped host range, shared by every program that uses it (prefill and
+  // decode programs of one model share weights, arena and KV).
+  std::map<std::pair<const void*, uint64_t>, cl_mem> buffers_;
+  std::atomic<int> pending_callbacks_{0};
+};
+
+}  // namespace duet::gpu

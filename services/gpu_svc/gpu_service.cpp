@@ -1,0 +1,127 @@
+#include "services/gpu_svc/gpu_service.h"
+
+#include <string>
+
+#include "core/error.h"
+#include "core/gpu_timing.h"
+#include "services/gpu_svc/gpu_profiler.h"
+
+namespace duet::gpu {
+
+GpuService::GpuService(ClDevice& dev, SocProfile soc, MemoryResolver resolver)
+    : dev_(dev),
+      soc_(std::move(soc)),
+      resolver_(std::move(resolver)),
+      runner_(dev, &soc_),
+      kernels_(dev) {}
+
+msg::Bytes GpuService::register_program(const fb::Message& request) {
+  const auto* body = request.body_as_RegisterProgram();
+  if (!body || !body->program())
+    throw Error(Errc::invalid_argument, "RegisterProgram without a program");
+  fb::ProgramT program;
+  body->program()->UnPackTo(&program);
+  ResolvedMemory resolved = resolver_(program);
+  const auto n_ops = static_cast<uint32_t>(program.ops.size());
+  runner_.register_program(body->program_id(), std::move(program), resolved.mem);
+  memory_[body->program_id()] = std::move(resolved);
+  flatbuffers::FlatBufferBuilder fbb;
+  return msg::finish_message(fbb, request.request_id(),
+                             fb::CreateProgramRegistered(fbb, body->program_id(), n_ops));
+}
+
+msg::Bytes GpuService::run_step(const fb::Message& request) {
+  const auto* body = request.body_as_RunStep();
+  if (!body) throw Error(Errc::invalid_argument, "RunStep without a body");
+  flatbuffers::FlatBufferBuilder fbb;
+  try {
+    if (!body->tokens() || !body->page_tables())
+      throw Error(Errc::invalid_argument, "RunStep without the token table or page tables");
+    auto mem = memory_.find(body->program_id());
+    if (mem == memory_.end())
+      throw Error(Errc::not_found, "gpu_svc: no program " + std::to_string(body->program_id()));
+    const StepArgs args{body->step_seq(),
+                        body->n_tokens(),
+                        body->n_seqs(),
+                        body->tokens()->offset(),
+                        body->page_tables()->offset(),
+                        body->page_tables()->cols()};
+    const auto deadline_ms = std::chrono::milliseconds(body->deadline_ms());
+    std::unique_ptr<FlagSync> flags;
+    if (mem->second.make_flags)
+      flags = mem->second.make_flags(std::chrono::steady_clock::now() + deadline_ms);
+    const StepReport r = runner_.run_step(body->program_id(), args, deadline_ms, flags.get());
+    ++steps_;
+    std::vector<flatbuffers::Offset<fb::OpTime>> times;
+    times.reserve(r.ops.size());
+    for (const OpTiming& t : r.ops)
+      times.push_back(fb::CreateOpTime(fbb, t.op_index, static_cast<float>(t.measured_us),
+                                       static_cast<float>(t.modeled_us)));
+    return msg::finish_message(fbb, request.request_id(),
+                               fb::CreateStepDoneDirect(fbb, body->program_id(), body->step_seq(),
+                                                        static_cast<float>(r.measured_us),
+                                                        static_cast<float>(r.modeled_us),
+                                                        static_cast<float>(r.wait_us), &times));
+  } catch (const Error& e) {
+    fbb.Clear();
+    return msg::finish_message(fbb, request.request_id(),
+                               fb::CreateStepFailedDirect(fbb, body->program_id(), body->step_seq(),
+                                                          msg::to_fb_code(e.code()), e.what()));
+  }
+}
+
+msg::Bytes GpuService::profile_op(const fb::Message& request) {
+  const auto* body = request.body_as_ProfileOp();
+  if (!body) throw Error(Errc::invalid_argument, "ProfileOp without a body");
+  const uint32_t raw_type = static_cast<uint32_t>(body->dtype());
+  if (!dtype_known(raw_type))
+    throw Error(Errc::invalid_argument, "ProfileOp: unknown dtype " + std::to_string(raw_type));
+  const auto raw_kind = static_cast<uint8_t>(body->kind());
+  if (raw_kind > static_cast<uint8_t>(OpKind::Logits))
+    throw Error(Errc::invalid_argument, "ProfileOp: unknown op kind " + std::to_string(raw_kind));
+  OpShape shape;
+  shape.kind = static_cast<OpKind>(raw_kind);
+  shape.wtype = static_cast<DType>(raw_type);
+  shape.m = body->rows();
+  shape.k = body->cols();
+  shape.n = body->n_tokens();
+  const double modeled = gpu_modeled_us(soc_, shape);
+  OpMeasurement measured;
+  if (!body->modeled_only()) measured = measure_op(kernels_, shape, body->reps());
+  flatbuffers::FlatBufferBuilder fbb;
+  return msg::finish_message(fbb, request.request_id(),
+                             fb::CreateProfileResult(fbb, static_cast<float>(measured.median_us),
+                                                     static_cast<float>(modeled), measured.reps));
+}
+
+msg::Bytes GpuService::status(const fb::Message& request) {
+  return msg::make_status_reply(request.request_id(), fb::ServiceKind::Gpu, status_json().dump());
+}
+
+nlohmann::json GpuService::status_json() const {
+  const DeviceInfo& d = dev_.info();
+  nlohmann::json programs = nlohmann::json::array();
+  for (const auto& [id, mem] : memory_)
+    programs.push_back({{"id", id}, {"ops", runner_.n_ops(id)}});
+  return {{"device", d.name},
+          {"platform", d.platform},
+          {"vendor", d.vendor},
+          {"version", d.version},
+          {"driver", d.driver},
+          {"type", d.type},
+          {"compute_units", d.compute_units},
+          {"global_mem_bytes", d.global_mem_bytes},
+          {"local_mem_bytes", d.local_mem_bytes},
+          {"max_alloc_bytes", d.max_alloc_bytes},
+          {"host_unified_memory", d.host_unified},
+          {"extensions", d.extensions},
+          {"copies", runner_.copies()},
+          {"program_binary_cached", dev_.program_from_cache()},
+          {"program_build_ms", dev_.program_build_ms()},
+          {"program_cache_path", dev_.cache_path()},
+          {"soc", soc_.name},
+          {"programs", programs},
+          {"steps", steps_}};
+}
+
+}  // namespace duet::gpu

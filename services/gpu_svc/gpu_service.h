@@ -1,0 +1,54 @@
+#pragma once
+// gpu_svc's control-plane handlers: RegisterProgram, RunStep, ProfileOp and StatusRequest, as
+// functions from a verified request Message to a finished reply buffer. Tests call them
+// directly; main.cpp registers them on the ServiceLoop (core/service.h).
+//
+// Where a program's memory comes from is the resolver's business: the service resolves the
+// shm segments a Program names (arena, KV, flags) and the model file; tests hand in memory of
+// their own. Errors become ErrorReply (StepFailed for RunStep) with the duet::Error's code.
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/messaging.h"
+#include "core/program.h"
+#include "core/soc_profile.h"
+#include "services/gpu_svc/gpu_runner.h"
+
+namespace duet::gpu {
+
+struct ResolvedMemory {
+  ProgramMemory mem;
+  // Flags for one step, waiting at most until the deadline; null when the program has none.
+  std::function<std::unique_ptr<FlagSync>(std::chrono::steady_clock::time_point deadline)>
+      make_flags;
+  std::shared_ptr<void> keep_alive;  // mappings that must outlive the program
+};
+using MemoryResolver = std::function<ResolvedMemory(const fb::ProgramT&)>;
+
+class GpuService {
+ public:
+  GpuService(ClDevice& dev, SocProfile soc, MemoryResolver resolver);
+
+  msg::Bytes register_program(const fb::Message& request);
+  msg::Bytes run_step(const fb::Message& request);
+  msg::Bytes profile_op(const fb::Message& request);
+  msg::Bytes status(const fb::Message& request);  // StatusReply carrying status_json()
+
+  // Device name, type, compute units, memory, extensions, copies yes/no, program cache, programs.
+  nlohmann::json status_json() const;
+  GpuRunner& runner() { return runner_; }
+
+ private:
+  ClDevice& dev_;
+  SocProfile soc_;
+  MemoryResolver resolver_;
+  GpuRunner runner_;
+  GpuKernels kernels_;
+  std::map<uint32_t, ResolvedMemory> memory_;
+  uint64_t steps_ = 0;
+};
+
+}  // namespace duet::gpu

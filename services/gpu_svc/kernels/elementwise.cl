@@ -1,0 +1,109 @@
+// Per-token ops: embedding lookup, RMSNorm, RoPE, SwiGLU, residual add, KV write.
+// NDRange dim 1 is the token (offset by t_begin), dim 0 the element/block/pair.
+
+// out[t] = table row tok[t].id, one 32-element block per work-item.
+#define DEFINE_EMBED(NAME)                                                                    \
+  kernel void embed_##NAME(global const uchar* w, ulong w_off, uint cols, ulong tok_off, \
+                           global uchar* arena, ulong out_off, uint out_stride, uint t_begin) {  \
+    const uint b = get_global_id(0);                                                          \
+    const uint t = t_begin + get_global_id(1);                                                \
+    global const int* tok = (global const int*)(arena + tok_off);                             \
+    const ulong row_bytes = (ulong)(cols / QK) * BLOCK_BYTES_##NAME;                           \
+    const int id = tok[4 * t + TOK_ID];                                                       \
+    float16 lo, hi;                                                                           \
+    load_block_##NAME(w + w_off + (ulong)id * row_bytes + (ulong)b * BLOCK_BYTES_##NAME, &lo, &hi); \
+    global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride + b * QK;    \
+    vstore16(lo, 0, out);                                                                     \
+    vstore16(hi, 1, out);                                                                     \
+  }
+DEFINE_EMBED(q4_0)
+DEFINE_EMBED(q8_0)
+DEFINE_EMBED(f16)
+DEFINE_EMBED(f32)
+
+// One work-group per token: sum of squares reduced in local memory, then scaled by weight.
+// out may alias x: every work-item reads its elements before the barrier and writes after.
+kernel void rmsnorm(global uchar* arena, ulong x_off, uint x_stride, ulong out_off, uint out_stride,
+                    global const uchar* w, ulong w_off, uint dim, float eps, uint t_begin,
+                    local float* partial) {
+  const uint lid = get_local_id(0);
+  const uint lsz = get_local_size(0);
+  const uint t = t_begin + get_group_id(1);
+  global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;
+  float s = 0.0f;
+  for (uint i = lid; i < dim; i += lsz) s += x[i] * x[i];
+  partial[lid] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint half_n = lsz / 2; half_n > 0; half_n /= 2) {
+    if (lid < half_n) partial[lid] += partial[lid + half_n];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float scale = rsqrt(partial[0] / (float)dim + eps);
+  global const float* wt = (global const float*)(w + w_off);
+  global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride;
+  for (uint i = lid; i < dim; i += lsz) out[i] = x[i] * scale * wt[i];
+}
+
+// In place on interleaved pairs; the angle is computed in double where the device has it
+// (long positions lose digits in float), as the reference does.
+#ifdef cl_khr_fp64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define ROPE_REAL double
+#else
+#define ROPE_REAL float
+#endif
+kernel void rope(global uchar* arena, ulong x_off, uint x_stride, uint head_dim, float freq_base,
+                 ulong tok_off, uint t_begin) {
+  const uint i = get_global_id(0);  // pair index within the head
+  const uint h = get_global_id(1);
+  const uint t = t_begin + get_global_id(2);
+  global const int* tok = (global const int*)(arena + tok_off);
+  const int pos = tok[4 * t + TOK_POS];
+  const ROPE_REAL theta =
+      (ROPE_REAL)pos * pow((ROPE_REAL)freq_base, (ROPE_REAL)(-2.0) * (ROPE_REAL)i / (ROPE_REAL)head_dim);
+  const float c = (float)cos(theta);
+  const float s = (float)sin(theta);
+  global float* pair = (global float*)(arena + x_off) + (ulong)t * x_stride + h * head_dim + 2 * i;
+  const float a = pair[0], b = pair[1];
+  pair[0] = a * c - b * s;
+  pair[1] = a * s + b * c;
+}
+
+kernel void swiglu(global uchar* arena, ulong g_off, uint g_stride, ulong u_off, uint u_stride,
+                   ulong out_off, uint out_stride, uint t_begin) {
+  const uint i = get_global_id(0);
+  const uint t = t_begin + get_global_id(1);
+  const float g = ((global const float*)(arena + g_off))[(ulong)t * g_stride + i];
+  const float u = ((global const float*)(arena + u_off))[(ulong)t * u_stride + i];
+  ((global float*)(arena + out_off))[(ulong)t * out_stride + i] = g / (1.0f + exp(-g)) * u;
+}
+
+kernel void add(global uchar* arena, ulong a_off, uint a_stride, ulong b_off, uint b_stride,
+                ulong out_off, uint out_stride, uint t_begin) {
+  const uint i = get_global_id(0);
+  const uint t = t_begin + get_global_id(1);
+  const float a = ((global const float*)(arena + a_off))[(ulong)t * a_stride + i];
+  const float b = ((global const float*)(arena + b_off))[(ulong)t * b_stride + i];
+  ((global float*)(arena + out_off))[(ulong)t * out_stride + i] = a + b;
+}
+
+kernel void kv_write(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off, uint v_stride,
+                     global uchar* kv, ulong pages_offset, ulong page_bytes, uint page_tokens, uint kv_dim, uint layer,
+                     ulong tok_off, ulong pt_off, uint pt_stride, uint t_begin) {
+  const uint i = get_global_id(0);
+  const uint t = t_begin + get_global_id(1);
+  global const int* tok = (global const int*)(arena + tok_off);
+  global const int* page_table = (global const int*)(arena + pt_off);
+  const int pos = tok[4 * t + TOK_POS];
+  const int seq = tok[4 * t + TOK_SEQ];
+  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens, kv_dim, layer, 0);
+  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens, kv_dim, layer, 1);
+  ((global float*)(kv + k_dst))[i] = ((global const float*)(arena + k_off))[(ulong)t * k_stride + i];
+  ((global float*)(kv + v_dst))[i] = ((global const float*)(arena + v_off))[(ulong)t * v_stride + i];
+}
+
+// A plain copy, 16 floats per work-item: the bandwidth yardstick of bench/gpu.
+kernel void copy_f32(global const float* src, global float* dst) {
+  const size_t i = get_global_id(0);
+  vstore16(vload16(i, src), i, dst);
+}

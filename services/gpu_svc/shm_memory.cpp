@@ -1,0 +1,75 @@
+#include "services/gpu_svc/shm_memory.h"
+
+#include "core/error.h"
+#include "core/gguf.h"
+#include "shm/completion_flag.h"
+#include "shm/flag_sync.h"
+#include "shm/segment.h"
+
+namespace duet::gpu {
+
+struct ShmMemoryResolver::Mappings {
+  std::map<std::string, std::shared_ptr<shm::Segment>> segments;
+  std::map<std::string, std::shared_ptr<shm::FlagTable>> flag_tables;
+  std::map<std::string, std::shared_ptr<GgufFile>> models;
+
+  shm::Segment& segment(const std::string& name) {
+    auto& s = segments[name];
+    if (!s) s = std::make_shared<shm::Segment>(shm::Segment::open(name, shm::Access::read_write));
+    return *s;
+  }
+};
+
+namespace {
+
+// A step's view of the flags table: ShmFlagSync plus the mappings it points into.
+class StepFlags : public FlagSync {
+ public:
+  StepFlags(std::shared_ptr<shm::FlagTable> table, std::chrono::steady_clock::time_point deadline)
+      : table_(std::move(table)), sync_(*table_, deadline, table_->epoch()) {}
+  void wait(uint32_t flag, uint64_t seq, float predicted_us) override {
+    sync_.wait(flag, seq, predicted_us);
+  }
+  void publish(uint32_t flag, uint64_t seq) override { sync_.publish(flag, seq); }
+
+ private:
+  std::shared_ptr<shm::FlagTable> table_;
+  shm::ShmFlagSync sync_;
+};
+
+}  // namespace
+
+ShmMemoryResolver::ShmMemoryResolver() : mappings_(std::make_shared<Mappings>()) {}
+
+ResolvedMemory ShmMemoryResolver::operator()(const fb::ProgramT& program) {
+  if (program.arena_segment.empty() || program.model_path.empty())
+    throw Error(Errc::invalid_argument,
+                "program '" + program.name + "' names no arena segment or model file");
+  Mappings& m = *mappings_;
+  auto& model = m.models[program.model_path];
+  if (!model) model = std::shared_ptr<GgufFile>(GgufFile::open(program.model_path));
+  ResolvedMemory r;
+  shm::Segment& arena = m.segment(program.arena_segment);
+  r.mem.arena = arena.data();
+  r.mem.arena_bytes = arena.size();
+  if (!program.kv_segment.empty()) {
+    shm::Segment& kv = m.segment(program.kv_segment);
+    r.mem.kv = kv.data();
+    r.mem.kv_bytes = kv.size();
+  }
+  r.mem.weights = model->data();
+  r.mem.weights_bytes = model->size();
+  if (!program.flags_segment.empty()) {
+    auto& table = m.flag_tables[program.flags_segment];
+    if (!table)
+      table = std::make_shared<shm::FlagTable>(
+          shm::FlagTable::attach(m.segment(program.flags_segment)));
+    r.make_flags = [table](std::chrono::steady_clock::time_point deadline) {
+      return std::make_unique<StepFlags>(table, deadline);
+    };
+  }
+  r.keep_alive = mappings_;
+  return r;
+}
+
+}  // namespace duet::gpu

@@ -1,0 +1,84 @@
+#pragma once
+// npu_svc's control-plane handlers: RegisterProgram, RunStep, CompileGraph, ProfileOp and
+// StatusRequest, as functions from a verified request Message to a finished reply buffer. Tests
+// call them directly; main.cpp registers them on the ServiceLoop (core/service.h).
+//
+// Where a program's memory comes from is the resolver's business: shm_memory_resolver() maps
+// the shm segments a Program names (arena, KV, flags) and its GGUF file; tests may hand in
+// memory of their own. A bad request throws duet::Error (the loop turns it into an ErrorReply);
+// a step that fails is answered with StepFailed carrying the error's code and message.
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/messaging.h"
+#include "core/program.h"
+#include "core/soc_profile.h"
+#include "services/npu_svc/graph_cache.h"
+#include "services/npu_svc/npu_gemm.h"
+#include "services/npu_svc/npu_runner.h"
+
+namespace duet {
+class ServiceLoop;
+}
+
+namespace duet::npu {
+
+struct ResolvedMemory {
+  ProgramMemory mem;
+  // Flags for one step, waiting at most until the deadline.
+  std::function<std::unique_ptr<FlagSync>(std::chrono::steady_clock::time_point deadline)>
+      make_flags;
+  std::shared_ptr<void> keep_alive;  // mappings that must outlive the program
+  uint32_t n_flags = 0;              // flags in the table (0: unknown, indices not checked)
+};
+using MemoryResolver = std::function<ResolvedMemory(const fb::ProgramT&)>;
+
+// Opens the program's arena, KV and flags segments (shm, by name) and mmaps its model file.
+// Throws Error(not_found) naming a segment or file that does not exist.
+MemoryResolver shm_memory_resolver();
+
+// HeteroInfer's standard sequence lengths: the graphs a deployment prepares offline.
+inline const std::vector<int64_t> kStandardGraphTokens = {1, 32, 64, 128, 256, 512, 1024};
+
+class NpuService {
+ public:
+  // At RegisterProgram the graphs of every op are compiled for each standard token count up to
+  // the first one >= the program's max_tokens (offline preparation, counted in the status but
+  // never in a step); steps then find them under the padding and pipe modes. Empty: none.
+  NpuService(SocProfile soc, int threads, MemoryResolver resolver,
+             std::vector<int64_t> standard_graph_tokens = kStandardGraphTokens);
+
+  msg::Bytes register_program(const fb::Message& request);
+  msg::Bytes run_step(const fb::Message& request);
+  msg::Bytes compile_graph(const fb::Message& request);
+  msg::Bytes profile_op(const fb::Message& request);
+  msg::Bytes status(const fb::Message& request);  // StatusReply carrying status_json()
+
+  // Profile in use, graphs cached (and their shapes), modelled compile time spent, programs.
+  nlohmann::json status_json() const;
+
+  GraphCache& graphs() { return graphs_; }
+  NpuRunner& runner() { return runner_; }
+
+ private:
+  SocProfile soc_;
+  GraphCache graphs_;
+  NpuGemm gemm_;
+  NpuRunner runner_;
+  MemoryResolver resolver_;
+  std::vector<int64_t> standard_tokens_;
+  std::map<uint32_t, ResolvedMemory> memory_;
+  uint64_t steps_ = 0, failed_steps_ = 0;
+  // ProfileOp's synthetic weights, kept for the next profile of the same shape.
+  std::vector<uint8_t> profile_weights_;
+};
+
+// Registers the service's handlers and status on a ServiceLoop (what npu_svc's main does).
+// The service must outlive the loop's run().
+void register_handlers(ServiceLoop& loop, NpuService& service);
+
+}  // namespace duet::npu

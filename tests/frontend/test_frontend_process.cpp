@@ -1,0 +1,150 @@
+// The real frontend executable (ReferenceEngine, DUET_PLAN=reference) and the `duet` verbs on
+// top of it: generate through the stack equals `duet generate --local`, chat keeps its session,
+// status reports the frontend's metrics.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "frontend_fixture.h"
+
+namespace duet::frontend::testing {
+namespace {
+
+const std::string kBin = DUET_BINARY_DIR "/bin/";
+
+// Runs a shell command and returns its stdout (commands are bounded by `timeout`).
+std::string run(const std::string& cmd, int* status = nullptr) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return "";
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  if (status) *status = st;
+  return out;
+}
+
+class FrontendProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/duet-fe-proc-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    run_dir_ = root_ + "/fetest";
+    pid_ = fork();
+    ASSERT_GE(pid_, 0);
+    if (pid_ == 0) {
+      setenv("DUET_RUN_ROOT", root_.c_str(), 1);
+      setenv("DUET_PLAN", "reference", 1);
+      const std::string exe = kBin + "frontend";
+      execl(exe.c_str(), exe.c_str(), "--stack", "fetest", "--model", kModelPath.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const std::string sock = client_socket_path(run_dir_);
+    struct stat st {};
+    for (int i = 0; i < 2000 && stat(sock.c_str(), &st) != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(stat(sock.c_str(), &st), 0) << "the frontend never bound " << sock;
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    env_ = "timeout 60 env DUET_RUN_ROOT=" + root_ + " ";
+  }
+
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      for (int i = 0; i < 500 && waitpid(pid_, &status, WNOHANG) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (waitpid(pid_, &status, WNOHANG) == 0) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        ADD_FAILURE() << "the frontend did not stop on SIGTERM";
+      }
+    }
+    std::filesystem::remove_all(root_);
+  }
+
+  std::string root_, run_dir_, env_;
+  pid_t pid_ = -1;
+};
+
+TEST_F(FrontendProcess, GenerateThroughTheStackEqualsLocalGenerate) {
+  int status = 0;
+  const std::string local = run("timeout 60 " + kBin + "duet generate --local --model " +
+                                    kModelPath + " --max-tokens 24 'The man who' 2>/dev/null",
+                                &status);
+  ASSERT_EQ(status, 0);
+  client::Client c(client::stack_endpoint("fetest", run_dir_));
+  client::GenerateRequest r;
+  r.prompt = "The man who";
+  r.max_tokens = 24;
+  EXPECT_EQ(c.generate(r).text + "\n", local);
+}
+
+TEST_F(FrontendProcess, EvalThroughTheStackMatchesLocalEval) {
+  // 300 positions: the frontend runs them in chunks of the engine's step budget.
+  std::vector<int32_t> ids = {1};
+  std::string ids_text = "1";
+  for (int i = 1; i < 300; ++i) {
+    ids.push_back(3 + (i * 37) % 2000);
+    ids_text += " " + std::to_string(ids.back());
+  }
+  const std::string local_file = root_ + "/local.f32";
+  int status = 0;
+  run("timeout 60 " + kBin + "duet eval --model " + kModelPath + " --ids '" + ids_text +
+          "' --logits-out " + local_file + " 2>/dev/null",
+      &status);
+  ASSERT_EQ(status, 0);
+  std::ifstream in(local_file, std::ios::binary);
+  std::vector<float> local(ids.size() * 2048);
+  in.read(reinterpret_cast<char*>(local.data()), std::streamsize(local.size() * sizeof(float)));
+  ASSERT_TRUE(in) << "the local logits file is short";
+  client::Client c(client::stack_endpoint("fetest", run_dir_));
+  const auto r = c.eval(ids, "reference", kModelPath);
+  ASSERT_EQ(r.logits.size(), local.size());
+  float max_diff = 0;
+  for (size_t i = 0; i < local.size(); ++i)
+    max_diff = std::max(max_diff, std::abs(r.logits[i] - local[i]));
+  EXPECT_LT(max_diff, 1e-4f);
+}
+
+TEST_F(FrontendProcess, ChatKeepsItsSessionAndStatusReportsIt) {
+  int status = 0;
+  const std::string out = run("printf 'A fool\\n and his money\\n' | " + env_ + kBin +
+                                  "duet chat --stack fetest --max-tokens 8",
+                              &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
+  const std::string js =
+      run(env_ + kBin + "duet status --stack fetest --json 2>/dev/null", &status);
+  EXPECT_EQ(status, 0) << js;
+  const auto j = nlohmann::json::parse(js);
+  EXPECT_EQ(j["frontend"]["plan"], "reference");
+  EXPECT_EQ(j["frontend"]["sessions"], 0);  // chat closed it at end of input
+  EXPECT_EQ(j["frontend"]["metrics"]["requests"]["completed"], 2);
+  EXPECT_TRUE(j["supervisor"].contains("error"));  // none runs in this test
+  const std::string human = run(env_ + kBin + "duet status --stack fetest", &status);
+  EXPECT_NE(human.find("measured: TTFT"), std::string::npos) << human;
+}
+
+TEST_F(FrontendProcess, VerbsOnAStackThatIsNotUpSayWhy) {
+  int status = 0;
+  const std::string err =
+      run(env_ + kBin + "duet status --stack nosuchstack 2>&1 >/dev/null", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("has no frontend socket"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace duet::frontend::testing

@@ -1,0 +1,309 @@
+// Every gpu_svc kernel against its core reference op (core/ops.h), over odd sizes (1, 31, 33,
+// 257 tokens or rows) and every weight type the kernels read.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/ops.h"
+#include "services/gpu_svc/gpu_kernels.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace duet::gpu {
+namespace {
+
+using testing::HostBuffer;
+using testing::random_floats;
+using testing::random_weights;
+
+const DType kTypes[] = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0};
+const uint32_t kOddCounts[] = {1, 31, 33, 257};
+constexpr uint64_t kActs = 8192;  // activations start after the token table (257 x 16 bytes)
+
+float max_abs_diff(const float* a, const float* b, size_t n) {
+  float d = 0;
+  for (size_t i = 0; i < n; ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
+void run(cl_event e) {
+  check_cl(clWaitForEvents(1, &e), "clWaitForEvents");
+  clReleaseEvent(e);
+}
+
+// The token table: id, position, sequence, logits row.
+void fill_tokens(int32_t* tok, uint32_t n, uint32_t vocab, int32_t first_pos) {
+  for (uint32_t t = 0; t < n; ++t) {
+    tok[4 * t + 0] = static_cast<int32_t>((t * 7919u + 3u) % vocab);
+    tok[4 * t + 1] = first_pos + static_cast<int32_t>(t);
+    tok[4 * t + 2] = 0;
+    tok[4 * t + 3] = static_cast<int32_t>(t);
+  }
+}
+
+class GpuKernelsTest : public ::testing::Test {
+ protected:
+  ClDevice& dev = shared_device();
+  GpuKernels k{dev};
+};
+
+TEST_F(GpuKernelsTest, EmbedMatchesReferenceForEveryType) {
+  const uint32_t vocab = 61, cols = 96;
+  for (DType type : kTypes) {
+    const auto table = random_weights(type, vocab, cols, 1);
+    HostBuffer w(dev, table.size());
+    std::memcpy(w.at(0), table.data(), table.size());
+    w.upload();
+    for (uint32_t n : kOddCounts) {
+      HostBuffer arena(dev, kActs + n * cols * 4);
+      fill_tokens(arena.at<int32_t>(0), n, vocab, 0);
+      arena.upload();
+      run(k.embed(arena.mem(), type, w.mem(), 0, cols, 0, kActs, cols, {0, n}));
+      arena.download();
+      std::vector<int32_t> ids(n);
+      for (uint32_t t = 0; t < n; ++t) ids[t] = arena.at<int32_t>(0)[4 * t];
+      std::vector<float> want(n * cols);
+      ops::embed(ops::Matrix{type, vocab, cols, table.data()}, ids.data(), static_cast<int>(n),
+                 want.data());
+      EXPECT_EQ(max_abs_diff(arena.at<float>(kActs), want.data(), want.size()), 0.0f)
+          << dtype_name(type) << " n=" << n;
+    }
+  }
+}
+
+TEST_F(GpuKernelsTest, RmsNormMatchesReferenceIncludingOddWidths) {
+  for (uint32_t dim : {256u, 33u, 1u}) {
+    for (uint32_t n : kOddCounts) {
+      const auto x = random_floats(n * dim, n + dim, 3.0f);
+      const auto weight = random_floats(dim, 7);
+      HostBuffer arena(dev, 2 * n * dim * 4 + 64);
+      HostBuffer w(dev, dim * 4);
+      std::memcpy(arena.at(0), x.data(), x.size() * 4);
+      std::memcpy(w.at(0), weight.data(), dim * 4);
+      arena.upload();
+      w.upload();
+      const uint64_t out = uint64_t{n} * dim * 4;
+      run(k.rmsnorm(arena.mem(), 0, dim, out, dim, w.mem(), 0, dim, 1e-5f, {0, n}));
+      arena.download();
+      std::vector<float> want(n * dim);
+      ops::rmsnorm(x.data(), weight.data(), static_cast<int>(n), static_cast<int>(dim), 1e-5f,
+                   want.data());
+      EXPECT_LT(max_abs_diff(arena.at<float>(out), want.data(), want.size()), 2e-5f)
+          << "dim=" << dim << " n=" << n;
+    }
+  }
+}
+
+TEST_F(GpuKernelsTest, RopeMatchesReferenceAtLongPositions) {
+  const uint32_t n_heads = 3, head_dim = 64, width = n_heads * head_dim;
+  for (uint32_t n : kOddCounts) {
+    HostBuffer arena(dev, kActs + n * width * 4);
+    fill_tokens(arena.at<int32_t>(0), n, 100, 300);  // positions 300..
+    const auto x = random_floats(n * width, n);
+    std::memcpy(arena.at(kActs), x.data(), x.size() * 4);
+    arena.upload();
+    run(k.rope(arena.mem(), kActs, width, n_heads, head_dim, 10000.0f, 0, {0, n}));
+    arena.download();
+    std::vector<float> want = x;
+    std::vector<int32_t> pos(n);
+    for (uint32_t t = 0; t < n; ++t) pos[t] = arena.at<int32_t>(0)[4 * t + 1];
+    ops::rope(want.data(), static_cast<int>(n), n_heads, head_dim, pos.data(), 10000.0f);
+    EXPECT_LT(max_abs_diff(arena.at<float>(kActs), want.data(), want.size()), 1e-5f) << "n=" << n;
+  }
+}
+
+TEST_F(GpuKernelsTest, SwiGluAndAddMatchReference) {
+  const uint32_t cols = 33;
+  for (uint32_t n : kOddCounts) {
+    const size_t count = size_t{n} * cols;
+    const auto g = random_floats(count, 1, 4.0f), u = random_floats(count, 2, 4.0f);
+    HostBuffer arena(dev, 3 * count * 4);
+    std::memcpy(arena.at(0), g.data(), count * 4);
+    std::memcpy(arena.at(count * 4), u.data(), count * 4);
+    arena.upload();
+    run(k.swiglu(arena.mem(), 0, cols, count * 4, cols, 2 * count * 4, cols, cols, {0, n}));
+    arena.download();
+    std::vector<float> want(count);
+    ops::swiglu(g.data(), u.data(), static_cast<int64_t>(count), want.data());
+    EXPECT_LT(max_abs_diff(arena.at<float>(2 * count * 4), want.data(), count), 1e-5f)
+        << "swiglu n=" << n;
+
+    // Residual add in place: out = in0.
+    run(k.add(arena.mem(), 0, cols, count * 4, cols, 0, cols, cols, {0, n}));
+    arena.download();
+    want = g;
+    ops::add(want.data(), u.data(), static_cast<int64_t>(count));
+    EXPECT_EQ(max_abs_diff(arena.at<float>(0), want.data(), count), 0.0f) << "add n=" << n;
+  }
+}
+
+// y = W x over every type, odd row and token counts, a row range (weight-centric split) and a
+// token range (activation-centric split), checked against ops::matmul.
+TEST_F(GpuKernelsTest, MatmulMatchesReferenceForTypesSizesAndSplits) {
+  const uint32_t k_in = 96;
+  for (bool coop : {false, true}) {
+    k.set_coop_gemv(coop);  // the GPU GEMV (tokens <= 4) runs here too, whatever the device
+    for (DType type : kTypes) {
+      for (uint32_t rows : kOddCounts) {
+        const auto wbytes = random_weights(type, rows, k_in, rows);
+        HostBuffer w(dev, wbytes.size() + 64);
+        std::memcpy(w.at(0), wbytes.data(), wbytes.size());
+        w.upload();
+        const ops::Matrix m{type, rows, k_in, wbytes.data()};
+        for (uint32_t n : kOddCounts) {
+          if (rows == 257 && n == 257 && type != DType::Q4_0) continue;  // one large case is enough
+          const auto x = random_floats(size_t{n} * k_in, n + 11);
+          const uint64_t x_off = 4096, y_off = x_off + uint64_t{n} * k_in * 4;
+          HostBuffer arena(dev, y_off + uint64_t{n} * rows * 4);
+          std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
+          arena.upload();
+          MatmulArgs a;
+          a.wtype = type;
+          a.w = w.mem();
+          a.k = k_in;
+          a.x_off = x_off;
+          a.x_stride = k_in;
+          a.y_off = y_off;
+          a.y_stride = rows;
+          a.row_begin = 0;
+          a.row_end = rows;
+          a.tokens = {0, n};
+          run(k.matmul(arena.mem(), a));
+          arena.download();
+          std::vector<float> want(size_t{n} * rows);
+          ops::matmul(m, x.data(), static_cast<int>(n), want.data());
+          float scale = 1;
+          for (float v : want) scale = std::max(scale, std::fabs(v));
+          EXPECT_LT(max_abs_diff(arena.at<float>(y_off), want.data(), want.size()), 2e-5f * scale)
+              << dtype_name(type) << " rows=" << rows << " n=" << n << " coop=" << coop;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GpuKernelsTest, MatmulWritesOnlyItsRowAndTokenRanges) {
+  const uint32_t rows = 33, k_in = 64, n = 31;
+  const auto wbytes = random_weights(DType::Q4_0, rows, k_in, 5);
+  HostBuffer w(dev, wbytes.size());
+  std::memcpy(w.at(0), wbytes.data(), wbytes.size());
+  w.upload();
+  const auto x = random_floats(n * k_in, 6);
+  HostBuffer arena(dev, 4096 + (n * k_in + n * rows) * 4);
+  const uint64_t y_off = 4096 + n * k_in * 4;
+  std::memcpy(arena.at(4096), x.data(), x.size() * 4);
+  std::fill(arena.at<float>(y_off), arena.at<float>(y_off) + n * rows, -7.0f);
+  arena.upload();
+  MatmulArgs a{DType::Q4_0, w.mem(), 0, k_in, 4096, k_in, y_off, rows, 5, 20, {3, 17}, 0, false};
+  run(k.matmul(arena.mem(), a));
+  k.set_coop_gemv(true);  // and the GPU GEMV on a single token of the range
+  a.tokens = {16, 17};
+  run(k.matmul(arena.mem(), a));
+  arena.download();
+  std::vector<float> want(n * rows);
+  ops::matmul(ops::Matrix{DType::Q4_0, rows, k_in, wbytes.data()}, x.data(), n, want.data());
+  const float* y = arena.at<float>(y_off);
+  for (uint32_t t = 0; t < n; ++t)
+    for (uint32_t r = 0; r < rows; ++r) {
+      const bool inside = r >= 5 && r < 20 && t >= 3 && t < 17;
+      if (inside)
+        EXPECT_NEAR(y[t * rows + r], want[t * rows + r], 1e-4f) << t << "," << r;
+      else
+        EXPECT_EQ(y[t * rows + r], -7.0f) << "wrote outside its split at " << t << "," << r;
+    }
+}
+
+TEST_F(GpuKernelsTest, LogitsWritesOnlyTokensWithALogitsRow) {
+  const uint32_t vocab = 257, k_in = 64, n = 33;
+  const auto wbytes = random_weights(DType::Q8_0, vocab, k_in, 9);
+  HostBuffer w(dev, wbytes.size());
+  std::memcpy(w.at(0), wbytes.data(), wbytes.size());
+  w.upload();
+  const auto x = random_floats(n * k_in, 10);
+  const uint64_t x_off = 4096, y_off = x_off + n * k_in * 4;
+  HostBuffer arena(dev, y_off + 2 * vocab * 4);
+  fill_tokens(arena.at<int32_t>(0), n, vocab, 0);
+  for (uint32_t t = 0; t < n; ++t) arena.at<int32_t>(0)[4 * t + 3] = -1;
+  arena.at<int32_t>(0)[4 * 12 + 3] = 1;  // token 12 -> logits row 1, token 32 -> row 0
+  arena.at<int32_t>(0)[4 * 32 + 3] = 0;
+  std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
+  arena.upload();
+  MatmulArgs a{DType::Q8_0, w.mem(), 0, k_in, x_off, k_in, y_off, vocab, 0, vocab, {0, n}, 0, true};
+  run(k.matmul(arena.mem(), a));
+  arena.download();
+  k.set_coop_gemv(true);  // the GPU GEMV: token 32 alone must land in row 0 again
+  std::fill(arena.at<float>(y_off), arena.at<float>(y_off) + vocab, 0.0f);
+  arena.upload();
+  a.tokens = {32, 33};
+  run(k.matmul(arena.mem(), a));
+  arena.download();
+  const ops::Matrix m{DType::Q8_0, vocab, k_in, wbytes.data()};
+  std::vector<float> want(vocab);
+  ops::matmul(m, x.data() + 32 * k_in, 1, want.data());
+  EXPECT_LT(max_abs_diff(arena.at<float>(y_off), want.data(), vocab), 1e-4f);
+  ops::matmul(m, x.data() + 12 * k_in, 1, want.data());
+  EXPECT_LT(max_abs_diff(arena.at<float>(y_off + vocab * 4), want.data(), vocab), 1e-4f);
+}
+
+// KV write then causal GQA attention through scattered pages, against ops::attention over the
+// same K/V gathered into one contiguous cache: a 33-token prefill and a decode at position 257.
+TEST_F(GpuKernelsTest, KvWriteAndAttentionMatchReferenceThroughPages) {
+  const uint32_t n_heads = 4, n_kv = 2, head_dim = 32, kv_dim = n_kv * head_dim,
+                 q_dim = n_heads * head_dim;
+  const uint32_t page_tokens = 16, n_layers = 2, layer = 1, n_pages = 24, pt_cols = 20;
+  const uint64_t page_bytes = uint64_t{n_layers} * 2 * page_tokens * kv_dim * 4, pages_offset = 256;
+  HostBuffer kvbuf(dev, pages_offset + n_pages * page_bytes);
+  for (auto [first_pos, n] : {std::pair<int32_t, uint32_t>{0, 33}, {257, 1}, {0, 1}}) {
+    const uint32_t ctx = static_cast<uint32_t>(first_pos) + n;
+    const uint64_t tok = 0, pt = 8192, q_off = 16384, k_off = q_off + n * q_dim * 4,
+                   v_off = k_off + n * kv_dim * 4, out_off = v_off + n * kv_dim * 4;
+    HostBuffer arena(dev, out_off + n * q_dim * 4);
+    fill_tokens(arena.at<int32_t>(tok), n, 100, first_pos);
+    // Pages in a scrambled order, so contiguous addressing would read the wrong rows.
+    for (uint32_t i = 0; i < pt_cols; ++i)
+      arena.at<int32_t>(pt)[i] = static_cast<int32_t>((i * 7 + 3) % n_pages);
+    // Earlier positions' K/V (as previous steps would have written them), then this step's.
+    const auto k_all = random_floats(size_t{ctx} * kv_dim, ctx + 1),
+               v_all = random_floats(size_t{ctx} * kv_dim, ctx + 2);
+    for (uint32_t p = 0; p < static_cast<uint32_t>(first_pos); ++p) {
+      const uint64_t page = arena.at<int32_t>(pt)[p / page_tokens];
+      const uint64_t row = pages_offset + page * page_bytes +
+                           ((layer * 2) * page_tokens + p % page_tokens) * kv_dim * 4;
+      std::memcpy(kvbuf.at(row), &k_all[p * kv_dim], kv_dim * 4);
+      std::memcpy(kvbuf.at(row + page_tokens * kv_dim * 4), &v_all[p * kv_dim], kv_dim * 4);
+    }
+    std::memcpy(arena.at(k_off), &k_all[size_t(first_pos) * kv_dim], n * kv_dim * 4);
+    std::memcpy(arena.at(v_off), &v_all[size_t(first_pos) * kv_dim], n * kv_dim * 4);
+    const auto q = random_floats(n * q_dim, n + 5);
+    std::memcpy(arena.at(q_off), q.data(), q.size() * 4);
+    arena.upload();
+    kvbuf.upload();
+    const KvArgs kv{kvbuf.mem(), pages_offset, page_bytes, page_tokens, kv_dim, layer, pt, pt_cols};
+    run(k.kv_write(arena.mem(), k_off, kv_dim, v_off, kv_dim, kv, tok, {0, n}));
+    run(k.attention(arena.mem(), q_off, q_dim, out_off, q_dim, kv, tok, n_heads, n_kv, head_dim,
+                    {0, n}));
+    arena.download();
+    kvbuf.download();
+    // The pages now hold every position's K and V.
+    for (uint32_t p = 0; p < ctx; ++p) {
+      const uint64_t page = arena.at<int32_t>(pt)[p / page_tokens];
+      const uint64_t row = pages_offset + page * page_bytes +
+                           ((layer * 2) * page_tokens + p % page_tokens) * kv_dim * 4;
+      ASSERT_EQ(std::memcmp(kvbuf.at(row), &k_all[p * kv_dim], kv_dim * 4), 0) << "K at " << p;
+      ASSERT_EQ(
+          std::memcmp(kvbuf.at(row + page_tokens * kv_dim * 4), &v_all[p * kv_dim], kv_dim * 4), 0)
+          << "V at " << p;
+    }
+    std::vector<int32_t> pos(n);
+    for (uint32_t t = 0; t < n; ++t) pos[t] = first_pos + static_cast<int32_t>(t);
+    std::vector<float> want(n * q_dim);
+    ops::attention(q.data(), k_all.data(), v_all.data(), static_cast<int>(n), pos.data(), n_heads,
+                   n_kv, head_dim, want.data());
+    EXPECT_LT(max_abs_diff(arena.at<float>(out_off), want.data(), want.size()), 2e-5f)
+        << "first_pos=" << first_pos << " n=" << n;
+  }
+}
+
+}  // namespace
+}  // namespace duet::gpu

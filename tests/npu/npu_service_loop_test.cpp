@@ -1,0 +1,137 @@
+// npu_svc's handlers on a real ServiceLoop (as its main wires them), driven over the ipc
+// socket like the frontend and solver drive it: good requests answered, bad ones (unknown
+// graph op, bad dtype, malformed bytes, oversized profiles, unknown programs) answered with
+// errors naming the problem, and the service still healthy afterwards.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/messaging.h"
+#include "core/service.h"
+#include "core/soc_profile.h"
+#include "services/npu_svc/npu_service.h"
+
+namespace duet {
+namespace {
+
+using namespace std::chrono_literals;
+
+class NpuServiceLoopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/duet-npuloop-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    ServiceOptions o;
+    o.id = ServiceId::npu;
+    o.stack_id = "npuloop";
+    o.run_dir = root_ + "/run";
+    o.handle_signals = false;
+    loop_ = std::make_unique<ServiceLoop>(o);
+    service_ =
+        std::make_unique<npu::NpuService>(load_soc_profile(o.soc), 1, npu::shm_memory_resolver());
+    npu::register_handlers(*loop_, *service_);
+    thread_ = std::thread([this] { loop_->run(); });
+    client_ = std::make_unique<msg::RequestClient>(
+        ipc_endpoint(control_socket_path(root_ + "/run", ServiceId::npu)));
+  }
+  void TearDown() override {
+    client_.reset();
+    loop_->stop();
+    thread_.join();
+    loop_.reset();
+    std::filesystem::remove_all(root_);
+  }
+
+  msg::Reply compile(fb::OpKind kind, fb::DTypeCode dtype, uint32_t rows, uint32_t cols,
+                     uint32_t n) {
+    return client_->call(
+        [&](uint64_t id) {
+          flatbuffers::FlatBufferBuilder fbb;
+          return msg::finish_message(fbb, id,
+                                     fb::CreateCompileGraph(fbb, kind, dtype, rows, cols, n));
+        },
+        5000ms);
+  }
+  nlohmann::json status() {
+    auto r = client_->call([](uint64_t id) { return msg::make_status_request(id); }, 5000ms);
+    return nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
+  }
+  Errc error_of(const std::function<void()>& fn, std::string* message) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      *message = e.what();
+      return e.code();
+    }
+    return Errc::ok;
+  }
+
+  std::string root_;
+  std::unique_ptr<ServiceLoop> loop_;
+  std::unique_ptr<npu::NpuService> service_;
+  std::thread thread_;
+  std::unique_ptr<msg::RequestClient> client_;
+};
+
+TEST_F(NpuServiceLoopTest, AnswersOverTheSocketAndSurvivesBadRequests) {
+  const auto first = compile(fb::OpKind::MatMul, fb::DTypeCode::Q4_0, 4096, 4096, 256);
+  ASSERT_NE(first.message().body_as_GraphCompiled(), nullptr);
+  EXPECT_FALSE(first.message().body_as_GraphCompiled()->cached());
+  EXPECT_GT(first.message().body_as_GraphCompiled()->modeled_compile_us(), 1000.0f);
+
+  std::string msg;
+  EXPECT_EQ(error_of([&] { compile(fb::OpKind::Attention, fb::DTypeCode::F32, 64, 64, 1); }, &msg),
+            Errc::unsupported);
+  EXPECT_NE(msg.find("Attention"), std::string::npos) << msg;
+  EXPECT_EQ(error_of([&] { compile(fb::OpKind::MatMul, static_cast<fb::DTypeCode>(5), 64, 64, 1); },
+                     &msg),
+            Errc::invalid_argument);
+  EXPECT_NE(msg.find("dtype"), std::string::npos) << msg;
+  // Bytes that are not a control message at all.
+  const std::vector<uint8_t> garbage = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const msg::Bytes raw = client_->call_raw(garbage, 5000ms);
+  const fb::Message* reply = msg::verify_control(raw);
+  ASSERT_EQ(reply->body_type(), fb::Body::ErrorReply);
+  // A profile too large to measure, a step of a program nobody registered.
+  EXPECT_EQ(error_of(
+                [&] {
+                  client_->call(
+                      [](uint64_t id) {
+                        flatbuffers::FlatBufferBuilder fbb;
+                        return msg::finish_message(
+                            fbb, id,
+                            fb::CreateProfileOp(fbb, fb::OpKind::MatMul, fb::DTypeCode::F32,
+                                                1u << 20, 1u << 14, 1, 1, false));
+                      },
+                      5000ms);
+                },
+                &msg),
+            Errc::out_of_range);
+  const auto step = client_->call(
+      [](uint64_t id) {
+        flatbuffers::FlatBufferBuilder fbb;
+        const fb::TensorRef t(fb::SegmentKind::Arena, fb::DTypeCode::F32, 0, 1, 4);
+        return msg::finish_message(fbb, id, fb::CreateRunStep(fbb, 42, 1, 1, 1, &t, &t, 1000));
+      },
+      5000ms);
+  ASSERT_NE(step.message().body_as_StepFailed(), nullptr);
+  EXPECT_EQ(step.message().body_as_StepFailed()->code(), fb::Code::NotFound);
+
+  // Still up, and its status says what it holds.
+  const nlohmann::json st = status();
+  EXPECT_EQ(st["soc"], "sd8gen3");
+  EXPECT_EQ(st["graphs_cached"], 1);
+  EXPECT_GT(st["compile_us_total"].get<double>(), 0.0);
+  EXPECT_EQ(st["failed_steps"], 1);
+  EXPECT_TRUE(compile(fb::OpKind::MatMul, fb::DTypeCode::Q4_0, 4096, 4096, 256)
+                  .message()
+                  .body_as_GraphCompiled()
+                  ->cached());
+}
+
+}  // namespace
+}  // namespace duet

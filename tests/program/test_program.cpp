@@ -1,0 +1,209 @@
+// Programs built for every plan shape, run by the reference interpreter on two threads (one
+// per device) with real cross-thread flag waits, give the oracle's logits.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "core/forward.h"
+#include "core/model.h"
+#include "core/program.h"
+
+namespace duet {
+namespace {
+
+std::string model_path(const std::string& variant) {
+  return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-" + variant + ".gguf";
+}
+
+// Flags in process memory; waits spin-yield until a deadline.
+class LocalFlags : public FlagSync {
+ public:
+  explicit LocalFlags(size_t n) : flags_(n) {}
+  void wait(uint32_t flag, uint64_t seq, float) override {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (flags_.at(flag).load(std::memory_order_acquire) < seq) {
+      if (std::chrono::steady_clock::now() > deadline) throw Error(Errc::timeout, "flag wait timed out");
+      std::this_thread::yield();
+    }
+  }
+  void publish(uint32_t flag, uint64_t seq) override {
+    flags_.at(flag).store(seq, std::memory_order_release);
+  }
+
+ private:
+  std::vector<std::atomic<uint64_t>> flags_;
+};
+
+struct TokenRow {
+  int32_t token, pos, seq, logits_row;
+};
+
+// Runs prompt (all logits) then `decode` greedy-forced steps of the given ids through the
+// programs of `plan`, returning every logits row produced.
+class ProgramRun {
+ public:
+  ProgramRun(const LlamaModel& m, Plan plan, uint32_t max_tokens) : m_(m) {
+    ProgramSpec spec;
+    spec.model = &m;
+    spec.plan = std::move(plan);
+    spec.max_tokens = max_tokens;
+    spec.max_logit_rows = max_tokens;
+    spec.max_ctx = 128;
+    spec.name = "test";
+    built_ = build_programs(spec);
+    arena_.assign(built_.arena.bytes, 0);
+    kv_.assign(built_.kv.bytes(), 0);
+    mem_ = {arena_.data(), arena_.size(), kv_.data(), kv_.size(), m.file().data(), m.file().size()};
+    validate_program(built_.gpu, mem_);
+    validate_program(built_.npu, mem_);
+    auto* pt = reinterpret_cast<int32_t*>(arena_.data() + built_.arena.page_tables);
+    for (uint32_t i = 0; i < built_.max_pages_per_seq; ++i) pt[i] = static_cast<int32_t>(i);
+  }
+
+  // Appends tokens at pos; returns logits for every token.
+  std::vector<float> step(const std::vector<int32_t>& tokens, int pos) {
+    auto* rows = reinterpret_cast<TokenRow*>(arena_.data() + built_.arena.tokens);
+    for (size_t t = 0; t < tokens.size(); ++t)
+      rows[t] = {tokens[t], pos + static_cast<int32_t>(t), 0, static_cast<int32_t>(t)};
+    StepArgs args{++seq_, static_cast<uint32_t>(tokens.size()), 1, built_.arena.tokens,
+                  built_.arena.page_tables, built_.max_pages_per_seq};
+    std::exception_ptr npu_error;
+    std::thread npu([&] {
+      try {
+        interpret_program(built_.npu, mem_, args, flags_);
+      } catch (...) {
+        npu_error = std::current_exception();
+      }
+    });
+    std::exception_ptr gpu_error;
+    try {
+      interpret_program(built_.gpu, mem_, args, flags_);
+    } catch (...) {
+      gpu_error = std::current_exception();
+    }
+    npu.join();
+    if (gpu_error) std::rethrow_exception(gpu_error);
+    if (npu_error) std::rethrow_exception(npu_error);
+    const float* logits = reinterpret_cast<const float*>(arena_.data() + built_.arena.logits);
+    return {logits, logits + tokens.size() * m_.hp().n_vocab};
+  }
+
+  const BuiltPrograms& built() const { return built_; }
+
+ private:
+  const LlamaModel& m_;
+  BuiltPrograms built_;
+  std::vector<uint8_t> arena_, kv_;
+  ProgramMemory mem_;
+  LocalFlags flags_{4096};
+  uint64_t seq_ = 0;
+};
+
+Plan split_plan(const LlamaModel& m, Strategy s) {
+  Plan p;
+  p.name = std::string(strategy_name(s));
+  for (int r = 0; r < kMatmulRoles; ++r) {
+    Placement& pl = p.matmul[r];
+    pl.strategy = s;
+    pl.gpu_rows = (r == 7 ? m.hp().n_vocab : m.hp().n_embd) / 2 + 3;  // deliberately ragged
+    pl.npu_tokens = 4;
+  }
+  return p;
+}
+
+void expect_matches_reference(const LlamaModel& m, Plan plan) {
+  const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263, 1243, 1892, 322, 42};
+  const std::vector<int32_t> decode = {100, 7, 1500};
+  ProgramRun run(m, plan, 16);
+  ReferenceForward ref(m, 128);
+  const int V = m.hp().n_vocab;
+
+  std::vector<float> got = run.step(prompt, 0);
+  std::vector<float> want = ref.forward(prompt, true);
+  ASSERT_EQ(got.size(), want.size());
+  float max_diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+  EXPECT_LT(max_diff, 1e-3) << plan.name << " prefill";
+
+  int pos = static_cast<int>(prompt.size());
+  for (int32_t tok : decode) {
+    got = run.step({tok}, pos++);
+    want = ref.forward(std::vector<int32_t>{tok}, false);
+    max_diff = 0;
+    for (int i = 0; i < V; ++i) max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+    EXPECT_LT(max_diff, 1e-3) << plan.name << " decode at " << pos;
+  }
+}
+
+TEST(ProgramBuilder, GpuOnlyHasNoNpuOpsAndNoFlagWaits) {
+  auto m = LlamaModel::load(model_path("q8_0"));
+  ProgramSpec spec;
+  spec.model = m.get();
+  spec.max_tokens = 8;
+  BuiltPrograms b = build_programs(spec);
+  EXPECT_TRUE(b.npu.ops.empty());
+  // 1 embed + per layer 16 ops (2 norms, q k v, 2 ropes, kv write, attention, o, add, gate, up,
+  // swiglu, down, add) + final norm + logits
+  EXPECT_EQ(b.gpu.ops.size(), 1u + 16u * m->hp().n_layer + 2u);
+  for (const auto& op : b.gpu.ops) EXPECT_TRUE(op->wait_flags.empty());
+  EXPECT_EQ(b.done_flags.size(), 1u);
+}
+
+TEST(ProgramBuilder, SplitPlansInsertCrossDeviceWaitsBothWays) {
+  auto m = LlamaModel::load(model_path("q8_0"));
+  ProgramSpec spec;
+  spec.model = m.get();
+  spec.max_tokens = 8;
+  spec.plan = Plan::npu_only();
+  BuiltPrograms b = build_programs(spec);
+  ASSERT_FALSE(b.npu.ops.empty());
+  size_t gpu_waits = 0, npu_waits = 0;
+  for (const auto& op : b.gpu.ops) gpu_waits += op->wait_flags.size();
+  for (const auto& op : b.npu.ops) npu_waits += op->wait_flags.size();
+  EXPECT_GT(gpu_waits, 0u);  // GPU reads NPU matmul outputs
+  EXPECT_GT(npu_waits, 0u);  // NPU reads GPU norms, and must not overwrite what the GPU still reads
+  EXPECT_EQ(b.done_flags.size(), 2u);
+  for (const auto& op : b.npu.ops)
+    EXPECT_TRUE(op->kind == fb::OpKind::MatMul || op->kind == fb::OpKind::Logits);
+}
+
+TEST(ProgramInterpreter, EveryPlanShapeMatchesTheReferenceForward) {
+  for (const char* variant : {"f16", "q8_0", "q4_0"}) {
+    auto m = LlamaModel::load(model_path(variant));
+    SCOPED_TRACE(variant);
+    expect_matches_reference(*m, Plan::gpu_only());
+    expect_matches_reference(*m, Plan::npu_only());
+    for (Strategy s : {Strategy::weight_split, Strategy::activation_split, Strategy::hybrid})
+      expect_matches_reference(*m, split_plan(*m, s));
+  }
+}
+
+TEST(ProgramValidation, RejectsOffsetsOutsideTheArena) {
+  auto m = LlamaModel::load(model_path("q4_0"));
+  ProgramSpec spec;
+  spec.model = m.get();
+  spec.max_tokens = 4;
+  BuiltPrograms b = build_programs(spec);
+  std::vector<uint8_t> arena(b.arena.bytes), kv(b.kv.bytes());
+  ProgramMemory mem{arena.data(), arena.size(), kv.data(), kv.size(), m->file().data(), m->file().size()};
+  validate_program(b.gpu, mem);
+  const fb::TensorRef& out = *b.gpu.ops[3]->out;
+  *b.gpu.ops[3]->out = fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(), out.cols());
+  try {
+    validate_program(b.gpu, mem);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::out_of_range);
+    EXPECT_NE(std::string(e.what()).find("outside its segment"), std::string::npos) << e.what();
+  }
+  mem.kv_bytes = 10;
+  EXPECT_THROW(validate_program(b.gpu, mem), Error);
+}
+
+}  // namespace
+}  // namespace duet
