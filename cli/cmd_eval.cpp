@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "core/client.h"
 #include "core/error.h"
 #include "core/forward.h"
 #include "core/model.h"
@@ -23,6 +24,11 @@ struct EvalArgs {
   std::string ids;
   std::string logits_out;
   int threads = 0;
+  // --stack: through a running stack's frontend (core/client.h); --model, when given, must be
+  // the stack's model.
+  std::string stack;
+  std::string plan;
+  bool model_given = false;
 };
 
 // All logits [n_ids][n_vocab] of one sequence evaluated from an empty context.
@@ -62,6 +68,18 @@ void write_logits(const std::string& path, const std::vector<float>& logits) {
 void run_eval(const EvalArgs& args) {
   if (args.threads > 0) duet::ops::set_num_threads(args.threads);
   const std::vector<int32_t> ids = parse_ids(args.ids);
+  if (!args.stack.empty()) {
+    duet::client::StackEvalArgs a;
+    a.stack_id = args.stack;
+    a.ids = ids;
+    a.plan = args.plan;
+    a.model_path = args.model_given ? args.model : "";
+    a.logits_out = args.logits_out;
+    duet::client::run_eval_on_stack(a);
+    return;
+  }
+  if (!args.plan.empty())
+    throw duet::Error(duet::Errc::invalid_argument, "--plan needs --stack (the local eval runs the reference)");
   const auto model = duet::LlamaModel::load(args.model);
   const int n_vocab = model->hp().n_vocab;
   EvalBackend backend = [&](const std::vector<int32_t>& seq) {
@@ -83,12 +101,17 @@ duet::cli::RegisterCommand register_eval([](CLI::App& app) {
       "eval",
       "Write the logits of every input position (little-endian float32, one row of "
       "n_vocab per position)");
-  cmd->add_option("--model", args->model, "GGUF model")->capture_default_str();
+  auto* model_opt = cmd->add_option("--model", args->model, "GGUF model")->capture_default_str();
+  cmd->add_option("--stack", args->stack, "Run through this running stack's frontend");
+  cmd->add_option("--plan", args->plan, "With --stack: the plan the stack must be running");
   cmd->add_option("--ids", args->ids, "Token ids, space separated (BOS is not added)")->required();
   cmd->add_option("--logits-out", args->logits_out, "Output file")->required();
   cmd->add_option("--threads", args->threads, "Compute threads (0: all cores)")
       ->check(CLI::NonNegativeNumber);
-  cmd->callback([args] { run_eval(*args); });
+  cmd->callback([args, model_opt] {
+    args->model_given = model_opt->count() > 0;
+    run_eval(*args);
+  });
 });
 
 }  // namespace

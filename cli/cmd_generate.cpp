@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "core/client.h"
 #include "core/error.h"
 #include "core/forward.h"
 #include "core/model.h"
@@ -26,6 +27,11 @@ struct GenerateArgs {
   duet::SamplingParams sampling;
   int threads = 0;
   std::string prompt;
+  // --stack: through a running stack's frontend (core/client.h), instead of --local.
+  std::string stack;
+  std::string priority = "reactive";
+  std::string plan;
+  bool json = false;
 };
 
 // Appends tokens to the sequence and returns the logits after the last one.
@@ -74,7 +80,22 @@ GenerateStats generate(const duet::Tokenizer& tok, const GenerateBackend& backen
   return stats;
 }
 
+// --stack: the frontend tokenises, schedules and samples; this only streams what it sends.
+void run_generate_through_stack(const GenerateArgs& args) {
+  if (args.local) throw duet::Error(duet::Errc::invalid_argument, "--local and --stack exclude each other");
+  duet::client::StackGenerateArgs a;
+  a.stack_id = args.stack;
+  a.json = args.json;
+  a.request.prompt = args.prompt;
+  a.request.max_tokens = args.max_tokens;
+  a.request.sampling = args.sampling;
+  a.request.priority = duet::client::parse_priority(args.priority);
+  a.request.plan = args.plan;
+  duet::client::run_generate_on_stack(a);
+}
+
 void run_generate(GenerateArgs args) {
+  if (!args.stack.empty()) return run_generate_through_stack(args);
   if (!args.local) {
     throw duet::Error(duet::Errc::invalid_argument,
                       "generate needs --local (run in-process); running through the service stack "
@@ -117,6 +138,10 @@ duet::cli::RegisterCommand register_generate([](CLI::App& app) {
   cmd->add_option("--seed", args->sampling.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--threads", args->threads, "Compute threads (0: all cores)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--stack", args->stack, "Run through this running stack's frontend (instead of --local)");
+  cmd->add_option("--priority", args->priority, "With --stack: reactive or proactive")->capture_default_str();
+  cmd->add_option("--plan", args->plan, "With --stack: the plan the stack must be running");
+  cmd->add_flag("--json", args->json, "With --stack: print text, ids and stats as one JSON object");
   cmd->add_option("prompt", args->prompt, "Prompt text")->required();
   cmd->callback([args] { run_generate(*args); });
 });

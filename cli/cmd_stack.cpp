@@ -38,6 +38,8 @@ struct StackArgs {
   std::string stack;
   std::string model = kDefaultModel;
   std::string soc = "sd8gen3";
+  std::string plan;    // the frontend's plan (DUET_PLAN in the services' environment)
+  std::string timing;  // what the solver optimises (DUET_TIMING)
   std::string service;
   int timeout_s = 30;
   int max_restarts = 5;
@@ -218,6 +220,9 @@ void stack_up(const StackArgs& a) {
   const std::string soc = resolve_soc(a.soc);
   (void)ipc_endpoint(supervisor_socket_path(run_dir));  // a too-long run dir fails here
 
+  // The supervisor passes its environment on to the services.
+  if (!a.plan.empty()) setenv("DUET_PLAN", a.plan.c_str(), 1);
+  if (!a.timing.empty()) setenv("DUET_TIMING", a.timing.c_str(), 1);
   const auto t0 = std::chrono::steady_clock::now();
   auto [pid, fd] = spawn_supervisor(a, run_dir, model, soc);
   bool timed_out = false;
@@ -394,6 +399,11 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
   add_stack_opt(up);
   up->add_option("--model", args->model, "GGUF model")->capture_default_str();
   up->add_option("--soc", args->soc, "SoC profile name or .toml path")->capture_default_str();
+  up->add_option("--plan", args->plan,
+                 "auto (default: the solver's), tensor, gpu-only, npu-only, layer or reference")
+      ->check(CLI::IsMember({"auto", "tensor", "gpu-only", "npu-only", "layer", "reference"}));
+  up->add_option("--timing", args->timing, "what the solver optimises: modeled (default) or measured")
+      ->check(CLI::IsMember({"modeled", "measured"}));
   up->add_option("--timeout", args->timeout_s, "seconds to wait for healthy")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));

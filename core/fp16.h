@@ -41,13 +41,15 @@ inline float fp16_to_fp32(uint16_t h) {
 inline uint16_t fp32_to_fp16(float f) {
 #if defined(__F16C__)
   // The vector form: clang's _cvtss_sh macro is a compound literal, an error under -Wpedantic.
-  return static_cast<uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0));
+  return static_cast<uint16_t>(
+      _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0));
 #else
   uint32_t x;
   std::memcpy(&x, &f, sizeof x);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  if (absx >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
   if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (absx < 0x38800000u) {  // subnormal or zero in half
     if (absx < 0x33000000u) return static_cast<uint16_t>(sign);

@@ -22,7 +22,9 @@ struct Matrix {
   int64_t cols = 0;  // input features (GGUF ne0)
   const void* data = nullptr;
   size_t row_bytes() const { return dtype_row_bytes(type, cols); }
-  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
+  const uint8_t* row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + r * row_bytes();
+  }
 };
 
 // Threads used by the ops (default: hardware concurrency). Results do not depend on it.

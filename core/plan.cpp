@@ -8,26 +8,40 @@ namespace duet {
 
 std::string_view matmul_role_name(MatmulRole r) {
   switch (r) {
-    case MatmulRole::q: return "q";
-    case MatmulRole::k: return "k";
-    case MatmulRole::v: return "v";
-    case MatmulRole::o: return "o";
-    case MatmulRole::gate: return "gate";
-    case MatmulRole::up: return "up";
-    case MatmulRole::down: return "down";
-    case MatmulRole::logits: return "logits";
+    case MatmulRole::q:
+      return "q";
+    case MatmulRole::k:
+      return "k";
+    case MatmulRole::v:
+      return "v";
+    case MatmulRole::o:
+      return "o";
+    case MatmulRole::gate:
+      return "gate";
+    case MatmulRole::up:
+      return "up";
+    case MatmulRole::down:
+      return "down";
+    case MatmulRole::logits:
+      return "logits";
   }
   return "?";
 }
 
 std::string_view strategy_name(Strategy s) {
   switch (s) {
-    case Strategy::gpu_only: return "gpu-only";
-    case Strategy::npu_only: return "npu-only";
-    case Strategy::weight_split: return "weight";
-    case Strategy::activation_split: return "activation";
-    case Strategy::hybrid: return "hybrid";
-    case Strategy::padding: return "padding";
+    case Strategy::gpu_only:
+      return "gpu-only";
+    case Strategy::npu_only:
+      return "npu-only";
+    case Strategy::weight_split:
+      return "weight";
+    case Strategy::activation_split:
+      return "activation";
+    case Strategy::hybrid:
+      return "hybrid";
+    case Strategy::padding:
+      return "padding";
   }
   return "?";
 }
@@ -41,10 +55,14 @@ Strategy strategy_from_name(std::string_view name) {
 
 std::string_view npu_graph_mode_name(NpuGraphMode m) {
   switch (m) {
-    case NpuGraphMode::exact: return "exact";
-    case NpuGraphMode::padding: return "padding";
-    case NpuGraphMode::online_prepare: return "online-prepare";
-    case NpuGraphMode::pipe: return "pipe";
+    case NpuGraphMode::exact:
+      return "exact";
+    case NpuGraphMode::padding:
+      return "padding";
+    case NpuGraphMode::online_prepare:
+      return "online-prepare";
+    case NpuGraphMode::pipe:
+      return "pipe";
   }
   return "?";
 }

@@ -8,7 +8,9 @@
 //
 // The interpreter runs a program with the reference ops (core/ops.h). It is the oracle for the
 // device runners, and the in-process executor.
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,7 +59,7 @@ struct ProgramSpec {
   uint32_t kv_pages = 0;        // pages in the KV segment (0 = max_seqs * pages per sequence)
   uint32_t page_tokens = 16;
   uint64_t kv_pages_offset = 0;  // shm::KvPages puts its header first: page 0 starts here
-  uint32_t flag_base = 0;       // first flag index this pair of programs may use
+  uint32_t flag_base = 0;        // first flag index this pair of programs may use
   std::string name;
   std::string arena_segment;
   std::string kv_segment;
@@ -70,7 +72,7 @@ struct BuiltPrograms {
   ArenaPlan arena;
   KvGeometry kv;
   uint32_t max_pages_per_seq = 0;
-  uint32_t n_flags = 0;             // flags used: [flag_base, flag_base + n_flags)
+  uint32_t n_flags = 0;              // flags used: [flag_base, flag_base + n_flags)
   std::vector<uint32_t> done_flags;  // published by each device's last op: the step is done
                                      // when every one of them reaches the step's seq
 };
@@ -103,6 +105,18 @@ struct StepArgs {
   uint64_t tokens_offset = 0;       // arena offset of the token table
   uint64_t page_tables_offset = 0;  // arena offset of the page tables
   uint32_t page_table_cols = 0;     // max pages per sequence
+  // Preemption (Agent.xpu): run ops [first_op, end); a preemptible step stops at the next op
+  // boundary once flag preempt_flag reaches preempt_token (see FlagSync::preempt_requested).
+  uint32_t first_op = 0;
+  int32_t preempt_flag = -1;
+  uint64_t preempt_token = 0;
+};
+
+// Where a step stopped: next_op == the program's op count when it ran to the end.
+struct StepProgress {
+  uint32_t next_op = 0;
+  uint32_t ops_run = 0;
+  bool preempted = false;
 };
 
 // How a device waits for and publishes completion flags. The in-process interpreter uses
@@ -112,11 +126,52 @@ class FlagSync {
   virtual ~FlagSync() = default;
   virtual void wait(uint32_t flag, uint64_t seq, float predicted_us) = 0;  // throws on timeout
   virtual void publish(uint32_t flag, uint64_t seq) = 0;
+  // Preemption: a runner checks this between ops; a preemptible wait returns false (instead of
+  // blocking on) when a preemption is requested while the flag is not yet ready.
+  virtual bool preempt_requested() { return false; }
+  virtual bool wait_or_preempt(uint32_t flag, uint64_t seq, float predicted_us) {
+    wait(flag, seq, predicted_us);
+    return true;
+  }
 };
 
-// Runs every op of `program` with the reference ops. Token rows of the step are read from the
-// token table; positions, sequences and logits rows likewise.
-void interpret_program(const fb::ProgramT& program, const ProgramMemory& mem, const StepArgs& step,
-                       FlagSync& flags);
+// The FlagSync of a preemptible step (any runner): publishes and waits through `inner`, but a
+// wait on a flag is done in short slices (wait_until: true once the flag reaches seq, false at
+// the slice's end) so that a preemption request (flag step.preempt_flag reaching
+// step.preempt_token, read with `load`) ends it: the other device may have stopped before
+// publishing what this op waits for. Without a preempt flag it is `inner`.
+class PreemptibleFlagSync : public FlagSync {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Load = std::function<uint64_t(uint32_t flag)>;
+  using WaitUntil =
+      std::function<bool(uint32_t flag, uint64_t seq, float predicted_us, Clock::time_point until)>;
+  PreemptibleFlagSync(FlagSync& inner, const StepArgs& step, Clock::time_point deadline, Load load,
+                      WaitUntil wait_until)
+      : inner_(inner),
+        step_(step),
+        deadline_(deadline),
+        load_(std::move(load)),
+        wait_until_(std::move(wait_until)) {}
+  void wait(uint32_t flag, uint64_t seq, float predicted_us) override {
+    inner_.wait(flag, seq, predicted_us);
+  }
+  void publish(uint32_t flag, uint64_t seq) override { inner_.publish(flag, seq); }
+  bool preempt_requested() override;
+  bool wait_or_preempt(uint32_t flag, uint64_t seq, float predicted_us) override;
+
+ private:
+  FlagSync& inner_;
+  StepArgs step_;
+  Clock::time_point deadline_;
+  Load load_;
+  WaitUntil wait_until_;
+};
+
+// Runs ops [step.first_op, end) of `program` with the reference ops. Token rows of the step are
+// read from the token table; positions, sequences and logits rows likewise. Stops at an op
+// boundary (before an op's waits, or in them) when flags.preempt_requested().
+StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory& mem,
+                               const StepArgs& step, FlagSync& flags);
 
 }  // namespace duet

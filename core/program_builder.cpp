@@ -10,7 +10,9 @@ namespace duet {
 namespace {
 
 constexpr uint64_t kAlign = 64;
-uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+uint64_t align_up(uint64_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
 
 fb::TensorRef arena_ref(uint64_t offset, uint32_t rows, uint32_t cols) {
   return fb::TensorRef(fb::SegmentKind::Arena, fb::DTypeCode::F32, offset, rows, cols);
@@ -176,7 +178,8 @@ void Builder::matmul(MatmulRole role, int layer, const ops::Matrix& w, uint64_t 
 BuiltPrograms Builder::build() {
   const LlamaHparams& hp = model_.hp();
   if (spec_.max_tokens == 0 || spec_.max_seqs == 0 || spec_.max_logit_rows == 0)
-    throw Error(Errc::invalid_argument, "program spec: max_tokens, max_seqs and max_logit_rows must be > 0");
+    throw Error(Errc::invalid_argument,
+                "program spec: max_tokens, max_seqs and max_logit_rows must be > 0");
   const uint32_t nt = spec_.max_tokens;
   const uint32_t embd = static_cast<uint32_t>(hp.n_embd);
   const uint32_t qdim = static_cast<uint32_t>(hp.n_head * hp.head_dim);

@@ -19,9 +19,12 @@ std::string op_name(const fb::OpT& op, size_t index) {
 
 uint64_t segment_size(const ProgramMemory& mem, fb::SegmentKind s) {
   switch (s) {
-    case fb::SegmentKind::Weights: return mem.weights_bytes;
-    case fb::SegmentKind::Arena: return mem.arena_bytes;
-    case fb::SegmentKind::Kv: return mem.kv_bytes;
+    case fb::SegmentKind::Weights:
+      return mem.weights_bytes;
+    case fb::SegmentKind::Arena:
+      return mem.arena_bytes;
+    case fb::SegmentKind::Kv:
+      return mem.kv_bytes;
   }
   return 0;
 }
@@ -34,23 +37,28 @@ void check_ref(const fb::TensorRef* ref, const ProgramMemory& mem, const std::st
   }
   const uint32_t raw = static_cast<uint32_t>(ref->dtype());
   if (!dtype_known(raw))
-    throw Error(Errc::invalid_argument, where + ": " + what + " has unknown dtype " + std::to_string(raw));
+    throw Error(Errc::invalid_argument,
+                where + ": " + what + " has unknown dtype " + std::to_string(raw));
   const DType dt = static_cast<DType>(raw);
   if (ref->cols() % dtype_block_elems(dt) != 0)
-    throw Error(Errc::invalid_argument, where + ": " + what + " cols not a multiple of the block size");
+    throw Error(Errc::invalid_argument,
+                where + ": " + what + " cols not a multiple of the block size");
   const uint64_t bytes = uint64_t{ref->rows()} * dtype_row_bytes(dt, ref->cols());
   const uint64_t size = segment_size(mem, ref->segment());
   if (ref->offset() > size || bytes > size - ref->offset())
-    throw Error(Errc::out_of_range, where + ": " + what + " [" + std::to_string(ref->offset()) + ", +" +
-                                        std::to_string(bytes) + ") lies outside its segment of " +
-                                        std::to_string(size) + " bytes");
+    throw Error(Errc::out_of_range, where + ": " + what + " [" + std::to_string(ref->offset()) +
+                                        ", +" + std::to_string(bytes) +
+                                        ") lies outside its segment of " + std::to_string(size) +
+                                        " bytes");
 }
 
 template <typename T>
 T* at(const ProgramMemory& mem, const fb::TensorRef& ref) {
   switch (ref.segment()) {
-    case fb::SegmentKind::Arena: return reinterpret_cast<T*>(mem.arena + ref.offset());
-    case fb::SegmentKind::Kv: return reinterpret_cast<T*>(mem.kv + ref.offset());
+    case fb::SegmentKind::Arena:
+      return reinterpret_cast<T*>(mem.arena + ref.offset());
+    case fb::SegmentKind::Kv:
+      return reinterpret_cast<T*>(mem.kv + ref.offset());
     case fb::SegmentKind::Weights:
       return reinterpret_cast<T*>(const_cast<uint8_t*>(mem.weights) + ref.offset());
   }
@@ -58,7 +66,8 @@ T* at(const ProgramMemory& mem, const fb::TensorRef& ref) {
 }
 
 ops::Matrix matrix(const ProgramMemory& mem, const fb::TensorRef& ref) {
-  return ops::Matrix{static_cast<DType>(ref.dtype()), ref.rows(), ref.cols(), at<const uint8_t>(mem, ref)};
+  return ops::Matrix{static_cast<DType>(ref.dtype()), ref.rows(), ref.cols(),
+                     at<const uint8_t>(mem, ref)};
 }
 
 struct TokenRow {
@@ -66,6 +75,30 @@ struct TokenRow {
 };
 
 }  // namespace
+
+bool PreemptibleFlagSync::preempt_requested() {
+  return step_.preempt_flag >= 0 &&
+         load_(static_cast<uint32_t>(step_.preempt_flag)) >= step_.preempt_token;
+}
+
+bool PreemptibleFlagSync::wait_or_preempt(uint32_t flag, uint64_t seq, float predicted_us) {
+  if (step_.preempt_flag < 0) {
+    inner_.wait(flag, seq, predicted_us);
+    return true;
+  }
+  // Slices short against an op (~100s of us) so that the preemption latency stays the longest
+  // op's time plus one slice.
+  constexpr auto kSlice = std::chrono::microseconds(200);
+  for (;;) {
+    if (load_(flag) >= seq) return true;
+    if (preempt_requested()) return false;
+    const auto now = Clock::now();
+    if (now >= deadline_)
+      throw Error(Errc::timeout, "flag " + std::to_string(flag) + " did not reach step " +
+                                     std::to_string(seq) + " before the deadline");
+    if (wait_until_(flag, seq, predicted_us, std::min(deadline_, now + kSlice))) return true;
+  }
+}
 
 void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
   if (program.max_tokens == 0) throw Error(Errc::invalid_argument, "program: max_tokens is 0");
@@ -110,7 +143,8 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
       if (op.row_begin > row_end || row_end > w.rows())
         throw Error(Errc::out_of_range, where + ": row range outside the weight");
     }
-    if (op.kind == fb::OpKind::Rope || op.kind == fb::OpKind::Attention || op.kind == fb::OpKind::KvWrite) {
+    if (op.kind == fb::OpKind::Rope || op.kind == fb::OpKind::Attention ||
+        op.kind == fb::OpKind::KvWrite) {
       if (op.head_dim == 0 || op.n_heads == 0 || op.head_dim % 2 != 0)
         throw Error(Errc::invalid_argument, where + ": bad head geometry");
       if (op.kind == fb::OpKind::Rope && op.in0->cols() != uint32_t{op.n_heads} * op.head_dim)
@@ -118,7 +152,8 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
       if (op.kind == fb::OpKind::Attention &&
           (op.n_kv_heads == 0 || op.n_heads % op.n_kv_heads != 0 ||
            uint32_t{op.n_kv_heads} * op.head_dim != kv.kv_dim))
-        throw Error(Errc::invalid_argument, where + ": attention heads disagree with the KV layout");
+        throw Error(Errc::invalid_argument,
+                    where + ": attention heads disagree with the KV layout");
       if (op.kind == fb::OpKind::KvWrite && op.in0->cols() != kv.kv_dim)
         throw Error(Errc::invalid_argument, where + ": KV write width != kv_dim");
       if (op.layer < 0 || static_cast<uint32_t>(op.layer) >= kv.n_layers)
@@ -129,8 +164,12 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
   }
 }
 
-void interpret_program(const fb::ProgramT& program, const ProgramMemory& mem, const StepArgs& step,
-                       FlagSync& flags) {
+StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory& mem,
+                               const StepArgs& step, FlagSync& flags) {
+  if (step.first_op > program.ops.size())
+    throw Error(Errc::out_of_range, "step: first_op " + std::to_string(step.first_op) +
+                                        " past the program's " +
+                                        std::to_string(program.ops.size()) + " ops");
   if (step.n_tokens == 0 || step.n_tokens > program.max_tokens)
     throw Error(Errc::out_of_range, "step: n_tokens " + std::to_string(step.n_tokens) +
                                         " outside [1, " + std::to_string(program.max_tokens) + "]");
@@ -146,23 +185,37 @@ void interpret_program(const fb::ProgramT& program, const ProgramMemory& mem, co
     if (rows[t].seq < 0 || static_cast<uint32_t>(rows[t].seq) >= step.n_seqs)
       throw Error(Errc::out_of_range, "step: token " + std::to_string(t) + " names sequence " +
                                           std::to_string(rows[t].seq));
-    if (rows[t].pos < 0 || static_cast<uint32_t>(rows[t].pos) >= step.page_table_cols * kv.page_tokens)
-      throw Error(Errc::out_of_range, "step: position " + std::to_string(rows[t].pos) + " past the context");
+    if (rows[t].pos < 0 ||
+        static_cast<uint32_t>(rows[t].pos) >= step.page_table_cols * kv.page_tokens)
+      throw Error(Errc::out_of_range,
+                  "step: position " + std::to_string(rows[t].pos) + " past the context");
   }
   // Address of the K (which = 0) or V (which = 1) row of a position of a sequence.
   auto kv_row = [&](int layer, int which, int seq, int pos) {
-    const int32_t page = page_tables[static_cast<size_t>(seq) * step.page_table_cols + pos / kv.page_tokens];
+    const int32_t page =
+        page_tables[static_cast<size_t>(seq) * step.page_table_cols + pos / kv.page_tokens];
     if (page < 0 || static_cast<uint32_t>(page) >= kv.n_pages)
       throw Error(Errc::out_of_range, "step: page table names page " + std::to_string(page));
-    const uint64_t off = kv.pages_offset + uint64_t(page) * kv.page_bytes +
-                         ((uint64_t(layer) * 2 + which) * kv.page_tokens + pos % kv.page_tokens) * kv.kv_dim * 4;
+    const uint64_t off =
+        kv.pages_offset + uint64_t(page) * kv.page_bytes +
+        ((uint64_t(layer) * 2 + which) * kv.page_tokens + pos % kv.page_tokens) * kv.kv_dim * 4;
     return reinterpret_cast<float*>(mem.kv + off);
   };
 
   std::vector<float> k_scratch, v_scratch;
-  for (const auto& op_ptr : program.ops) {
-    const fb::OpT& op = *op_ptr;
-    for (uint32_t f : op.wait_flags) flags.wait(f, step.seq, op.predicted_us);
+  StepProgress progress{step.first_op, 0, false};
+  for (uint32_t i = step.first_op; i < program.ops.size(); ++i) {
+    const fb::OpT& op = *program.ops[i];
+    // Preemption point: between ops, and inside cross-device waits (the other device may have
+    // stopped before publishing what this op waits for). Nothing of op i has run yet.
+    bool go = !flags.preempt_requested();
+    for (size_t w = 0; go && w < op.wait_flags.size(); ++w)
+      go = flags.wait_or_preempt(op.wait_flags[w], step.seq, op.predicted_us);
+    if (!go) {
+      progress.next_op = i;
+      progress.preempted = true;
+      return progress;
+    }
     switch (op.kind) {
       case fb::OpKind::Embed:
         ops::embed(matrix(mem, *op.weight), token_ids.data(), n, at<float>(mem, *op.out));
@@ -174,7 +227,8 @@ void interpret_program(const fb::ProgramT& program, const ProgramMemory& mem, co
       case fb::OpKind::MatMul: {
         const ops::Matrix w = matrix(mem, *op.weight);
         const int t0 = static_cast<int>(std::min<uint32_t>(op.seq_begin, step.n_tokens));
-        const int t1 = static_cast<int>(op.seq_end ? std::min<uint32_t>(op.seq_end, step.n_tokens) : step.n_tokens);
+        const int t1 = static_cast<int>(op.seq_end ? std::min<uint32_t>(op.seq_end, step.n_tokens)
+                                                   : step.n_tokens);
         if (t1 > t0)
           ops::matmul(w, at<float>(mem, *op.in0) + size_t(t0) * w.cols, t1 - t0,
                       at<float>(mem, *op.out) + size_t(t0) * w.rows, op.row_begin,
@@ -184,7 +238,8 @@ void interpret_program(const fb::ProgramT& program, const ProgramMemory& mem, co
       case fb::OpKind::Logits: {
         const ops::Matrix w = matrix(mem, *op.weight);
         const uint32_t t0 = std::min<uint32_t>(op.seq_begin, step.n_tokens);
-        const uint32_t t1 = op.seq_end ? std::min<uint32_t>(op.seq_end, step.n_tokens) : step.n_tokens;
+        const uint32_t t1 =
+            op.seq_end ? std::min<uint32_t>(op.seq_end, step.n_tokens) : step.n_tokens;
         for (uint32_t t = t0; t < t1; ++t) {
           if (rows[t].logits_row < 0) continue;
           if (static_cast<uint32_t>(rows[t].logits_row) >= op.out->rows())
@@ -196,14 +251,17 @@ void interpret_program(const fb::ProgramT& program, const ProgramMemory& mem, co
         break;
       }
       case fb::OpKind::Rope:
-        ops::rope(at<float>(mem, *op.in0), n, op.n_heads, op.head_dim, positions.data(), op.freq_base);
+        ops::rope(at<float>(mem, *op.in0), n, op.n_heads, op.head_dim, positions.data(),
+                  op.freq_base);
         break;
       case fb::OpKind::KvWrite: {
         const float* k = at<float>(mem, *op.in0);
         const float* v = at<float>(mem, *op.in1);
         for (int t = 0; t < n; ++t) {
-          std::memcpy(kv_row(op.layer, 0, rows[t].seq, rows[t].pos), k + size_t(t) * kv.kv_dim, kv.kv_dim * 4);
-          std::memcpy(kv_row(op.layer, 1, rows[t].seq, rows[t].pos), v + size_t(t) * kv.kv_dim, kv.kv_dim * 4);
+          std::memcpy(kv_row(op.layer, 0, rows[t].seq, rows[t].pos), k + size_t(t) * kv.kv_dim,
+                      kv.kv_dim * 4);
+          std::memcpy(kv_row(op.layer, 1, rows[t].seq, rows[t].pos), v + size_t(t) * kv.kv_dim,
+                      kv.kv_dim * 4);
         }
         break;
       }
@@ -215,12 +273,15 @@ void interpret_program(const fb::ProgramT& program, const ProgramMemory& mem, co
           k_scratch.resize(size_t(len) * kv.kv_dim);
           v_scratch.resize(size_t(len) * kv.kv_dim);
           for (int p = 0; p < len; ++p) {
-            std::memcpy(&k_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 0, rows[t].seq, p), kv.kv_dim * 4);
-            std::memcpy(&v_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 1, rows[t].seq, p), kv.kv_dim * 4);
+            std::memcpy(&k_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 0, rows[t].seq, p),
+                        kv.kv_dim * 4);
+            std::memcpy(&v_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 1, rows[t].seq, p),
+                        kv.kv_dim * 4);
           }
           const int32_t pos = rows[t].pos;
-          ops::attention(at<float>(mem, *op.in0) + size_t(t) * width, k_scratch.data(), v_scratch.data(), 1,
-                         &pos, op.n_heads, op.n_kv_heads, op.head_dim, at<float>(mem, *op.out) + size_t(t) * width);
+          ops::attention(at<float>(mem, *op.in0) + size_t(t) * width, k_scratch.data(),
+                         v_scratch.data(), 1, &pos, op.n_heads, op.n_kv_heads, op.head_dim,
+                         at<float>(mem, *op.out) + size_t(t) * width);
         }
         break;
       }
@@ -238,7 +299,10 @@ void interpret_program(const fb::ProgramT& program, const ProgramMemory& mem, co
       }
     }
     if (op.publish_flag >= 0) flags.publish(static_cast<uint32_t>(op.publish_flag), step.seq);
+    ++progress.ops_run;
   }
+  progress.next_op = static_cast<uint32_t>(program.ops.size());
+  return progress;
 }
 
 }  // namespace duet

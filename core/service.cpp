@@ -1,5 +1,7 @@
 #include "core/service.h"
 
+#include "core/model_access.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/sinks/basic_file_sink.h>
@@ -247,11 +249,16 @@ int service_main(int argc, char** argv, ServiceId id,
   app.add_option("--model", o.model_path, "GGUF model path");
   app.add_option("--soc", o.soc, "SoC profile name or path")->capture_default_str();
   app.add_flag("--log-stderr", o.log_to_stderr, "also log to stderr");
+  std::vector<std::string> model_dirs;
+  app.add_option("--model-dir", model_dirs,
+                 "another directory whose models peers may name (also DUET_MODEL_DIRS)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // Peers may name model files only inside these (core/model_access.h).
+  allow_model_dirs(model_dirs_for(o.model_path, model_dirs));
 
   umask(0077);
   // Die with the supervisor: an orphaned service would hold the stack's sockets and segments.

@@ -18,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (const auto* reg = m->body_as_RegisterProgram(); reg && reg->program()) {
       std::unique_ptr<duet::fb::ProgramT> p(reg->program()->UnPack());
       std::vector<uint8_t> arena(4096), kv(4096), weights(4096);
-      duet::ProgramMemory mem{arena.data(), arena.size(), kv.data(), kv.size(), weights.data(), weights.size()};
+      duet::ProgramMemory mem{arena.data(), arena.size(),   kv.data(),
+                              kv.size(),    weights.data(), weights.size()};
       duet::validate_program(*p, mem);
     }
   } catch (const duet::Error&) {

@@ -12,6 +12,7 @@
 
 #include "core/messaging.h"
 #include "core/run_dir.h"
+#include "shm/completion_flag.h"
 #include "shm/segment.h"
 
 extern char** environ;
@@ -185,6 +186,7 @@ struct Supervisor::Impl {
       continue_stop();
       return;
     }
+    bump_stack_epoch(c);
     if (c.manual_restart) {
       c.manual_restart = false;
       ++c.restarts;
@@ -195,6 +197,23 @@ struct Supervisor::Impl {
     }
     log->warn("{} pid {} {}", c.name, old_pid, c.last_exit);
     on_crash(c, c.last_exit);
+  }
+
+  // A dead producer must never hang a consumer: bumping the stack epoch in the flag table (once
+  // the frontend has made one) wakes every flag waiter at once, so the executor notices within
+  // microseconds instead of at its deadline, and re-runs the step when the service is back.
+  void bump_stack_epoch(const Child& c) {
+    const std::string prefix = shm::segment_name(opt.stack_id, "flags");
+    for (const std::string& name : shm::list_stack_segments(opt.stack_id)) {
+      if (name.rfind(prefix, 0) != 0) continue;  // flags, flags.<plan>, ...
+      try {
+        shm::Segment seg = shm::Segment::open(name);
+        const uint64_t epoch = shm::FlagTable::attach(seg).bump_epoch();
+        log->info("{} died: epoch of {} is now {}", c.name, name, epoch);
+      } catch (const Error& e) {
+        log->warn("{} died: could not bump the epoch of {}: {}", c.name, name, e.what());
+      }
+    }
   }
 
   void on_crash(Child& c, const std::string& why) {

@@ -25,9 +25,9 @@ struct SeqStep {
 };
 
 struct StepStats {
-  double measured_us = 0;    // wall time of the step here
-  double modeled_us = 0;     // the step on the SoC profile (0 when the engine has no model)
-  double flag_wait_us = 0;   // time spent waiting on completion flags
+  double measured_us = 0;   // wall time of the step here
+  double modeled_us = 0;    // the step on the SoC profile (0 when the engine has no model)
+  double flag_wait_us = 0;  // time spent waiting on completion flags
   uint64_t kv_bytes_copied = 0;
   uint32_t n_tokens = 0;
 };

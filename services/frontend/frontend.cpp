@@ -428,7 +428,9 @@ void Frontend::on_eval(const std::vector<std::string>& routing, uint64_t id, con
   if (requests_.count(key))
     throw Error(Errc::invalid_argument,
                 "request id " + std::to_string(id) + " is already in flight on this connection");
-  check_plan(e.plan());
+  const bool other_plan = e.plan() && e.plan()->size() > 0 && e.plan()->string_view() != "auto" &&
+                          e.plan()->string_view() != engine_->plan_name() && options_.make_engine;
+  if (!other_plan) check_plan(e.plan());
   if (e.model_path() && e.model_path()->size() > 0) {
     namespace fs = std::filesystem;
     std::error_code ec1, ec2;
@@ -457,6 +459,10 @@ void Frontend::on_eval(const std::vector<std::string>& routing, uint64_t id, con
                                               std::to_string(tokenizer_.n_vocab()) + ")");
     r->prompt.push_back(t);
   }
+  if (other_plan) {
+    eval_on_plan(routing, id, e.plan()->str(), r->prompt);
+    return;
+  }
   r->prompt_tokens = static_cast<uint32_t>(r->prompt.size());
   r->max_positions = static_cast<int>(r->prompt.size());
   r->seq_id = next_seq_id_++;
@@ -464,6 +470,40 @@ void Frontend::on_eval(const std::vector<std::string>& routing, uint64_t id, con
   scheduler_.enqueue(r.get());
   ++metrics_.received;
   requests_.emplace(std::move(key), std::move(r));
+}
+
+void Frontend::eval_on_plan(const std::vector<std::string>& routing, uint64_t id,
+                            const std::string& plan, const std::vector<int32_t>& ids) {
+  if (std::find(kKnownPlans.begin(), kKnownPlans.end(), plan) == kKnownPlans.end())
+    throw Error(Errc::invalid_argument, "unknown plan '" + plan +
+                                            "' (plans: reference, gpu-only, npu-only, layer, tensor, auto)");
+  auto& engine = plan_engines_[plan];
+  if (!engine) engine = options_.make_engine(plan);
+  // Every position's logits: one-token entries of the one sequence, in chunks a step can take.
+  const uint64_t seq = next_seq_id_++;
+  engine->open_seq(seq, static_cast<int>(ids.size()));
+  std::vector<float> logits;
+  try {
+    const size_t chunk = static_cast<size_t>(std::max(1, std::min(engine->max_step_tokens(), 16)));
+    for (size_t p = 0; p < ids.size(); p += chunk) {
+      std::vector<SeqStep> batch;
+      for (size_t q = p; q < std::min(ids.size(), p + chunk); ++q)
+        batch.push_back({seq, {ids[q]}, static_cast<int32_t>(q), true});
+      const std::vector<float> out = engine->step(batch, nullptr);
+      logits.insert(logits.end(), out.begin(), out.end());
+    }
+  } catch (...) {
+    engine->close_seq(seq);
+    throw;
+  }
+  engine->close_seq(seq);
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateEvalReplyDirect(fbb, static_cast<uint32_t>(ids.size()),
+                                         static_cast<uint32_t>(tokenizer_.n_vocab()), &logits);
+  fbb.Finish(fbc::CreateClientMessage(fbb, id, fbc::ClientBody::EvalReply, body.Union()),
+             fbc::ClientMessageIdentifier());
+  (void)send_to(routing, msg::Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()));
+  ++metrics_.completed;
 }
 
 void Frontend::on_cancel(const std::vector<std::string>& routing, uint64_t id, uint64_t target) {

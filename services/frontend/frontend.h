@@ -28,6 +28,7 @@
 #include "core/messaging.h"
 #include "core/tokenizer.h"
 #include "services/frontend/engine.h"
+#include <functional>
 #include "services/frontend/request.h"
 #include "services/frontend/scheduler.h"
 
@@ -43,6 +44,9 @@ struct FrontendOptions {
   size_t max_stop_bytes = 256;
   size_t max_prompt_bytes = size_t{1} << 20;
   size_t max_outbox = 4096;  // unsent messages per request before its client counts as gone
+  // Engines for plans other than the stack's own, made on first use (eval --plan P checks every
+  // plan against the same stack). Null: only the stack's plan is served.
+  std::function<std::unique_ptr<Engine>(const std::string& plan)> make_engine;
 };
 
 // Aggregates over every finished request (per stack).
@@ -107,6 +111,9 @@ class Frontend {
   void on_close_session(const std::vector<std::string>& routing, uint64_t id, uint64_t session);
   void check_plan(const flatbuffers::String* plan) const;
   SendResult send_to(const std::vector<std::string>& routing, std::span<const uint8_t> bytes);
+  // An eval on another plan's engine, run to completion at once (eval is one request).
+  void eval_on_plan(const std::vector<std::string>& routing, uint64_t id, const std::string& plan,
+                    const std::vector<int32_t>& ids);
   void reply_error(const std::vector<std::string>& routing, uint64_t id, Errc code,
                    const std::string& message);
   // Queues `bytes` for the request's client; a vanished client marks the request "disconnected".
@@ -127,6 +134,7 @@ class Frontend {
   msg::Bytes make_done(const Request& r) const;
 
   std::unique_ptr<Engine> engine_;
+  std::map<std::string, std::unique_ptr<Engine>> plan_engines_;  // options_.make_engine's
   FrontendOptions options_;
   Tokenizer tokenizer_;
   std::string socket_path_;

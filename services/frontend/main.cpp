@@ -2,17 +2,18 @@
 // service has (answered by core/service.h), and the client socket frontend.sock that `duet
 // generate/chat/eval/status` talk to (schemas/client.fbs), served by frontend::Frontend.
 //
-// The engine: DUET_PLAN=reference (the default until the device executor is wired here) runs
-// core ReferenceForward in this process.
+// The plan (DUET_PLAN, passed through by the supervisor; `duet stack up --plan`): auto (the
+// default: the solver's choice), tensor, gpu-only, npu-only, layer, or reference (core
+// ReferenceForward in this process). Eval requests may name any other plan; its engine is made
+// on first use (services/frontend/stack_engines.h).
 #include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "core/error.h"
-#include "core/model.h"
 #include "core/service.h"
 #include "services/frontend/frontend.h"
-#include "services/frontend/reference_engine.h"
+#include "services/frontend/stack_engines.h"
 
 namespace {
 
@@ -24,22 +25,28 @@ std::string env_or(const char* name, const char* fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::unique_ptr<duet::LlamaModel> model;
   std::unique_ptr<duet::frontend::Frontend> frontend;
   const int rc =
       duet::service_main(argc, argv, duet::ServiceId::frontend, [&](duet::ServiceLoop& loop) {
         using namespace duet;
-        const std::string plan = env_or("DUET_PLAN", "reference");
+        const std::string plan = env_or("DUET_PLAN", "auto");
         if (loop.options().model_path.empty())
           throw Error(Errc::invalid_argument, "frontend: --model is required");
-        if (plan != "reference")
-          throw Error(Errc::unsupported, "frontend: plan '" + plan +
-                                             "' needs the device executor, which is not wired into "
-                                             "the frontend yet (DUET_PLAN=reference works)");
-        model = LlamaModel::load(loop.options().model_path);
+        frontend::StackEngineConfig config;
+        config.stack_id = loop.options().stack_id;
+        config.run_dir = loop.run_dir();
+        config.model_path = loop.options().model_path;
+        config.soc = loop.options().soc;
+        config.timing = env_or("DUET_TIMING", "modeled");
+        config.max_ctx = std::atoi(env_or("DUET_MAX_CTX", "0").c_str());
+        frontend::FrontendOptions options;
+        config.max_seqs = options.max_running;
+        options.make_engine = [config, instance = 1u](const std::string& p) mutable {
+          return frontend::make_stack_engine(config, p, instance++);
+        };
         frontend = std::make_unique<frontend::Frontend>(
-            std::make_unique<frontend::ReferenceEngine>(*model), loop.run_dir());
-        loop.log().info("serving {} with plan {} on {}", loop.options().model_path, plan,
+            frontend::make_stack_engine(config, plan, 0), loop.run_dir(), options);
+        loop.log().info("serving {} with plan {} on {}", config.model_path, plan,
                         frontend->socket_path());
         // Steps run from the loop's hooks with a time budget, so the control socket (heartbeats)
         // is answered between them; a short idle tick keeps the gap between budgets small.
@@ -54,6 +61,6 @@ int main(int argc, char** argv) {
         loop.set_idle(pump, 2);
         loop.set_status([&] { return frontend->status(); });
       });
-  frontend.reset();  // before the model it reads
+  frontend.reset();
   return rc;
 }

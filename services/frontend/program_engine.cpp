@@ -30,32 +30,56 @@ double us_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
 
+std::string tagged(const std::string& stack, const char* what, const std::string& tag) {
+  return shm::segment_name(stack, tag.empty() ? std::string(what) : std::string(what) + "." + tag);
+}
+
 }  // namespace
+
+std::string ProgramEngine::arena_name(const std::string& stack, const std::string& tag) {
+  return tagged(stack, "arena", tag);
+}
+std::string ProgramEngine::kv_name(const std::string& stack, const std::string& tag) {
+  return tagged(stack, "kv", tag);
+}
+std::string ProgramEngine::flags_name(const std::string& stack, const std::string& tag) {
+  return tagged(stack, "flags", tag);
+}
 
 ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<LlamaModel> model,
                              std::unique_ptr<DeviceLink> gpu, std::unique_ptr<DeviceLink> npu)
-    : options_(std::move(options)), model_(std::move(model)), gpu_(std::move(gpu)), npu_(std::move(npu)) {
-  if (!model_ || !gpu_) throw Error(Errc::invalid_argument, "program engine: needs a model and a GPU");
-  if (options_.buckets.empty()) throw Error(Errc::invalid_argument, "program engine: no token buckets");
+    : options_(std::move(options)),
+      model_(std::move(model)),
+      gpu_(std::move(gpu)),
+      npu_(std::move(npu)) {
+  if (!model_ || !gpu_)
+    throw Error(Errc::invalid_argument, "program engine: needs a model and a GPU");
+  if (options_.buckets.empty())
+    throw Error(Errc::invalid_argument, "program engine: no token buckets");
   std::sort(options_.buckets.begin(), options_.buckets.end());
   const LlamaHparams& hp = model_->hp();
   const uint32_t max_ctx = options_.max_ctx ? options_.max_ctx : static_cast<uint32_t>(hp.n_ctx);
   options_.max_ctx = max_ctx;
   max_pages_per_seq_ = (max_ctx + options_.page_tokens - 1) / options_.page_tokens;
-  const uint32_t n_pages = options_.kv_pages ? options_.kv_pages : max_pages_per_seq_ * options_.max_seqs;
-  const uint64_t page_bytes = uint64_t{static_cast<uint32_t>(hp.n_layer)} * 2 * options_.page_tokens *
+  const uint32_t n_pages =
+      options_.kv_pages ? options_.kv_pages : max_pages_per_seq_ * options_.max_seqs;
+  const uint64_t page_bytes = uint64_t{static_cast<uint32_t>(hp.n_layer)} * 2 *
+                              options_.page_tokens *
                               static_cast<uint64_t>(hp.n_head_kv * hp.head_dim) * 4;
 
   // A frontend that crashed left its segments behind: this engine owns those names, so it removes
   // them (services holding the old mappings re-map when the programs are registered again).
-  for (const std::string& name : {arena_name(options_.stack_id), kv_name(options_.stack_id), flags_name(options_.stack_id)}) {
+  for (const std::string& name : {arena_name(options_.stack_id, options_.segment_tag),
+                                  kv_name(options_.stack_id, options_.segment_tag),
+                                  flags_name(options_.stack_id, options_.segment_tag)}) {
     try {
       shm::Segment::open(name).unlink();
     } catch (const Error&) {
     }
   }
   // KV pages first: the programs need where page 0 starts.
-  kv_seg_ = shm::Segment::create(kv_name(options_.stack_id), shm::KvPages::bytes_for(n_pages, page_bytes));
+  kv_seg_ = shm::Segment::create(kv_name(options_.stack_id, options_.segment_tag),
+                                 shm::KvPages::bytes_for(n_pages, page_bytes));
   kv_pages_.emplace(shm::KvPages::format(kv_seg_, n_pages, page_bytes));
 
   uint64_t arena_bytes = 0;
@@ -72,19 +96,24 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
     spec.page_tokens = options_.page_tokens;
     spec.kv_pages_offset = kv_pages_->page_offset(0);
     spec.name = options_.plan_name + "/" + std::to_string(b);
-    spec.arena_segment = arena_name(options_.stack_id);
-    spec.kv_segment = kv_name(options_.stack_id);
-    spec.flags_segment = flags_name(options_.stack_id);
+    spec.arena_segment = arena_name(options_.stack_id, options_.segment_tag);
+    spec.kv_segment = kv_name(options_.stack_id, options_.segment_tag);
+    spec.flags_segment = flags_name(options_.stack_id, options_.segment_tag);
     Bucket bucket{b, spec.plan, build_programs(spec)};
     arena_bytes = std::max(arena_bytes, bucket.programs.arena.bytes);
     n_flags = std::max(n_flags, bucket.programs.n_flags);
     if (!bucket.programs.npu.ops.empty() && !npu_)
-      throw Error(Errc::invalid_argument, "plan '" + spec.plan.name + "' uses the NPU but there is none");
+      throw Error(Errc::invalid_argument,
+                  "plan '" + spec.plan.name + "' uses the NPU but there is none");
     buckets_.push_back(std::move(bucket));
   }
-  arena_seg_ = shm::Segment::create(arena_name(options_.stack_id), arena_bytes);
-  flags_seg_ = shm::Segment::create(flags_name(options_.stack_id), shm::FlagTable::bytes_for(n_flags));
-  flags_ = shm::FlagTable::format(flags_seg_, n_flags);
+  arena_seg_ =
+      shm::Segment::create(arena_name(options_.stack_id, options_.segment_tag), arena_bytes);
+  // One flag past the programs' own: the preempt word (see request_preempt).
+  preempt_flag_ = n_flags;
+  flags_seg_ = shm::Segment::create(flags_name(options_.stack_id, options_.segment_tag),
+                                    shm::FlagTable::bytes_for(n_flags + 1));
+  flags_ = shm::FlagTable::format(flags_seg_, n_flags + 1);
 
   reregister(*gpu_);
   if (npu_) reregister(*npu_);
@@ -104,61 +133,135 @@ void ProgramEngine::reregister(DeviceLink& device) {
   const bool is_gpu = &device == gpu_.get();
   for (size_t i = 0; i < buckets_.size(); ++i) {
     const fb::ProgramT& p = is_gpu ? buckets_[i].programs.gpu : buckets_[i].programs.npu;
-    if (!p.ops.empty()) device.register_program(static_cast<uint32_t>(i * 2 + (is_gpu ? 0 : 1)), p);
+    if (!p.ops.empty()) device.register_program(program_id(i, is_gpu), p);
   }
 }
 
 ProgramMemory ProgramEngine::memory() const {
-  return {arena_seg_.data(), arena_seg_.size(), kv_seg_.data(), kv_seg_.size(), model_->file().data(),
-          model_->file().size()};
+  return {arena_seg_.data(), arena_seg_.size(),     kv_seg_.data(),
+          kv_seg_.size(),    model_->file().data(), model_->file().size()};
 }
 
 const ProgramEngine::Bucket& ProgramEngine::bucket_for(uint32_t n_tokens) const {
   for (const Bucket& b : buckets_)
     if (n_tokens <= b.max_tokens) return b;
-  throw Error(Errc::invalid_argument, "a step of " + std::to_string(n_tokens) + " tokens exceeds the largest bucket (" +
+  throw Error(Errc::invalid_argument, "a step of " + std::to_string(n_tokens) +
+                                          " tokens exceeds the largest bucket (" +
                                           std::to_string(buckets_.back().max_tokens) + ")");
 }
 
 void ProgramEngine::open_seq(uint64_t seq_id, int max_positions) {
-  if (seq_id == shm::KvPages::kFree) throw Error(Errc::invalid_argument, "sequence id 0 is reserved");
+  if (seq_id == shm::KvPages::kFree)
+    throw Error(Errc::invalid_argument, "sequence id 0 is reserved");
   if (max_positions <= 0 || static_cast<uint32_t>(max_positions) > options_.max_ctx)
     throw Error(Errc::out_of_range, "a sequence of " + std::to_string(max_positions) +
-                                        " positions exceeds the context of " + std::to_string(options_.max_ctx));
-  if (seqs_.count(seq_id)) throw Error(Errc::invalid_argument, "sequence " + std::to_string(seq_id) + " is open");
+                                        " positions exceeds the context of " +
+                                        std::to_string(options_.max_ctx));
+  if (seqs_.count(seq_id))
+    throw Error(Errc::invalid_argument, "sequence " + std::to_string(seq_id) + " is open");
   seqs_[seq_id] = Sequence{max_positions, 0};
 }
 
+void ProgramEngine::check_not_parked(const char* what) const {
+  if (parked_)
+    throw Error(Errc::busy, std::string(what) +
+                                ": a preempted step is parked on this engine (resume it first)");
+}
+
 void ProgramEngine::close_seq(uint64_t seq_id) {
+  if (parked_)
+    for (const auto& [id, n] : parked_->n_past)
+      if (id == seq_id) check_not_parked("close_seq");
   if (seqs_.erase(seq_id)) kv_pages_->free_owner(seq_id);
 }
 
 void ProgramEngine::truncate_seq(uint64_t seq_id, int n_past) {
+  if (parked_)
+    for (const auto& [id, n] : parked_->n_past)
+      if (id == seq_id) check_not_parked("truncate_seq");
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
   it->second.n_past = std::clamp(n_past, 0, it->second.n_past);
 }
 
 void ProgramEngine::ensure_pages(uint64_t seq_id, int positions) {
-  const uint32_t need = (static_cast<uint32_t>(positions) + options_.page_tokens - 1) / options_.page_tokens;
+  const uint32_t need =
+      (static_cast<uint32_t>(positions) + options_.page_tokens - 1) / options_.page_tokens;
   const uint32_t have = static_cast<uint32_t>(kv_pages_->pages_of(seq_id).size());
   if (need > have) kv_pages_->alloc(need - have, seq_id);  // Error(busy) when the cache is full
 }
 
 std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepStats* stats) {
-  const auto t0 = Clock::now();
+  check_not_parked("step");
+  const Prepared prep = prepare(batch);
+  Parked work{{}, prep.bucket_index, prep.args, 0, 0, prep.n_logits, prep.args.n_tokens};
+  for (const SeqStep& s : batch)
+    work.n_past.emplace_back(s.seq_id, s.pos0 + static_cast<int>(s.tokens.size()));
+  return *execute(std::move(work), false, false, stats);
+}
+
+std::optional<std::vector<float>> ProgramEngine::step_preemptible(const std::vector<SeqStep>& batch,
+                                                                  StepStats* stats) {
+  if (!preemptible())
+    throw Error(Errc::unsupported, "preemptible step: a device link does not support preemption");
+  check_not_parked("step_preemptible");
+  const Prepared prep = prepare(batch);
+  Parked work{{}, prep.bucket_index, prep.args, 0, 0, prep.n_logits, prep.args.n_tokens};
+  for (const SeqStep& s : batch)
+    work.n_past.emplace_back(s.seq_id, s.pos0 + static_cast<int>(s.tokens.size()));
+  return execute(std::move(work), true, false, stats);
+}
+
+std::optional<std::vector<float>> ProgramEngine::resume(StepStats* stats) {
+  if (!parked_) throw Error(Errc::invalid_argument, "resume: no step is parked");
+  Parked work = std::move(*parked_);
+  parked_.reset();
+  ++pstats_.resumes;
+  return execute(std::move(work), true, true, stats);
+}
+
+bool ProgramEngine::preemptible() const {
+  return gpu_->supports_preemption() && (!npu_ || npu_->supports_preemption());
+}
+
+void ProgramEngine::request_preempt() {
+  // One publisher at a time, never moving the flag back (a completion flag is monotonic): tokens
+  // only grow, so the running one read under the lock is >= anything published before.
+  std::lock_guard lock(preempt_mu_);
+  const uint64_t token = running_token_.load(std::memory_order_acquire);
+  if (token == 0 || flags_.load(preempt_flag_) >= token) return;
+  preempt_requested_ns_.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(),
+      std::memory_order_relaxed);
+  flags_.publish(preempt_flag_, token);
+}
+
+size_t ProgramEngine::step_ops(uint32_t n_tokens) const {
+  const Bucket& b = bucket_for(n_tokens);
+  return b.programs.gpu.ops.size() + b.programs.npu.ops.size();
+}
+
+ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch) {
   if (batch.empty()) throw Error(Errc::invalid_argument, "empty step");
   if (batch.size() > options_.max_seqs)
-    throw Error(Errc::invalid_argument, "a step of " + std::to_string(batch.size()) + " sequences exceeds " +
+    throw Error(Errc::invalid_argument, "a step of " + std::to_string(batch.size()) +
+                                            " sequences exceeds " +
                                             std::to_string(options_.max_seqs));
   uint32_t n_tokens = 0;
+  // Several consecutive entries of one sequence are applied in order (eval asks for every
+  // position's logits that way): each may start at most where the previous one ended.
+  std::map<uint64_t, int> n_past_in_step;
   for (const SeqStep& s : batch) {
     auto it = seqs_.find(s.seq_id);
-    if (it == seqs_.end()) throw Error(Errc::not_found, "sequence " + std::to_string(s.seq_id) + " is not open");
+    if (it == seqs_.end())
+      throw Error(Errc::not_found, "sequence " + std::to_string(s.seq_id) + " is not open");
     if (s.tokens.empty()) throw Error(Errc::invalid_argument, "a step entry with no tokens");
-    if (s.pos0 < 0 || s.pos0 > it->second.n_past)
-      throw Error(Errc::out_of_range, "sequence " + std::to_string(s.seq_id) + " would leave a gap at position " +
-                                          std::to_string(it->second.n_past));
+    auto past = n_past_in_step.try_emplace(s.seq_id, it->second.n_past).first;
+    if (s.pos0 < 0 || s.pos0 > past->second)
+      throw Error(Errc::out_of_range, "sequence " + std::to_string(s.seq_id) +
+                                          " would leave a gap at position " +
+                                          std::to_string(past->second));
+    past->second = s.pos0 + static_cast<int>(s.tokens.size());
     if (s.pos0 + static_cast<int>(s.tokens.size()) > it->second.max_positions)
       throw Error(Errc::out_of_range, "sequence " + std::to_string(s.seq_id) + " grows past its " +
                                           std::to_string(it->second.max_positions) + " positions");
@@ -171,7 +274,9 @@ std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepSt
   for (const SeqStep& s : batch) {
     if (s.tokens.size() > 0)
       for (int32_t t : s.tokens)
-        if (t < 0 || t >= n_vocab) throw Error(Errc::invalid_argument, "token id " + std::to_string(t) + " outside the vocabulary");
+        if (t < 0 || t >= n_vocab)
+          throw Error(Errc::invalid_argument,
+                      "token id " + std::to_string(t) + " outside the vocabulary");
     ensure_pages(s.seq_id, s.pos0 + static_cast<int>(s.tokens.size()));
   }
 
@@ -199,21 +304,40 @@ std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepSt
   args.tokens_offset = built.arena.tokens;
   args.page_tables_offset = built.arena.page_tables;
   args.page_table_cols = built.max_pages_per_seq;
+  return Prepared{bucket_index, args, n_logits};
+}
+
+std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preemptible,
+                                                         bool resuming, StepStats* stats) {
+  const auto t0 = Clock::now();
+  const size_t bucket_index = work.bucket_index;
+  const BuiltPrograms& built = buckets_[bucket_index].programs;
+  StepArgs args = work.args;
+  const uint32_t n_tokens = work.n_tokens;
+  const int32_t n_logits = work.n_logits;
+  const int32_t n_vocab = model_->hp().n_vocab;
 
   // A device that died mid-step is restarted by the supervisor; the step is re-run under a new
   // seq once the device has its programs again. Re-running is exact: the token table, page tables
   // and KV rows of earlier positions are in shm, and this step rewrites its own KV rows with the
   // same values. Nothing before this step is recomputed.
   const auto give_up = Clock::now() + std::chrono::milliseconds(options_.recovery_timeout_ms);
+  // A preempted step resumes under its own seq (its flags up to each device's stop are
+  // published); a re-run after a failure starts over under a new seq.
   Attempt attempt;
+  bool same_seq = resuming;
   for (;;) {
-    args.seq = ++step_seq_;
+    if (!same_seq) {
+      args.seq = ++step_seq_;
+      work.gpu_next = work.npu_next = 0;
+    }
+    same_seq = false;
     try {
-      attempt = run_on_devices(bucket_index, args);
+      attempt = run_on_devices(bucket_index, args, work.gpu_next, work.npu_next, preemptible);
       break;
     } catch (const Error& e) {
-      const bool recoverable = e.code() == Errc::timeout || e.code() == Errc::unavailable ||
-                               e.code() == Errc::not_found;
+      const bool recoverable =
+          e.code() == Errc::timeout || e.code() == Errc::unavailable || e.code() == Errc::not_found;
       if (!recoverable || Clock::now() > give_up) throw;
       last_failure_ = e.what();
       recover(give_up);
@@ -222,9 +346,7 @@ std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepSt
   const double wait_us = attempt.wait_us;
   const DeviceLink::Report& gpu_report = attempt.gpu;
   const DeviceLink::Report& npu_report = attempt.npu;
-
-  for (const SeqStep& s : batch) seqs_[s.seq_id].n_past = s.pos0 + static_cast<int>(s.tokens.size());
-  ++steps_;
+  pstats_.ops_executed += gpu_report.ops_run + npu_report.ops_run;
   flag_wait_us_ += wait_us;
   if (stats) {
     stats->measured_us = us_since(t0);
@@ -233,35 +355,117 @@ std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepSt
     stats->kv_bytes_copied = 0;  // KV rows are written in place by the KvWrite op
     stats->n_tokens = n_tokens;
   }
+  if (attempt.preempted) {
+    work.args = args;
+    work.gpu_next = attempt.gpu_next;
+    work.npu_next = attempt.npu_next;
+    parked_ = std::move(work);
+    ++pstats_.preemptions;
+    return std::nullopt;
+  }
+
+  for (const auto& [seq_id, n_past] : work.n_past) seqs_[seq_id].n_past = n_past;
+  ++steps_;
   const float* logits = reinterpret_cast<const float*>(arena_seg_.data() + built.arena.logits);
-  return {logits, logits + static_cast<size_t>(n_logits) * n_vocab};
+  return std::vector<float>(logits, logits + static_cast<size_t>(n_logits) * n_vocab);
 }
 
-ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, const StepArgs& args) {
+ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepArgs args,
+                                                     uint32_t gpu_first, uint32_t npu_first,
+                                                     bool preemptible) {
   const BuiltPrograms& built = buckets_[bucket_index].programs;
   const auto deadline = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
-  const bool on_npu = !built.npu.ops.empty();
-  gpu_->start_step(static_cast<uint32_t>(bucket_index * 2), args);
-  if (on_npu) npu_->start_step(static_cast<uint32_t>(bucket_index * 2 + 1), args);
+  const uint32_t gpu_ops = static_cast<uint32_t>(built.gpu.ops.size());
+  const uint32_t npu_ops = static_cast<uint32_t>(built.npu.ops.size());
+  // A device that already ran to the end before a preemption is not started again: its flags,
+  // the done flag included, are published at this seq.
+  const bool on_gpu = gpu_first < gpu_ops;
+  const bool on_npu = npu_first < npu_ops;
+  uint64_t token = 0;
+  if (preemptible) {
+    token = ++next_token_;
+    args.preempt_flag = static_cast<int32_t>(preempt_flag_);
+    args.preempt_token = token;
+    running_token_.store(token, std::memory_order_release);
+  }
+  struct ClearToken {
+    std::atomic<uint64_t>& t;
+    ~ClearToken() { t.store(0, std::memory_order_release); }
+  } clear_token{running_token_};
+  if (on_gpu) {
+    args.first_op = gpu_first;
+    gpu_->start_step(program_id(bucket_index, true), args);
+  }
+  if (on_npu) {
+    args.first_op = npu_first;
+    npu_->start_step(program_id(bucket_index, false), args);
+  }
+  auto preempt_seen = [&] { return preemptible && flags_.load(preempt_flag_) >= token; };
 
   // Fast sync: the step is done when every device's last op has published its flag. A stack
-  // epoch bump (the supervisor saw a service die) ends the wait at once.
+  // epoch bump (the supervisor saw a service die) ends the wait at once; a device that reports a
+  // failure ends it within a slice.
   Attempt a;
   const auto wait_start = Clock::now();
   shm::WaitStatus status = shm::WaitStatus::ready;
+  const uint64_t epoch = flags_.epoch();
+  // A preemptible step polls the preempt word between short waits: once it is set, the devices'
+  // reports (not the done flags) say where each stopped.
+  const auto slice =
+      preemptible ? std::chrono::microseconds(200) : std::chrono::microseconds(20000);
+  bool preempting = false;
   for (uint32_t flag : built.done_flags) {
-    shm::WaitOptions o;
-    o.deadline = deadline;
-    status = flags_.wait(flag, args.seq, o).status;
+    for (;;) {
+      shm::WaitOptions o;
+      o.deadline = std::min(deadline, Clock::now() + slice);
+      o.expected_epoch = epoch;
+      status = flags_.wait(flag, args.seq, o).status;
+      if (status != shm::WaitStatus::timeout || Clock::now() >= deadline) break;
+      if ((on_gpu && gpu_->failed_early(args.seq)) || (on_npu && npu_->failed_early(args.seq)))
+        break;
+      if (preempt_seen()) {
+        preempting = true;
+        break;
+      }
+    }
     if (status != shm::WaitStatus::ready) break;
+  }
+  if (preempting) {
+    if (on_gpu) a.gpu = gpu_->finish_step(args.seq, deadline);
+    if (on_npu) a.npu = npu_->finish_step(args.seq, deadline);
+    a.wait_us = us_since(wait_start);
+    a.gpu_next = on_gpu ? (a.gpu.preempted ? a.gpu.next_op : gpu_ops) : gpu_first;
+    a.npu_next = on_npu ? (a.npu.preempted ? a.npu.next_op : npu_ops) : npu_first;
+    a.preempted = a.gpu_next < gpu_ops || a.npu_next < npu_ops;
+    if (a.preempted) {
+      const int64_t asked = preempt_requested_ns_.load(std::memory_order_relaxed);
+      const double latency_us =
+          static_cast<double>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+                  .count() -
+              asked) /
+          1000.0;
+      pstats_.last_latency_us = latency_us;
+      pstats_.max_latency_us = std::max(pstats_.max_latency_us, latency_us);
+    }
+    return a;
+  }
+  if (status != shm::WaitStatus::ready) {
+    // Abort the other device's waits on flags this step will never publish, so it is free for
+    // the re-run at once.
+    flags_.bump_epoch();
   }
   a.wait_us = us_since(wait_start);
   // The reports carry each device's times, and its error when a device failed.
-  const auto report_deadline = status == shm::WaitStatus::ready ? deadline : Clock::now() + std::chrono::seconds(1);
-  a.gpu = gpu_->finish_step(args.seq, report_deadline);
+  const auto report_deadline =
+      status == shm::WaitStatus::ready ? deadline : Clock::now() + std::chrono::seconds(1);
+  if (on_gpu) a.gpu = gpu_->finish_step(args.seq, report_deadline);
   if (on_npu) a.npu = npu_->finish_step(args.seq, report_deadline);
+  a.gpu_next = gpu_ops;
+  a.npu_next = npu_ops;
   if (status == shm::WaitStatus::epoch_changed)
-    throw Error(Errc::unavailable, "step " + std::to_string(args.seq) + ": the stack epoch changed (a service restarted)");
+    throw Error(Errc::unavailable, "step " + std::to_string(args.seq) +
+                                       ": the stack epoch changed (a service restarted)");
   if (status != shm::WaitStatus::ready)
     throw Error(Errc::timeout, "step " + std::to_string(args.seq) + " did not complete in time");
   return a;
@@ -300,6 +504,10 @@ nlohmann::json ProgramEngine::status() const {
           {"flag_wait_ms", flag_wait_us_ / 1000.0},
           {"kv_bytes_copied", 0},
           {"recoveries", recoveries_},
+          {"restarts", recoveries_},  // what the frontend reports as restarts seen
+          {"preemptions", pstats_.preemptions},
+          {"preempt_latency_max_us", pstats_.max_latency_us},
+          {"parked", parked_.has_value()},
           {"last_failure", last_failure_}};
 }
 

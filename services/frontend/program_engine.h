@@ -10,13 +10,16 @@
 //
 // Programs are built per token bucket (max tokens of a step): a bucket's plan comes from
 // plan_for(bucket), so the solver can choose per phase and length.
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "core/messaging.h"
 #include "core/model.h"
 #include "core/program.h"
 #include "services/frontend/engine.h"
@@ -38,8 +41,17 @@ class DeviceLink {
     double measured_us = 0;
     double modeled_us = 0;
     double wait_us = 0;
+    bool preempted = false;  // stopped at an op boundary: resume with first_op = next_op
+    uint32_t next_op = 0;    // the op it would run next (the op count when it ran to the end)
+    uint32_t ops_run = 0;    // ops executed by this start_step
   };
   virtual Report finish_step(uint64_t step_seq, std::chrono::steady_clock::time_point deadline) = 0;
+  // Without blocking: has the device already reported that the step failed? (Then the engine
+  // stops waiting on flags that will never be published.)
+  virtual bool failed_early(uint64_t step_seq) = 0;
+  // Whether the device honours StepArgs.first_op / preempt_flag (stops at an op boundary and
+  // waits preemptibly). Only then does the engine run preemptible steps on it.
+  virtual bool supports_preemption() const { return false; }
 };
 
 struct ProgramEngineOptions {
@@ -49,12 +61,16 @@ struct ProgramEngineOptions {
   // The plan for a bucket (the largest token count its programs take). Default: by plan_name.
   std::function<Plan(uint32_t bucket_tokens)> plan_for;
   std::vector<uint32_t> buckets = {16, 64, 256};  // program sets by max tokens per step
-  uint32_t max_seqs = 16;      // sequences per step
-  uint32_t max_ctx = 0;        // positions per sequence (0 = the model's context)
-  uint32_t kv_pages = 0;       // 0 = enough for max_seqs full sequences
+  uint32_t max_seqs = 16;                         // sequences per step
+  uint32_t max_ctx = 0;   // positions per sequence (0 = the model's context)
+  uint32_t kv_pages = 0;  // 0 = enough for max_seqs full sequences
   uint32_t page_tokens = 16;
   int step_timeout_ms = 30000;
   int recovery_timeout_ms = 20000;  // how long a step keeps retrying after a device died
+  // Several engines (plans) of one stack side by side: each needs its own segment names and
+  // program ids on the services.
+  std::string segment_tag;  // appended to the segment names ("arena.<tag>"); letters, digits, _
+  uint32_t program_id_base = 0;  // program ids are program_id_base + bucket * 2 + device
 };
 
 class ProgramEngine : public Engine {
@@ -74,6 +90,32 @@ class ProgramEngine : public Engine {
   int max_step_tokens() const override { return static_cast<int>(options_.buckets.back()); }
   nlohmann::json status() const override;
 
+  // Preemptible steps (Agent.xpu, issue 9). Give the proactive class its own engine (its own
+  // segment_tag and program_id_base: arena, KV pages and flags), so that steps of another engine
+  // never touch a parked step's activations. step_preemptible() is step() that
+  // request_preempt() (from any thread) stops at the next op boundary of each device: it then
+  // returns nullopt and the step is parked, its activations in this engine's arena and its KV
+  // rows in place, until resume() continues each device at the op where it stopped, under the
+  // same step seq (so cross-device waits on ops that already ran are satisfied). Nothing is
+  // recomputed and no byte is copied. While a step is parked, step() and the sequence calls on
+  // its sequences throw Error(busy).
+  bool preemptible() const;  // every device link supports preemption
+  std::optional<std::vector<float>> step_preemptible(const std::vector<SeqStep>& batch,
+                                                     StepStats* stats);
+  std::optional<std::vector<float>> resume(StepStats* stats);  // nullopt: preempted again
+  bool parked() const { return parked_.has_value(); }
+  void request_preempt();  // no effect when no preemptible step is running
+  struct PreemptStats {
+    uint64_t preemptions = 0;
+    uint64_t resumes = 0;
+    uint64_t ops_executed = 0;   // by every device over every step (as the devices report)
+    double last_latency_us = 0;  // request_preempt() to every device stopped
+    double max_latency_us = 0;
+  };
+  PreemptStats preempt_stats() const { return pstats_; }
+  // Ops a step of n_tokens runs on both devices together (for the no-recompute check).
+  size_t step_ops(uint32_t n_tokens) const;
+
   // Re-sends every program to a device that restarted (it re-maps the segments on register).
   void reregister(DeviceLink& device);
   // What the services need to map the data plane.
@@ -82,9 +124,10 @@ class ProgramEngine : public Engine {
   DeviceLink* gpu() const { return gpu_.get(); }
   DeviceLink* npu() const { return npu_.get(); }
 
-  static std::string arena_name(const std::string& stack) { return shm::segment_name(stack, "arena"); }
-  static std::string kv_name(const std::string& stack) { return shm::segment_name(stack, "kv"); }
-  static std::string flags_name(const std::string& stack) { return shm::segment_name(stack, "flags"); }
+  // "/duet-<stack>-arena[.<tag>]" etc. The supervisor bumps the epoch of every flags segment.
+  static std::string arena_name(const std::string& stack, const std::string& tag = "");
+  static std::string kv_name(const std::string& stack, const std::string& tag = "");
+  static std::string flags_name(const std::string& stack, const std::string& tag = "");
 
  private:
   struct Bucket {
@@ -99,9 +142,33 @@ class ProgramEngine : public Engine {
   struct Attempt {
     DeviceLink::Report gpu, npu;
     double wait_us = 0;
+    bool preempted = false;
+    uint32_t gpu_next = 0, npu_next = 0;  // where each device resumes
   };
+  // A step between its preemption and its resume.
+  struct Parked {
+    std::vector<std::pair<uint64_t, int>> n_past;  // each sequence's length once the step is done
+    size_t bucket_index = 0;
+    StepArgs args;
+    uint32_t gpu_next = 0, npu_next = 0;
+    int32_t n_logits = 0;
+    uint32_t n_tokens = 0;
+  };
+  struct Prepared {
+    size_t bucket_index = 0;
+    StepArgs args;
+    int32_t n_logits = 0;
+  };
+  Prepared prepare(const std::vector<SeqStep>& batch);
+  std::optional<std::vector<float>> execute(Parked work, bool preemptible, bool resuming,
+                                            StepStats* stats);
   const Bucket& bucket_for(uint32_t n_tokens) const;
-  Attempt run_on_devices(size_t bucket_index, const StepArgs& args);
+  uint32_t program_id(size_t bucket, bool gpu) const {
+    return options_.program_id_base + static_cast<uint32_t>(bucket * 2 + (gpu ? 0 : 1));
+  }
+  Attempt run_on_devices(size_t bucket_index, StepArgs args, uint32_t gpu_first = 0,
+                         uint32_t npu_first = 0, bool preemptible = false);
+  void check_not_parked(const char* what) const;
   // Waits for every device to take its programs again (it restarted), until give_up.
   void recover(std::chrono::steady_clock::time_point give_up);
   void ensure_pages(uint64_t seq_id, int positions);
@@ -116,6 +183,15 @@ class ProgramEngine : public Engine {
   std::map<uint64_t, Sequence> seqs_;
   uint32_t max_pages_per_seq_ = 0;
   uint64_t step_seq_ = 0;
+  // Preemption: flag preempt_flag_ of this engine's table; each preemptible start gets a fresh
+  // token and stops once the flag reaches it.
+  uint32_t preempt_flag_ = 0;
+  uint64_t next_token_ = 0;
+  std::atomic<uint64_t> running_token_{0};
+  std::atomic<int64_t> preempt_requested_ns_{0};
+  std::mutex preempt_mu_;  // request_preempt may be called from several threads
+  std::optional<Parked> parked_;
+  PreemptStats pstats_;
   // Metrics.
   uint64_t steps_ = 0;
   double flag_wait_us_ = 0;
@@ -130,5 +206,20 @@ std::unique_ptr<DeviceLink> make_interpreter_link(std::string name);
 
 // A device service reached over ZeroMQ at `endpoint` (ipc://<run-dir>/gpu.sock, ...).
 std::unique_ptr<DeviceLink> make_service_link(std::string name, std::string endpoint);
+
+// A device service object living in this process (the in-process mode: all four roles in one
+// process, for the stack-overhead benchmark): the same control messages, handed to its handlers
+// on a worker thread instead of a socket. Handlers take a verified Message and return the reply.
+using ControlHandler = std::function<msg::Bytes(const fb::Message&)>;
+std::unique_ptr<DeviceLink> make_local_service_link(std::string name,
+                                                    ControlHandler register_program,
+                                                    ControlHandler run_step);
+
+// The control messages both kinds of link send and read.
+msg::Bytes build_register_program(uint64_t request_id, uint32_t program_id,
+                                  const fb::ProgramT& program);
+msg::Bytes build_run_step(uint32_t program_id, const StepArgs& step);
+void check_registered(const std::string& device, std::span<const uint8_t> reply);
+DeviceLink::Report parse_step_reply(const std::string& device, std::span<const uint8_t> reply);
 
 }  // namespace duet::frontend

@@ -13,6 +13,49 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+}  // namespace
+
+msg::Bytes build_register_program(uint64_t request_id, uint32_t program_id,
+                                  const fb::ProgramT& program) {
+  flatbuffers::FlatBufferBuilder fbb(1 << 16);
+  auto body = fb::CreateRegisterProgram(fbb, program_id, fb::Program::Pack(fbb, &program));
+  return msg::finish_message(fbb, request_id, body);
+}
+
+msg::Bytes build_run_step(uint32_t program_id, const StepArgs& step) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  const fb::TensorRef tokens(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.tokens_offset,
+                             step.n_tokens, 4);
+  const fb::TensorRef tables(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.page_tables_offset,
+                             step.n_seqs, step.page_table_cols);
+  auto body =
+      fb::CreateRunStep(fbb, program_id, step.seq, step.n_tokens, step.n_seqs, &tokens, &tables,
+                        10000, step.first_op, step.preempt_flag, step.preempt_token);
+  return msg::finish_message(fbb, step.seq, body);
+}
+
+void check_registered(const std::string& device, std::span<const uint8_t> reply) {
+  const fb::Message* m = msg::verify_control(reply);
+  msg::throw_if_error(*m);
+  if (m->body_type() != fb::Body::ProgramRegistered)
+    throw Error(Errc::bad_format, device + ": unexpected reply to RegisterProgram");
+}
+
+DeviceLink::Report parse_step_reply(const std::string& device, std::span<const uint8_t> reply) {
+  const fb::Message* m = msg::verify_control(reply);
+  msg::throw_if_error(*m);
+  if (const auto* failed = m->body_as_StepFailed())
+    throw Error(msg::from_fb_code(failed->code()),
+                device + ": " +
+                    (failed->message() ? failed->message()->str() : std::string("step failed")));
+  const auto* done = m->body_as_StepDone();
+  if (!done) throw Error(Errc::bad_format, device + ": unexpected reply to RunStep");
+  return DeviceLink::Report{done->measured_us(), done->modeled_us(),    done->wait_us(),
+                            done->preempted(),   done->stopped_at_op(), done->ops_run()};
+}
+
+namespace {
+
 class ServiceLink : public DeviceLink {
  public:
   ServiceLink(std::string name, std::string endpoint)
@@ -21,13 +64,15 @@ class ServiceLink : public DeviceLink {
   }
 
   std::string name() const override { return name_; }
+  // gpu_svc and npu_svc honour RunStep.first_op and the preempt flag.
+  bool supports_preemption() const override { return true; }
 
   void register_program(uint32_t program_id, const fb::ProgramT& program) override {
     flatbuffers::FlatBufferBuilder fbb(1 << 16);
     const uint64_t id = next_id_++;
     auto body = fb::CreateRegisterProgram(fbb, program_id, fb::Program::Pack(fbb, &program));
     send(msg::finish_message(fbb, id, body));
-    const msg::Bytes reply = receive(id, Clock::now() + std::chrono::seconds(120));
+    const msg::Bytes reply = receive(id, Clock::now() + std::chrono::seconds(10));
     const fb::Message* m = msg::verify_control(reply);
     msg::throw_if_error(*m);
     if (m->body_type() != fb::Body::ProgramRegistered)
@@ -35,28 +80,42 @@ class ServiceLink : public DeviceLink {
   }
 
   void start_step(uint32_t program_id, const StepArgs& step) override {
-    flatbuffers::FlatBufferBuilder fbb(256);
-    const fb::TensorRef tokens(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.tokens_offset, step.n_tokens, 4);
-    const fb::TensorRef tables(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.page_tables_offset, step.n_seqs,
-                               step.page_table_cols);
-    auto body = fb::CreateRunStep(fbb, program_id, step.seq, step.n_tokens, step.n_seqs, &tokens, &tables);
-    send(msg::finish_message(fbb, step.seq, body));
+    send(build_run_step(program_id, step));
+  }
+
+  bool failed_early(uint64_t step_seq) override {
+    if (!early_.empty()) return true;
+    zmq::message_t frame;
+    while (socket_->recv(frame, zmq::recv_flags::dontwait)) {
+      msg::Bytes bytes(static_cast<const uint8_t*>(frame.data()),
+                       static_cast<const uint8_t*>(frame.data()) + frame.size());
+      try {
+        const fb::Message* m = msg::verify_control(bytes);
+        if (m->request_id() != step_seq) continue;
+        early_ = std::move(bytes);
+        return m->body_type() != fb::Body::StepDone;
+      } catch (const Error&) {
+      }
+    }
+    return false;
   }
 
   Report finish_step(uint64_t step_seq, Clock::time_point deadline) override {
-    const msg::Bytes reply = receive(step_seq, deadline);
-    const fb::Message* m = msg::verify_control(reply);
-    msg::throw_if_error(*m);
-    if (const auto* failed = m->body_as_StepFailed())
-      throw Error(msg::from_fb_code(failed->code()),
-                  name_ + ": " + (failed->message() ? failed->message()->str() : std::string("step failed")));
-    const auto* done = m->body_as_StepDone();
-    if (!done) throw Error(Errc::bad_format, name_ + ": unexpected reply to RunStep");
-    return Report{done->measured_us(), done->modeled_us(), done->wait_us()};
+    msg::Bytes reply;
+    if (!early_.empty() && msg::verify_control(early_)->request_id() == step_seq)
+      reply = std::move(early_);
+    else
+      reply = receive(step_seq, deadline);
+    early_.clear();
+    return parse_step_reply(name_, reply);
   }
 
  private:
-  void reset() { socket_ = std::make_unique<zmq::socket_t>(msg::connect_dealer(endpoint_)); }
+  void reset() {  // Queue until connected: a device that is (re)starting gets the request once it
+                  // binds; every
+    // wait below has a deadline, so a device that never comes back still fails the step.
+    socket_ = std::make_unique<zmq::socket_t>(msg::connect_dealer(endpoint_, true));
+  }
 
   void send(const msg::Bytes& bytes) {
     if (!socket_->send(zmq::buffer(bytes), zmq::send_flags::dontwait))
@@ -66,11 +125,13 @@ class ServiceLink : public DeviceLink {
   // The reply with request id `id`; others (late replies to abandoned requests) are dropped.
   msg::Bytes receive(uint64_t id, Clock::time_point deadline) {
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
       if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
         reset();  // a late reply must never be read as the answer to a later request
-        throw Error(Errc::timeout, name_ + ": no reply to request " + std::to_string(id) + " in time");
+        throw Error(Errc::timeout,
+                    name_ + ": no reply to request " + std::to_string(id) + " in time");
       }
       zmq::message_t frame;
       if (!socket_->recv(frame, zmq::recv_flags::dontwait)) continue;
@@ -87,6 +148,7 @@ class ServiceLink : public DeviceLink {
   std::string name_;
   std::string endpoint_;
   std::unique_ptr<zmq::socket_t> socket_;
+  msg::Bytes early_;  // a reply failed_early() read before finish_step asked for it
   uint64_t next_id_ = uint64_t{1} << 62;  // never collides with step seqs
 };
 

@@ -329,6 +329,11 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
 
   if (p.uses_flags && !flags)
     bad(Errc::invalid_argument, "the program uses completion flags but none were given");
+  if (step.first_op > prog.ops.size())
+    bad(Errc::out_of_range, "first_op " + std::to_string(step.first_op) + " past the program's " +
+                                std::to_string(prog.ops.size()) + " ops");
+  const bool preemptible = step.preempt_flag >= 0;
+  if (preemptible && !flags) bad(Errc::invalid_argument, "a preemptible step needs the flags");
 
   cl_command_queue q = dev_.queue();
   if (copies()) {
@@ -357,9 +362,25 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
 
   const uint64_t tok = step.tokens_offset;
   const TokenRange all{0, n};
+  report.next_op = static_cast<uint32_t>(prog.ops.size());
   try {
-    for (size_t i = 0; i < prog.ops.size(); ++i) {
+    for (size_t i = step.first_op; i < prog.ops.size(); ++i) {
       const fb::OpT& op = *prog.ops[i];
+      if (preemptible) {
+        // Preemption point: at most one op in flight, so the step stops within an op of the
+        // request (a host sync per op, paid by preemptible steps only).
+        if (!op_events.empty()) wait_event(op_events.back().second, deadline, "the previous op");
+        bool go = !flags->preempt_requested();
+        const auto w0 = Clock::now();
+        for (size_t w = 0; go && w < op.wait_flags.size(); ++w)
+          go = flags->wait_or_preempt(op.wait_flags[w], step.seq, op.predicted_us);
+        report.wait_us += std::chrono::duration<double, std::micro>(Clock::now() - w0).count();
+        if (!go) {
+          report.next_op = static_cast<uint32_t>(i);
+          report.preempted = true;
+          break;
+        }
+      }
       if (!op.wait_flags.empty()) {
         const auto w0 = Clock::now();
         for (uint32_t f : op.wait_flags) flags->wait(f, step.seq, op.predicted_us);
@@ -494,11 +515,13 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     }
     throw;
   }
-  for (size_t i = 0; i < prog.ops.size(); ++i) {
+  report.ops_run = static_cast<uint32_t>(op_events.size());
+  for (size_t j = 0; j < op_events.size(); ++j) {
+    const size_t i = step.first_op + j;
     const fb::OpT& op = *prog.ops[i];
     OpTiming ot;
     ot.op_index = static_cast<uint32_t>(i);
-    ot.measured_us = event_us(op_events[i].first, op_events[i].second);
+    ot.measured_us = event_us(op_events[j].first, op_events[j].second);
     if (soc_) {
       OpShape s;
       s.kind = static_cast<OpKind>(op.kind);

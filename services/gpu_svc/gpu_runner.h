@@ -38,6 +38,11 @@ struct StepReport {
   double modeled_us = 0;   // sum of the ops' modelled time
   double wait_us = 0;      // host time spent waiting on other devices' flags
   std::vector<OpTiming> ops;
+  // Preemption (StepArgs.first_op / preempt_flag): the op it would run next (the op count when
+  // it ran to the end) and the ops it ran.
+  uint32_t next_op = 0;
+  uint32_t ops_run = 0;
+  bool preempted = false;
 };
 
 class GpuRunner {

@@ -46,22 +46,34 @@ msg::Bytes GpuService::run_step(const fb::Message& request) {
                         body->tokens()->offset(),
                         body->page_tables()->offset(),
                         body->page_tables()->cols()};
+    StepArgs step = args;
+    step.first_op = body->first_op();
+    step.preempt_flag = body->preempt_flag();
+    step.preempt_token = body->preempt_token();
     const auto deadline_ms = std::chrono::milliseconds(body->deadline_ms());
-    std::unique_ptr<FlagSync> flags;
-    if (mem->second.make_flags)
-      flags = mem->second.make_flags(std::chrono::steady_clock::now() + deadline_ms);
-    const StepReport r = runner_.run_step(body->program_id(), args, deadline_ms, flags.get());
+    const auto deadline = std::chrono::steady_clock::now() + deadline_ms;
+    std::unique_ptr<FlagSync> flags, preemptible;
+    if (mem->second.make_flags) flags = mem->second.make_flags(deadline);
+    if (step.preempt_flag >= 0) {
+      if (!flags || !mem->second.make_preemptible)
+        throw Error(Errc::unsupported,
+                    "gpu_svc: this program's memory does not support preemptible steps");
+      preemptible = mem->second.make_preemptible(*flags, step, deadline);
+    }
+    const StepReport r = runner_.run_step(body->program_id(), step, deadline_ms,
+                                          preemptible ? preemptible.get() : flags.get());
     ++steps_;
     std::vector<flatbuffers::Offset<fb::OpTime>> times;
     times.reserve(r.ops.size());
     for (const OpTiming& t : r.ops)
       times.push_back(fb::CreateOpTime(fbb, t.op_index, static_cast<float>(t.measured_us),
                                        static_cast<float>(t.modeled_us)));
-    return msg::finish_message(fbb, request.request_id(),
-                               fb::CreateStepDoneDirect(fbb, body->program_id(), body->step_seq(),
-                                                        static_cast<float>(r.measured_us),
-                                                        static_cast<float>(r.modeled_us),
-                                                        static_cast<float>(r.wait_us), &times));
+    return msg::finish_message(
+        fbb, request.request_id(),
+        fb::CreateStepDoneDirect(fbb, body->program_id(), body->step_seq(),
+                                 static_cast<float>(r.measured_us),
+                                 static_cast<float>(r.modeled_us), static_cast<float>(r.wait_us),
+                                 &times, r.next_op, r.preempted, r.ops_run));
   } catch (const Error& e) {
     fbb.Clear();
     return msg::finish_message(fbb, request.request_id(),

@@ -1,4 +1,5 @@
 #include "services/gpu_svc/shm_memory.h"
+#include "core/model_access.h"
 
 #include "core/error.h"
 #include "core/gguf.h"
@@ -47,7 +48,10 @@ ResolvedMemory ShmMemoryResolver::operator()(const fb::ProgramT& program) {
                 "program '" + program.name + "' names no arena segment or model file");
   Mappings& m = *mappings_;
   auto& model = m.models[program.model_path];
-  if (!model) model = std::shared_ptr<GgufFile>(GgufFile::open(program.model_path));
+  if (!model) {
+    check_model_path(program.model_path);  // a peer names it: only configured dirs
+    model = std::shared_ptr<GgufFile>(GgufFile::open(program.model_path));
+  }
   ResolvedMemory r;
   shm::Segment& arena = m.segment(program.arena_segment);
   r.mem.arena = arena.data();
@@ -66,6 +70,30 @@ ResolvedMemory ShmMemoryResolver::operator()(const fb::ProgramT& program) {
           shm::FlagTable::attach(m.segment(program.flags_segment)));
     r.make_flags = [table](std::chrono::steady_clock::time_point deadline) {
       return std::make_unique<StepFlags>(table, deadline);
+    };
+    // Preemption (issue 9): the RunStep's preempt flag lies past the programs' own flags.
+    r.make_preemptible =
+        [table](FlagSync& inner, const StepArgs& step,
+                std::chrono::steady_clock::time_point deadline) -> std::unique_ptr<FlagSync> {
+      if (static_cast<uint32_t>(step.preempt_flag) >= table->size())
+        throw Error(Errc::out_of_range, "gpu_svc: preempt flag " +
+                                            std::to_string(step.preempt_flag) +
+                                            " outside the flag table");
+      const uint64_t epoch = table->epoch();
+      return std::make_unique<PreemptibleFlagSync>(
+          inner, step, deadline, [table](uint32_t f) { return table->load(f); },
+          [table, epoch](uint32_t f, uint64_t seq, float predicted_us,
+                         std::chrono::steady_clock::time_point until) {
+            shm::WaitOptions o;
+            o.deadline = until;
+            o.predicted_ns = static_cast<int64_t>(predicted_us * 1000.0f);
+            o.expected_epoch = epoch;
+            const shm::WaitResult w = table->wait(f, seq, o);
+            if (w.status == shm::WaitStatus::epoch_changed)
+              throw Error(Errc::unavailable,
+                          "stack epoch changed while waiting on flag " + std::to_string(f));
+            return w.status == shm::WaitStatus::ready;
+          });
     };
   }
   r.keep_alive = mappings_;

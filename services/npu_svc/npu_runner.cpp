@@ -127,6 +127,10 @@ StepReport NpuRunner::run_step(uint32_t id, const StepArgs& step, FlagSync& flag
                 "npu step: token table at " + std::to_string(step.tokens_offset) +
                     " lies outside the arena of " + std::to_string(mem.arena_bytes) + " bytes");
   const auto* rows = reinterpret_cast<const TokenRow*>(mem.arena + step.tokens_offset);
+  if (step.first_op > prog.ops.size())
+    throw Error(Errc::out_of_range, "npu step: first_op " + std::to_string(step.first_op) +
+                                        " past the program's " + std::to_string(prog.ops.size()) +
+                                        " ops");
 
   // Per op: the token rows it computes (Logits: only rows with a logits_row) and its shape.
   struct Planned {
@@ -136,7 +140,7 @@ StepReport NpuRunner::run_step(uint32_t id, const StepArgs& step, FlagSync& flag
     GraphCache::Resolved graphs;
   };
   std::vector<Planned> plan(prog.ops.size());
-  for (size_t i = 0; i < prog.ops.size(); ++i) {
+  for (size_t i = step.first_op; i < prog.ops.size(); ++i) {
     const fb::OpT& op = *prog.ops[i];
     Planned& pl = plan[i];
     std::tie(pl.t0, pl.t1) = token_range(op, step.n_tokens);
@@ -161,12 +165,21 @@ StepReport NpuRunner::run_step(uint32_t id, const StepArgs& step, FlagSync& flag
 
   StepReport report;
   report.seq = step.seq;
-  for (size_t i = 0; i < prog.ops.size(); ++i) {
+  report.next_op = static_cast<uint32_t>(prog.ops.size());
+  for (size_t i = step.first_op; i < prog.ops.size(); ++i) {
     const fb::OpT& op = *prog.ops[i];
     Planned& pl = plan[i];
     const Clock::time_point wait_start = Clock::now();
-    for (uint32_t f : op.wait_flags) flags.wait(f, step.seq, op.predicted_us);
+    // Preemption point (a preemptible step only): before the op, or in its cross-device waits.
+    bool go = !flags.preempt_requested();
+    for (size_t w = 0; go && w < op.wait_flags.size(); ++w)
+      go = flags.wait_or_preempt(op.wait_flags[w], step.seq, op.predicted_us);
     report.wait_us += us_since(wait_start);
+    if (!go) {
+      report.next_op = static_cast<uint32_t>(i);
+      report.preempted = true;
+      break;
+    }
 
     OpTiming timing;
     timing.op_index = static_cast<uint32_t>(i);
@@ -208,6 +221,7 @@ StepReport NpuRunner::run_step(uint32_t id, const StepArgs& step, FlagSync& flag
     report.modeled_us += timing.modeled_us;
     report.compile_us += timing.compile_us;
     report.ops.push_back(timing);
+    ++report.ops_run;
   }
   report.wall_us = us_since(step_start);
   return report;

@@ -34,6 +34,11 @@ struct StepReport {
   double compile_us = 0;   // modelled online preparation paid in this step
   double wait_us = 0;      // time spent waiting on other devices' flags
   std::vector<OpTiming> ops;
+  // Preemption (StepArgs.first_op / preempt_flag): the op it would run next (the op count when
+  // it ran to the end) and the ops it ran.
+  uint32_t next_op = 0;
+  uint32_t ops_run = 0;
+  bool preempted = false;
 };
 
 class NpuRunner {

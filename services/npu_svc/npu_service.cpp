@@ -1,4 +1,5 @@
 #include "services/npu_svc/npu_service.h"
+#include "core/model_access.h"
 
 #include <algorithm>
 #include <cstring>
@@ -82,6 +83,7 @@ MemoryResolver shm_memory_resolver() {
     auto mapped = std::make_shared<Mapped>();
     mapped->arena = shm::Segment::open(program.arena_segment);
     mapped->kv = shm::Segment::open(program.kv_segment);
+    check_model_path(program.model_path);  // a peer names it: only configured dirs
     mapped->model = GgufFile::open(program.model_path);
     if (!program.flags_segment.empty()) {
       mapped->flags = shm::Segment::open(program.flags_segment);
@@ -95,6 +97,28 @@ MemoryResolver shm_memory_resolver() {
     r.make_flags = [table, segment](Clock::time_point deadline) -> std::unique_ptr<FlagSync> {
       if (!table) throw Error(Errc::invalid_argument, "program names no flags segment");
       return std::make_unique<shm::ShmFlagSync>(*table, deadline, table->epoch());
+    };
+    // Preemption: a preempt flag past the programs' own flags may be named by a RunStep.
+    r.make_preemptible = [table](FlagSync& inner, const StepArgs& step,
+                                 Clock::time_point deadline) -> std::unique_ptr<FlagSync> {
+      if (!table) throw Error(Errc::invalid_argument, "program names no flags segment");
+      if (static_cast<uint32_t>(step.preempt_flag) >= table->size())
+        throw Error(Errc::out_of_range, "npu: preempt flag " + std::to_string(step.preempt_flag) +
+                                            " outside the flag table");
+      const uint64_t epoch = table->epoch();
+      return std::make_unique<PreemptibleFlagSync>(
+          inner, step, deadline, [table](uint32_t f) { return table->load(f); },
+          [table, epoch](uint32_t f, uint64_t seq, float predicted_us, Clock::time_point until) {
+            shm::WaitOptions o;
+            o.deadline = until;
+            o.predicted_ns = static_cast<int64_t>(predicted_us * 1000.0f);
+            o.expected_epoch = epoch;
+            const shm::WaitResult w = table->wait(f, seq, o);
+            if (w.status == shm::WaitStatus::epoch_changed)
+              throw Error(Errc::unavailable,
+                          "stack epoch changed while waiting on flag " + std::to_string(f));
+            return w.status == shm::WaitStatus::ready;
+          });
     };
     r.keep_alive = mapped;
     r.n_flags = table ? table->size() : 0;
@@ -169,20 +193,33 @@ msg::Bytes NpuService::run_step(const fb::Message& request) {
                         body->tokens()->offset(),
                         body->page_tables()->offset(),
                         body->page_tables()->cols()};
+    StepArgs step = args;
+    step.first_op = body->first_op();
+    step.preempt_flag = body->preempt_flag();
+    step.preempt_token = body->preempt_token();
     const auto deadline = Clock::now() + std::chrono::milliseconds(body->deadline_ms());
     std::unique_ptr<FlagSync> flags = mem->second.make_flags(deadline);
-    const StepReport r = runner_.run_step(body->program_id(), args, *flags);
+    std::unique_ptr<FlagSync> preemptible;
+    if (step.preempt_flag >= 0) {
+      if (!mem->second.make_preemptible)
+        throw Error(Errc::unsupported,
+                    "npu_svc: this program's memory does not support preemptible steps");
+      preemptible = mem->second.make_preemptible(*flags, step, deadline);
+    }
+    const StepReport r =
+        runner_.run_step(body->program_id(), step, preemptible ? *preemptible : *flags);
     ++steps_;
     std::vector<flatbuffers::Offset<fb::OpTime>> times;
     times.reserve(r.ops.size());
     for (const OpTiming& t : r.ops)
       times.push_back(fb::CreateOpTime(fbb, t.op_index, static_cast<float>(t.measured_us),
                                        static_cast<float>(t.modeled_us)));
-    return msg::finish_message(fbb, request.request_id(),
-                               fb::CreateStepDoneDirect(fbb, body->program_id(), body->step_seq(),
-                                                        static_cast<float>(r.measured_us),
-                                                        static_cast<float>(r.modeled_us),
-                                                        static_cast<float>(r.wait_us), &times));
+    return msg::finish_message(
+        fbb, request.request_id(),
+        fb::CreateStepDoneDirect(fbb, body->program_id(), body->step_seq(),
+                                 static_cast<float>(r.measured_us),
+                                 static_cast<float>(r.modeled_us), static_cast<float>(r.wait_us),
+                                 &times, r.next_op, r.preempted, r.ops_run));
   } catch (const Error& e) {
     ++failed_steps_;
     fbb.Clear();

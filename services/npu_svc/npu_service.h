@@ -32,6 +32,10 @@ struct ResolvedMemory {
   // Flags for one step, waiting at most until the deadline.
   std::function<std::unique_ptr<FlagSync>(std::chrono::steady_clock::time_point deadline)>
       make_flags;
+  // Preemption: wraps a step's flags for a preemptible RunStep (empty: not supported).
+  std::function<std::unique_ptr<FlagSync>(FlagSync& inner, const StepArgs& step,
+                                          std::chrono::steady_clock::time_point deadline)>
+      make_preemptible;
   std::shared_ptr<void> keep_alive;  // mappings that must outlive the program
   uint32_t n_flags = 0;              // flags in the table (0: unknown, indices not checked)
 };

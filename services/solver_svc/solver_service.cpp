@@ -1,4 +1,5 @@
 #include "services/solver_svc/solver_service.h"
+#include "core/model_access.h"
 
 #include "core/error.h"
 #include "core/run_dir.h"
@@ -19,6 +20,7 @@ SolverService::~SolverService() {
 PlanQuery SolverService::query_of(const fb::PlanRequest& r) const {
   PlanQuery q;
   q.model_path = r.model_path() ? r.model_path()->str() : "";
+  if (!q.model_path.empty()) check_model_path(q.model_path);  // only configured dirs
   q.shape = r.shape() ? r.shape()->str() : "";
   if (q.model_path.empty() && q.shape.empty()) {
     if (default_model_.empty())

@@ -90,6 +90,21 @@ TEST_F(FrontendProcess, GenerateThroughTheStackEqualsLocalGenerate) {
   r.prompt = "The man who";
   r.max_tokens = 24;
   EXPECT_EQ(c.generate(r).text + "\n", local);
+  // The same through the CLI verb.
+  const std::string stacked =
+      run(env_ + kBin + "duet generate --stack fetest --max-tokens 24 'The man who' 2>/dev/null",
+          &status);
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(stacked, local);
+  const auto j = nlohmann::json::parse(run(
+      env_ + kBin + "duet generate --stack fetest --max-tokens 24 --json 'The man who'", &status));
+  EXPECT_EQ(j["text"].get<std::string>() + "\n", local);
+  EXPECT_EQ(j["stats"]["plan"], "reference");
+  EXPECT_EQ(j["stats"]["kv_bytes_copied"], 0);
+  const std::string err = run(
+      env_ + kBin + "duet generate --stack fetest --priority urgent 'x' 2>&1 >/dev/null", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("unknown priority 'urgent'"), std::string::npos) << err;
 }
 
 TEST_F(FrontendProcess, EvalThroughTheStackMatchesLocalEval) {
@@ -110,13 +125,28 @@ TEST_F(FrontendProcess, EvalThroughTheStackMatchesLocalEval) {
   std::vector<float> local(ids.size() * 2048);
   in.read(reinterpret_cast<char*>(local.data()), std::streamsize(local.size() * sizeof(float)));
   ASSERT_TRUE(in) << "the local logits file is short";
-  client::Client c(client::stack_endpoint("fetest", run_dir_));
-  const auto r = c.eval(ids, "reference", kModelPath);
-  ASSERT_EQ(r.logits.size(), local.size());
+  const std::string stack_file = root_ + "/stack.f32";
+  run(env_ + kBin + "duet eval --stack fetest --plan reference --model " + kModelPath + " --ids '" +
+          ids_text + "' --logits-out " + stack_file + " 2>/dev/null",
+      &status);
+  ASSERT_EQ(status, 0);
+  std::ifstream sin(stack_file, std::ios::binary);
+  std::vector<float> stacked(local.size() + 1);
+  sin.read(reinterpret_cast<char*>(stacked.data()), std::streamsize(stacked.size() * 4));
+  ASSERT_EQ(sin.gcount(), std::streamsize(local.size() * 4)) << "the stack's logits file size";
   float max_diff = 0;
   for (size_t i = 0; i < local.size(); ++i)
-    max_diff = std::max(max_diff, std::abs(r.logits[i] - local[i]));
+    max_diff = std::max(max_diff, std::abs(stacked[i] - local[i]));
   EXPECT_LT(max_diff, 1e-4f);
+  // A model that is not the stack's is refused, naming both.
+  const std::string err =
+      run(env_ + kBin +
+              "duet eval --stack fetest --model " DUET_SOURCE_DIR
+              "/tests/data/tiny-fortune/fortune-f16.gguf --ids '1 2' --logits-out " +
+              root_ + "/x.f32 2>&1",
+          &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("is not this stack's model"), std::string::npos) << err;
 }
 
 TEST_F(FrontendProcess, ChatKeepsItsSessionAndStatusReportsIt) {

@@ -27,7 +27,8 @@ class LocalFlags : public FlagSync {
   void wait(uint32_t flag, uint64_t seq, float) override {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (flags_.at(flag).load(std::memory_order_acquire) < seq) {
-      if (std::chrono::steady_clock::now() > deadline) throw Error(Errc::timeout, "flag wait timed out");
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error(Errc::timeout, "flag wait timed out");
       std::this_thread::yield();
     }
   }
@@ -70,8 +71,12 @@ class ProgramRun {
     auto* rows = reinterpret_cast<TokenRow*>(arena_.data() + built_.arena.tokens);
     for (size_t t = 0; t < tokens.size(); ++t)
       rows[t] = {tokens[t], pos + static_cast<int32_t>(t), 0, static_cast<int32_t>(t)};
-    StepArgs args{++seq_, static_cast<uint32_t>(tokens.size()), 1, built_.arena.tokens,
-                  built_.arena.page_tables, built_.max_pages_per_seq};
+    StepArgs args{++seq_,
+                  static_cast<uint32_t>(tokens.size()),
+                  1,
+                  built_.arena.tokens,
+                  built_.arena.page_tables,
+                  built_.max_pages_per_seq};
     std::exception_ptr npu_error;
     std::thread npu([&] {
       try {
@@ -127,7 +132,8 @@ void expect_matches_reference(const LlamaModel& m, Plan plan) {
   std::vector<float> want = ref.forward(prompt, true);
   ASSERT_EQ(got.size(), want.size());
   float max_diff = 0;
-  for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+  for (size_t i = 0; i < got.size(); ++i)
+    max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
   EXPECT_LT(max_diff, 1e-3) << plan.name << " prefill";
 
   int pos = static_cast<int>(prompt.size());
@@ -190,10 +196,12 @@ TEST(ProgramValidation, RejectsOffsetsOutsideTheArena) {
   spec.max_tokens = 4;
   BuiltPrograms b = build_programs(spec);
   std::vector<uint8_t> arena(b.arena.bytes), kv(b.kv.bytes());
-  ProgramMemory mem{arena.data(), arena.size(), kv.data(), kv.size(), m->file().data(), m->file().size()};
+  ProgramMemory mem{arena.data(), arena.size(),     kv.data(),
+                    kv.size(),    m->file().data(), m->file().size()};
   validate_program(b.gpu, mem);
   const fb::TensorRef& out = *b.gpu.ops[3]->out;
-  *b.gpu.ops[3]->out = fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(), out.cols());
+  *b.gpu.ops[3]->out =
+      fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(), out.cols());
   try {
     validate_program(b.gpu, mem);
     FAIL() << "expected an error";

@@ -17,12 +17,17 @@ std::string model_path(const std::string& variant) {
   return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-" + variant + ".gguf";
 }
 
-std::string unique_stack(const char* tag) { return std::string("pe") + tag + std::to_string(getpid()); }
+std::string unique_stack(const char* tag) {
+  return std::string("pe") + tag + std::to_string(getpid());
+}
 
-int32_t argmax(const float* v, int n) { return static_cast<int32_t>(std::max_element(v, v + n) - v); }
+int32_t argmax(const float* v, int n) {
+  return static_cast<int32_t>(std::max_element(v, v + n) - v);
+}
 
 std::unique_ptr<ProgramEngine> make_engine(const std::string& stack, const std::string& variant,
-                                           std::function<Plan(uint32_t)> plan_for, std::string plan_name) {
+                                           std::function<Plan(uint32_t)> plan_for,
+                                           std::string plan_name) {
   ProgramEngineOptions o;
   o.model_path = model_path(variant);
   o.stack_id = stack;
@@ -31,12 +36,14 @@ std::unique_ptr<ProgramEngine> make_engine(const std::string& stack, const std::
   o.buckets = {4, 32};
   o.max_seqs = 4;
   o.max_ctx = 128;
-  return std::make_unique<ProgramEngine>(o, LlamaModel::load(o.model_path), make_interpreter_link("gpu"),
+  return std::make_unique<ProgramEngine>(o, LlamaModel::load(o.model_path),
+                                         make_interpreter_link("gpu"),
                                          make_interpreter_link("npu"));
 }
 
 // Greedy continuation of each prompt, all sequences decoded together in one batch per step.
-std::vector<std::vector<int32_t>> greedy_batched(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<std::vector<int32_t>> greedy_batched(Engine& e,
+                                                 const std::vector<std::vector<int32_t>>& prompts,
                                                  int n_new) {
   const int V = e.model().hp().n_vocab;
   std::vector<std::vector<int32_t>> out(prompts.size());
@@ -59,7 +66,8 @@ std::vector<std::vector<int32_t>> greedy_batched(Engine& e, const std::vector<st
   return out;
 }
 
-std::vector<int32_t> greedy_reference(const LlamaModel& m, const std::vector<int32_t>& prompt, int n_new) {
+std::vector<int32_t> greedy_reference(const LlamaModel& m, const std::vector<int32_t>& prompt,
+                                      int n_new) {
   ReferenceForward ref(m, 128);
   const int V = m.hp().n_vocab;
   std::vector<float> logits = ref.forward(prompt, false);
@@ -78,8 +86,10 @@ Plan split(Strategy s, int gpu_rows, int npu_tokens) {
   return p;
 }
 
-const std::vector<std::vector<int32_t>> kPrompts = {
-    {1, 703, 1975, 310}, {1, 450, 12, 99, 1000, 7}, {1, 5}, {1, 42, 42, 42, 42, 42, 42, 42, 42, 42}};
+const std::vector<std::vector<int32_t>> kPrompts = {{1, 703, 1975, 310},
+                                                    {1, 450, 12, 99, 1000, 7},
+                                                    {1, 5},
+                                                    {1, 42, 42, 42, 42, 42, 42, 42, 42, 42}};
 
 TEST(ProgramEngine, BatchedGreedyEqualsTheReferenceForEveryPlanShape) {
   auto m = LlamaModel::load(model_path("q8_0"));
@@ -90,7 +100,8 @@ TEST(ProgramEngine, BatchedGreedyEqualsTheReferenceForEveryPlanShape) {
       {"npu-only", nullptr},
       {"weight", [](uint32_t) { return split(Strategy::weight_split, 100, 0); }},
       {"hybrid", [](uint32_t b) { return split(Strategy::hybrid, 64, b >= 32 ? 16 : 0); }},
-      {"activation", [](uint32_t b) { return split(Strategy::activation_split, 0, b >= 32 ? 8 : 0); }},
+      {"activation",
+       [](uint32_t b) { return split(Strategy::activation_split, 0, b >= 32 ? 8 : 0); }},
   };
   for (const auto& [name, plan_for] : plans) {
     SCOPED_TRACE(name);
@@ -107,7 +118,8 @@ TEST(ProgramEngine, ClosingASequenceFreesItsPagesAndTheEngineRemovesItsSegments)
     const uint32_t free0 = engine->status()["kv_pages_free"];
     engine->open_seq(7, 100);
     engine->step({{7, std::vector<int32_t>(20, 5), 0, true}}, nullptr);
-    EXPECT_EQ(static_cast<uint32_t>(engine->status()["kv_pages_free"]), free0 - 2);  // 20 tokens, 16 per page
+    EXPECT_EQ(static_cast<uint32_t>(engine->status()["kv_pages_free"]),
+              free0 - 2);  // 20 tokens, 16 per page
     engine->close_seq(7);
     EXPECT_EQ(static_cast<uint32_t>(engine->status()["kv_pages_free"]), free0);
   }
@@ -118,9 +130,10 @@ TEST(ProgramEngine, RejectsBadSteps) {
   auto engine = make_engine(unique_stack("c"), "q4_0", nullptr, "gpu-only");
   EXPECT_THROW(engine->step({{9, {1}, 0, true}}, nullptr), Error);  // not open
   engine->open_seq(9, 10);
-  EXPECT_THROW(engine->step({{9, {1}, 3, true}}, nullptr), Error);          // gap
-  EXPECT_THROW(engine->step({{9, {1 << 20}, 0, true}}, nullptr), Error);    // token id
-  EXPECT_THROW(engine->step({{9, std::vector<int32_t>(11, 1), 0, true}}, nullptr), Error);  // past max
+  EXPECT_THROW(engine->step({{9, {1}, 3, true}}, nullptr), Error);        // gap
+  EXPECT_THROW(engine->step({{9, {1 << 20}, 0, true}}, nullptr), Error);  // token id
+  EXPECT_THROW(engine->step({{9, std::vector<int32_t>(11, 1), 0, true}}, nullptr),
+               Error);  // past max
   EXPECT_THROW(engine->open_seq(10, 100000), Error);
   engine->step({{9, {1, 2}, 0, true}}, nullptr);  // still serves
 }

@@ -1,0 +1,130 @@
+#pragma once
+// Agent.xpu scheduling rules (seeds/agent-xpu.txt §4.3-4.5), as pure functions over plain data so
+// that each rule is testable alone and the serving loop, the trace bench and the sd8gen3 model
+// all use the same code. Times are milliseconds on the caller's clock.
+//
+//   AgentQueues           dual queues per class (prefill, decode); reactive FIFO; aging
+//   should_preempt        a waiting reactive prefill stops a running proactive (not aged) prefill
+//   elastic_binding       Algorithm 1: chunked prefill split between NPU and GPU per step
+//   gpu_next              prefill-first arbitration of the GPU
+//   may_overlap           contention gating of memory-bound work of different classes
+//   reactive_first_batch  Algorithm 2: decode batch with the proactive cap and its eviction rule
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "core/plan.h"
+
+namespace duet::frontend::agent {
+
+enum class Flow : uint8_t { reactive = 0, proactive = 1 };
+
+struct AgentConfig {
+  int decode_cap = 3;       // B_cap: batch size up to which proactive work piggybacks on reactive
+  double aging_ms = 30000;  // a proactive job waiting longer than this is promoted
+  int chunk_tokens = 32;    // S_chk: the NPU's standard prefill chunk (a compiled graph size)
+};
+
+// A request as the policies see it.
+struct Job {
+  uint64_t id = 0;
+  Flow flow = Flow::reactive;
+  double enqueued_ms = 0;  // when it (re)entered its current queue: aging counts from here
+  int seq_len = 0;         // tokens in its context now (decode cost grows with it)
+  bool promoted = false;   // aged: treated as reactive from now on (set by the queues)
+};
+
+// Aged: a proactive job that has waited past the threshold. Promotion is sticky.
+bool aged(const Job& j, double now_ms, const AgentConfig& cfg);
+// Treated as reactive: reactive, or promoted.
+inline bool urgent(const Job& j) {
+  return j.flow == Flow::reactive || j.promoted;
+}
+
+// Dual queues per class for the prefill and the decode stage.
+class AgentQueues {
+ public:
+  explicit AgentQueues(AgentConfig cfg = {}) : cfg_(cfg) {}
+  void push_prefill(Job j);
+  void push_decode(Job j);
+  // Promotes proactive jobs of both stages that waited past the threshold (oldest first, they
+  // keep their arrival order among the promoted). Returns how many were promoted now.
+  int age(double now_ms);
+  // The next prefill: reactive FIFO, a promoted proactive job taking its place among them by its
+  // enqueue time; then proactive FIFO.
+  std::optional<Job> pop_prefill(double now_ms);
+  // The next prefill of one class: reactive FIFO; proactive promoted first, then FIFO.
+  std::optional<Job> pop_prefill(Flow flow, double now_ms);
+  bool reactive_prefill_waiting() const { return !reactive_prefill_.empty(); }
+  bool promoted_prefill_waiting() const;  // as of the last age()
+  // Everything waiting for a decode slot, for reactive_first_batch (drains the decode queues).
+  std::vector<Job> pop_decode_all(Flow flow);
+  size_t prefill_size(Flow f) const {
+    return (f == Flow::reactive ? reactive_prefill_ : proactive_prefill_).size();
+  }
+  size_t decode_size(Flow f) const {
+    return (f == Flow::reactive ? reactive_decode_ : proactive_decode_).size();
+  }
+  const AgentConfig& config() const { return cfg_; }
+
+ private:
+  AgentConfig cfg_;
+  std::deque<Job> reactive_prefill_, proactive_prefill_, reactive_decode_, proactive_decode_;
+};
+
+// Prefill preemption: a reactive prefill waiting preempts the running prefill only when that one
+// is proactive and not promoted. Reactive never preempts reactive (nor a promoted job).
+bool should_preempt(const Job& running, bool reactive_waiting);
+
+// Algorithm 1, per prefill step of n_tokens. op_us(tokens, device) predicts a token-wise op of
+// that many tokens on a device. Decode idle: the number of standard chunks on the NPU balances
+// the NPU's time against the GPU's (its chunks plus the ragged remainder). Decode busy: every
+// standard chunk on the NPU, the remainder on the GPU, deferred so that it ends with the NPU.
+struct ElasticBinding {
+  int n_chunks = 0;               // N_chk: standard chunks in the step
+  int npu_chunks = 0;             // n_npu
+  int npu_tokens = 0;             // token rows [0, npu_tokens) on the NPU
+  int gpu_tokens = 0;             // the rest on the GPU
+  double defer_us = 0;            // how long the GPU part waits (decode busy)
+  double npu_us = 0, gpu_us = 0;  // predicted per op
+};
+using OpCost = std::function<double(int tokens, Device device)>;
+ElasticBinding elastic_binding(int n_tokens, bool decode_busy, int chunk_tokens,
+                               const OpCost& op_us);
+// The binding as a plan: activation_split of every matmul with npu_tokens on the NPU (gpu_only
+// when no chunk fits, npu_only when the NPU takes every token).
+Plan elastic_plan(const ElasticBinding& b);
+
+// Prefill-first arbitration of the GPU: a prefill's GPU kernels go before decode's, whatever
+// their class (prefill bursts are short; decode fills the gaps).
+enum class Stage : uint8_t { none, prefill, decode };
+Stage gpu_next(bool prefill_ready, bool decode_ready);
+
+// Contention gating: memory-bound work of different classes must not overlap (the
+// lower-priority side is deferred); same-class or compute-bound work may.
+struct Work {
+  Flow flow = Flow::reactive;
+  bool memory_bound = false;
+};
+bool may_overlap(const Work& running, const Work& candidate);
+
+// Algorithm 2. Reactive jobs (and promoted ones) are all admitted. Proactive ones fill the
+// batch while it is smaller than cap, or without limit when no reactive job is present.
+// Eviction rule: the proactive jobs with the LONGEST contexts are evicted first (they inflate the
+// batch's per-token time the most: attention reads their whole KV), ties broken by admitting the
+// longer-waiting one. (The paper's text says this; its pseudo-code sorts descending and so would
+// admit the longest, which contradicts the stated goal.)
+struct DecodeBatch {
+  std::vector<Job> batch;    // reactive (and promoted) first, then the piggybacked proactive
+  std::vector<Job> evicted;  // back to the proactive decode queue
+};
+// reactive_elsewhere: a reactive request is present though not decoding (prefilling): the cap
+// holds.
+DecodeBatch reactive_first_batch(const std::vector<Job>& current,
+                                 const std::vector<Job>& new_reactive,
+                                 const std::vector<Job>& new_proactive, int cap,
+                                 bool reactive_elsewhere = false);
+
+}  // namespace duet::frontend::agent

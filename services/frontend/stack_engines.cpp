@@ -1,0 +1,219 @@
+#include "services/frontend/stack_engines.h"
+
+#include <algorithm>
+#include <cctype>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/messaging.h"
+#include "core/model.h"
+#include "core/run_dir.h"
+#include "core/solver.h"
+#include "services/frontend/program_engine.h"
+#include "services/frontend/reference_engine.h"
+
+namespace duet::frontend {
+namespace {
+
+// Where each bucket's plan came from, for status.
+struct PlanSources {
+  std::mutex mu;
+  nlohmann::json buckets = nlohmann::json::object();
+  bool fallback = false;
+};
+
+// Forwards to the engine it wraps, keeps alive the model that engine reads (when it does not own
+// it), and adds how its plans were chosen to status().
+class AnnotatedEngine : public Engine {
+ public:
+  AnnotatedEngine(std::unique_ptr<LlamaModel> model, std::unique_ptr<Engine> inner,
+                  std::shared_ptr<PlanSources> sources)
+      : model_(std::move(model)), inner_(std::move(inner)), sources_(std::move(sources)) {}
+  const LlamaModel& model() const override { return inner_->model(); }
+  std::string plan_name() const override { return inner_->plan_name(); }
+  void open_seq(uint64_t id, int n) override { inner_->open_seq(id, n); }
+  void close_seq(uint64_t id) override { inner_->close_seq(id); }
+  void truncate_seq(uint64_t id, int n) override { inner_->truncate_seq(id, n); }
+  std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
+    return inner_->step(b, s);
+  }
+  int max_step_tokens() const override { return inner_->max_step_tokens(); }
+  nlohmann::json status() const override {
+    nlohmann::json j = inner_->status();
+    std::lock_guard lock(sources_->mu);
+    j["plan_sources"] = sources_->buckets;
+    j["solver_fallback"] = sources_->fallback;
+    if (sources_->fallback)
+      j["note"] =
+          "solver_svc was unreachable: some buckets run the gpu-only plan (see plan_sources)";
+    return j;
+  }
+
+ private:
+  std::unique_ptr<LlamaModel> model_;  // first: outlives the engine that reads it
+  std::unique_ptr<Engine> inner_;
+  std::shared_ptr<PlanSources> sources_;
+};
+
+Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket);
+
+// Builds the engine on first use, so the frontend is up (and healthy) before the device services
+// are, and a device that is down fails requests with a clear error instead of the frontend's
+// start. A failed build is retried by the next request.
+class LazyEngine : public Engine {
+ public:
+  LazyEngine(const std::string& model_path, std::string plan,
+             std::function<std::unique_ptr<Engine>()> build)
+      : model_(LlamaModel::load(model_path)), plan_(std::move(plan)), build_(std::move(build)) {}
+  const LlamaModel& model() const override { return inner_ ? inner_->model() : *model_; }
+  std::string plan_name() const override { return plan_; }
+  void open_seq(uint64_t id, int n) override { ready().open_seq(id, n); }
+  void close_seq(uint64_t id) override {
+    if (inner_) inner_->close_seq(id);
+  }
+  void truncate_seq(uint64_t id, int n) override {
+    if (inner_) inner_->truncate_seq(id, n);
+  }
+  std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
+    return ready().step(b, s);
+  }
+  int max_step_tokens() const override {
+    return inner_ ? inner_->max_step_tokens() : kMaxStepTokens;
+  }
+  nlohmann::json status() const override {
+    if (inner_) return inner_->status();
+    return {{"engine", "not built yet (built by the first request)"},
+            {"plan", plan_},
+            {"last_error", last_error_}};
+  }
+
+  static constexpr int kMaxStepTokens = 64;  // the largest token bucket (make_stack_engine)
+
+ private:
+  Engine& ready() {
+    if (!inner_) {
+      try {
+        inner_ = build_();
+        last_error_.clear();
+      } catch (const Error& e) {
+        last_error_ = e.what();
+        throw Error(e.code() == Errc::timeout ? Errc::unavailable : e.code(),
+                    "the '" + plan_ + "' engine could not start: " + e.what());
+      }
+    }
+    return *inner_;
+  }
+
+  std::unique_ptr<LlamaModel> model_;  // answers model() until the engine exists
+  std::string plan_;
+  std::function<std::unique_ptr<Engine>()> build_;
+  std::unique_ptr<Engine> inner_;
+  std::string last_error_;
+};
+
+// Asks solver_svc for the plan of one token bucket, retrying while it starts (the stack starts
+// its services together) until the timeout.
+Plan ask_solver(const StackEngineConfig& c, uint32_t bucket) {
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(c.solver_timeout_ms);
+  for (;;) {
+    try {
+      return ask_solver_once(c, bucket);
+    } catch (const Error& e) {
+      if (e.code() == Errc::invalid_argument || std::chrono::steady_clock::now() >= give_up) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+}
+
+Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket) {
+  msg::RequestClient client(ipc_endpoint(control_socket_path(c.run_dir, ServiceId::solver)));
+  const msg::Reply reply = client.call(
+      [&](uint64_t id) {
+        flatbuffers::FlatBufferBuilder fbb;
+        auto body = fb::CreatePlanRequestDirect(fbb, c.model_path.c_str(), "", c.soc.c_str(),
+                                                c.timing.c_str(),
+                                                bucket <= 1 ? "decode" : "prefill", bucket);
+        return msg::finish_message(fbb, id, body);
+      },
+      std::chrono::milliseconds(1000));
+  const auto* plan = reply.message().body_as_PlanReply();
+  if (!plan || !plan->json()) throw Error(Errc::bad_format, "solver_svc: not a PlanReply");
+  Plan p = plan_from_json(nlohmann::json::parse(plan->json()->str()));
+  p.name = "tensor";
+  return p;
+}
+
+std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::string& plan,
+                                     uint32_t instance);
+
+std::string tag_of(const std::string& plan, uint32_t instance) {
+  std::string tag;
+  for (char ch : plan) tag += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return tag + "_" + std::to_string(instance);
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> make_stack_engine(const StackEngineConfig& c, const std::string& plan,
+                                          uint32_t instance) {
+  if (plan != "reference" && plan != "tensor" && plan != "auto" && plan != "gpu-only" &&
+      plan != "npu-only" && plan != "layer")
+    throw Error(Errc::invalid_argument, "unknown plan '" + plan + "'");
+  if (plan != "reference")
+    return std::make_unique<LazyEngine>(
+        c.model_path, plan, [c, plan, instance] { return build_engine(c, plan, instance); });
+  return build_engine(c, plan, instance);
+}
+
+namespace {
+
+std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::string& plan,
+                                     uint32_t instance) {
+  auto model = LlamaModel::load(c.model_path);
+  auto sources = std::make_shared<PlanSources>();
+  if (plan == "reference") {
+    auto engine = std::make_unique<ReferenceEngine>(*model);
+    return std::make_unique<AnnotatedEngine>(std::move(model), std::move(engine),
+                                             std::move(sources));
+  }
+
+  ProgramEngineOptions o;
+  o.model_path = c.model_path;
+  o.stack_id = c.stack_id;
+  o.plan_name = plan;
+  o.buckets = {1, 16, static_cast<uint32_t>(LazyEngine::kMaxStepTokens)};
+  o.max_seqs = static_cast<uint32_t>(std::max(1, c.max_seqs));
+  o.max_ctx = static_cast<uint32_t>(c.max_ctx);
+  o.segment_tag = tag_of(plan, instance);
+  o.program_id_base =
+      1000 * (instance + 1) + 100 * static_cast<uint32_t>(std::hash<std::string>{}(plan) % 10);
+  if (plan == "tensor" || plan == "auto") {
+    o.plan_for = [c, sources](uint32_t bucket) {
+      std::lock_guard lock(sources->mu);
+      try {
+        Plan p = ask_solver(c, bucket);
+        sources->buckets[std::to_string(bucket)] = "solver_svc (" + c.timing + ")";
+        return p;
+      } catch (const Error& e) {
+        sources->fallback = true;
+        sources->buckets[std::to_string(bucket)] = std::string("gpu-only fallback: ") + e.what();
+        return Plan::gpu_only();
+      }
+    };
+  } else if (plan != "gpu-only" && plan != "npu-only" && plan != "layer") {
+    throw Error(Errc::invalid_argument, "unknown plan '" + plan + "'");
+  }
+  auto gpu =
+      make_service_link("gpu_svc", ipc_endpoint(control_socket_path(c.run_dir, ServiceId::gpu)));
+  auto npu =
+      make_service_link("npu_svc", ipc_endpoint(control_socket_path(c.run_dir, ServiceId::npu)));
+  auto engine =
+      std::make_unique<ProgramEngine>(o, std::move(model), std::move(gpu), std::move(npu));
+  return std::make_unique<AnnotatedEngine>(nullptr, std::move(engine), std::move(sources));
+}
+
+}  // namespace
+
+}  // namespace duet::frontend

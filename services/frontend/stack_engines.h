@@ -1,0 +1,32 @@
+#pragma once
+// The engines a running stack serves with, by plan name:
+//   reference           core/forward.h in the frontend process (the oracle)
+//   gpu-only, npu-only, layer   fixed placements (core/plan.h), on gpu_svc and npu_svc
+//   tensor, auto        the solver's plan per token bucket, asked of solver_svc; while the solver
+//                       is unreachable a bucket falls back to gpu-only and status says so
+// Programs run on the device services over ZeroMQ and shared memory (ProgramEngine).
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "services/frontend/engine.h"
+
+namespace duet::frontend {
+
+struct StackEngineConfig {
+  std::string stack_id;
+  std::string run_dir;
+  std::string model_path;
+  std::string soc = "sd8gen3";
+  std::string timing = "modeled";  // what the solver optimises: "modeled" | "measured"
+  int max_seqs = 16;               // sequences per step (the frontend's max running)
+  int max_ctx = 0;                 // positions per sequence (0 = the model's context)
+  int solver_timeout_ms = 5000;
+};
+
+// Makes the engine for `plan`. `instance` keeps the shm segment names and program ids of
+// engines that live side by side apart (0 for the stack's main engine).
+std::unique_ptr<Engine> make_stack_engine(const StackEngineConfig& config, const std::string& plan,
+                                          uint32_t instance);
+
+}  // namespace duet::frontend

@@ -1,0 +1,138 @@
+// The Agent.xpu rules one by one (services/frontend/agent_policy.h): pure logic, no devices.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "services/frontend/agent_policy.h"
+
+namespace duet::frontend::agent {
+namespace {
+
+Job reactive(uint64_t id, double t, int len = 10) {
+  return {id, Flow::reactive, t, len, false};
+}
+Job proactive(uint64_t id, double t, int len = 10) {
+  return {id, Flow::proactive, t, len, false};
+}
+
+std::vector<uint64_t> ids(const std::vector<Job>& jobs) {
+  std::vector<uint64_t> out;
+  for (const Job& j : jobs) out.push_back(j.id);
+  return out;
+}
+
+TEST(AgentPolicy, ReactivePrefillIsFifoAndGoesBeforeProactive) {
+  AgentQueues q({3, 1000, 32});
+  q.push_prefill(proactive(1, 0));
+  q.push_prefill(reactive(2, 1));
+  q.push_prefill(proactive(3, 2));
+  q.push_prefill(reactive(4, 3));
+  std::vector<uint64_t> order;
+  while (auto j = q.pop_prefill(10)) order.push_back(j->id);
+  EXPECT_EQ(order, (std::vector<uint64_t>{2, 4, 1, 3}));
+}
+
+TEST(AgentPolicy, AgingPromotesAProactiveJobAheadOfLaterReactiveOnes) {
+  AgentQueues q({3, 1000, 32});
+  q.push_prefill(proactive(1, 0));
+  q.push_prefill(reactive(2, 500));
+  EXPECT_EQ(q.pop_prefill(600)->id, 2u);  // not aged yet: reactive first
+  q.push_prefill(reactive(3, 900));
+  q.push_prefill(reactive(4, 1200));
+  EXPECT_EQ(q.age(1100), 1);  // waited 1100 ms > 1000
+  EXPECT_EQ(q.age(1100), 0);  // promotion is sticky, counted once
+  // Enqueued at 0: ahead of the reactive jobs enqueued at 900 and 1200.
+  const auto first = q.pop_prefill(1300);
+  EXPECT_EQ(first->id, 1u);
+  EXPECT_TRUE(first->promoted);
+  EXPECT_EQ(q.pop_prefill(1300)->id, 3u);
+  EXPECT_EQ(q.pop_prefill(1300)->id, 4u);
+  EXPECT_FALSE(q.pop_prefill(1300).has_value());
+}
+
+TEST(AgentPolicy, ReactiveNeverPreemptsReactiveNorAPromotedJob) {
+  EXPECT_TRUE(should_preempt(proactive(1, 0), true));
+  EXPECT_FALSE(should_preempt(proactive(1, 0), false));
+  EXPECT_FALSE(should_preempt(reactive(1, 0), true));
+  Job promoted = proactive(1, 0);
+  promoted.promoted = true;
+  EXPECT_FALSE(should_preempt(promoted, true));
+}
+
+// A toy cost: the NPU does a 32-token chunk in 1 ms, the GPU in 3 ms; linear in tokens.
+double toy_cost(int tokens, Device d) {
+  return tokens * (d == Device::npu ? 1000.0 : 3000.0) / 32;
+}
+
+TEST(AgentPolicy, ElasticBindingBalancesChunksWhenDecodeIsIdle) {
+  // 8 chunks + 16 tokens: i NPU chunks take i ms; the GPU takes 3 (8 - i) + 1.5 ms: i = 6 balances.
+  const ElasticBinding b = elastic_binding(8 * 32 + 16, false, 32, toy_cost);
+  EXPECT_EQ(b.n_chunks, 8);
+  EXPECT_EQ(b.npu_chunks, 6);
+  EXPECT_EQ(b.npu_tokens, 192);
+  EXPECT_EQ(b.gpu_tokens, 80);
+  EXPECT_DOUBLE_EQ(b.defer_us, 0);
+  const Plan p = elastic_plan(b);
+  EXPECT_EQ(p.at(MatmulRole::q).strategy, Strategy::activation_split);
+  EXPECT_EQ(p.at(MatmulRole::down).npu_tokens, 192);
+}
+
+TEST(AgentPolicy, ElasticBindingPutsEveryChunkOnTheNpuAndDefersTheRemainderWhenDecodeIsBusy) {
+  const ElasticBinding b = elastic_binding(8 * 32 + 16, true, 32, toy_cost);
+  EXPECT_EQ(b.npu_chunks, 8);
+  EXPECT_EQ(b.gpu_tokens, 16);
+  EXPECT_DOUBLE_EQ(b.defer_us, 8000 - 1500);  // the GPU remainder ends with the NPU's chunks
+  // Shorter than a chunk: all on the GPU; exact chunks with decode busy: all on the NPU.
+  EXPECT_EQ(elastic_plan(elastic_binding(20, true, 32, toy_cost)).name, "gpu-only");
+  EXPECT_EQ(elastic_plan(elastic_binding(64, true, 32, toy_cost)).name, Plan::npu_only().name);
+  EXPECT_THROW(elastic_binding(0, true, 32, toy_cost), Error);
+  EXPECT_THROW(elastic_binding(10, true, 0, toy_cost), Error);
+}
+
+TEST(AgentPolicy, PrefillGoesFirstOnTheGpu) {
+  EXPECT_EQ(gpu_next(true, true), Stage::prefill);
+  EXPECT_EQ(gpu_next(false, true), Stage::decode);
+  EXPECT_EQ(gpu_next(false, false), Stage::none);
+}
+
+TEST(AgentPolicy, MemoryBoundWorkOfDifferentClassesDoesNotOverlap) {
+  const Work reactive_decode{Flow::reactive, true}, proactive_decode{Flow::proactive, true};
+  const Work proactive_gemm{Flow::proactive, false};
+  EXPECT_FALSE(may_overlap(reactive_decode, proactive_decode));
+  EXPECT_FALSE(may_overlap(proactive_decode, reactive_decode));
+  EXPECT_TRUE(may_overlap(reactive_decode, proactive_gemm));
+  EXPECT_TRUE(may_overlap(proactive_decode, proactive_decode));
+  EXPECT_TRUE(may_overlap(reactive_decode, reactive_decode));
+}
+
+TEST(AgentPolicy, DecodeBatchAdmitsEveryReactiveAndCapsProactiveEvictingTheLongest) {
+  const std::vector<Job> current{reactive(1, 0), proactive(2, 0, 300), proactive(3, 0, 50)};
+  const std::vector<Job> new_reactive{reactive(4, 5)};
+  const std::vector<Job> new_proactive{proactive(5, 5, 80), proactive(6, 6, 50)};
+  const DecodeBatch b = reactive_first_batch(current, new_reactive, new_proactive, 3);
+  // Reactive 1 and 4, then the shortest proactive (3: 50 tokens, enqueued before 6) up to 3.
+  EXPECT_EQ(ids(b.batch), (std::vector<uint64_t>{1, 4, 3}));
+  EXPECT_EQ(ids(b.evicted), (std::vector<uint64_t>{6, 5, 2}));
+  // Reactive jobs alone exceed the cap: every one is admitted, no proactive one.
+  const DecodeBatch many = reactive_first_batch({reactive(1, 0), reactive(2, 0), reactive(3, 0)},
+                                                {reactive(4, 0)}, {proactive(5, 0)}, 3);
+  EXPECT_EQ(many.batch.size(), 4u);
+  EXPECT_EQ(ids(many.evicted), (std::vector<uint64_t>{5}));
+}
+
+TEST(AgentPolicy, DecodeBatchHasNoCapWithoutReactiveWorkAndPromotedJobsBypassIt) {
+  std::vector<Job> pro;
+  for (uint64_t i = 1; i <= 6; ++i) pro.push_back(proactive(i, 0, int(i)));
+  EXPECT_EQ(reactive_first_batch({}, {}, pro, 3).batch.size(), 6u);
+  Job promoted = proactive(9, 0, 1000);
+  promoted.promoted = true;
+  const DecodeBatch b =
+      reactive_first_batch({reactive(1, 0), reactive(2, 0), reactive(3, 0)}, {}, {promoted}, 3);
+  EXPECT_EQ(ids(b.batch), (std::vector<uint64_t>{1, 2, 3, 9}));
+  EXPECT_TRUE(b.evicted.empty());
+  EXPECT_THROW(reactive_first_batch({}, {}, {}, -1), Error);
+  // A reactive request still prefilling counts as present: the cap holds.
+  EXPECT_EQ(reactive_first_batch({}, {}, pro, 3, true).batch.size(), 3u);
+}
+
+}  // namespace
+}  // namespace duet::frontend::agent
