@@ -138,9 +138,12 @@ Segment Segment::create(const std::string& name, size_t bytes, Lifetime lifetime
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) fail("mmap", errno, Errc::io);
+  struct stat created {};
+  const uint64_t identity = fstat(fd, &created) == 0 ? static_cast<uint64_t>(created.st_ino) : 0;
   close(fd);  // the mapping keeps the memory alive
 
   Segment s;
+  s.identity_ = identity;
   s.name_ = name;
   s.data_ = static_cast<uint8_t*>(p);
   s.size_ = bytes;
@@ -181,7 +184,17 @@ Segment Segment::open(const std::string& name, Access access) {
   s.data_ = static_cast<uint8_t*>(p);
   s.size_ = bytes;
   s.access_ = access;
+  s.identity_ = static_cast<uint64_t>(st.st_ino);
   return s;
+}
+
+uint64_t segment_identity(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return 0;
+  struct stat st {};
+  const uint64_t id = fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+  close(fd);
+  return id;
 }
 
 Segment::Segment(Segment&& other) noexcept
@@ -189,7 +202,8 @@ Segment::Segment(Segment&& other) noexcept
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
       access_(other.access_),
-      unlink_on_destroy_(std::exchange(other.unlink_on_destroy_, false)) {}
+      unlink_on_destroy_(std::exchange(other.unlink_on_destroy_, false)),
+      identity_(std::exchange(other.identity_, 0)) {}
 
 Segment& Segment::operator=(Segment&& other) noexcept {
   if (this != &other) {
@@ -199,6 +213,7 @@ Segment& Segment::operator=(Segment&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
     access_ = other.access_;
     unlink_on_destroy_ = std::exchange(other.unlink_on_destroy_, false);
+    identity_ = std::exchange(other.identity_, 0);
   }
   return *this;
 }

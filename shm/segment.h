@@ -68,6 +68,9 @@ class Segment {
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
   bool writable() const { return access_ == Access::read_write; }
+  // Which shm object this maps (its inode). A name removed and created again (a restarted
+  // frontend) is a different object under the same name: compare with segment_identity(name).
+  uint64_t identity() const { return identity_; }
   bool valid() const { return data_ != nullptr; }
 
  private:
@@ -78,6 +81,10 @@ class Segment {
   size_t size_ = 0;
   Access access_ = Access::read_write;
   bool unlink_on_destroy_ = false;
+  uint64_t identity_ = 0;
 };
+
+// The identity (inode) of the object the name refers to now; 0 if there is none.
+uint64_t segment_identity(const std::string& name);
 
 }  // namespace duet::shm

@@ -245,7 +245,16 @@ void Frontend::handle(msg::Envelope& env) {
       case fbc::ClientBody::KeepAlive: {
         const uint64_t target = m->body_as_KeepAlive()->request_id();
         auto it = requests_.find({peer_key(routing), target ? target : id});
-        if (it != requests_.end()) it->second->last_seen_ms = now_ms();
+        if (it != requests_.end()) {
+          it->second->last_seen_ms = now_ms();
+        } else {
+          // chaos fix: a client whose frontend was killed and restarted would otherwise wait for
+          // a request this process never saw until its whole deadline; tell it now.
+          reply_error(routing, target ? target : id, Errc::unavailable,
+                      "request " + std::to_string(target ? target : id) +
+                          " is not running on this frontend (it finished, was cancelled, or the "
+                          "frontend restarted); resubmit it");
+        }
         return;
       }
       case fbc::ClientBody::CloseSession:

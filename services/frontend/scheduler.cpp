@@ -1,6 +1,7 @@
 #include "services/frontend/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "core/error.h"
@@ -21,7 +22,11 @@ void Scheduler::remove(Request* r) {
   running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
 }
 
-StepBatch Scheduler::build(int max_step_tokens) {
+StepBatch Scheduler::build(int max_step_tokens, double now_ms) {
+  if (now_ms < 0)
+    now_ms = std::chrono::duration<double, std::milli>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+                 .count();
   StepBatch b;
   size_t budget = static_cast<size_t>(std::max(1, max_step_tokens));
   auto add = [&](Request* r, size_t n, bool decode) {
@@ -48,12 +53,35 @@ StepBatch Scheduler::build(int max_step_tokens) {
     budget -= n;
   };
 
-  // Decode first, reactive before proactive; when there are more decoders than the budget, the
-  // cursor rotates who waits so that no request starves.
+  // Decode first: Algorithm 2 (agent_policy.h) picks the decoders: every reactive one, and the
+  // proactive ones up to the cap while a reactive request runs, shortest contexts first; aged
+  // proactive ones bypass the cap. When there are more decoders than the budget, the cursor
+  // rotates who waits so that no request starves.
+  auto waited_ms = [&](const Request* r) {
+    return now_ms - std::max(r->arrived_ms, r->last_token_ms);
+  };
+  auto promoted = [&](const Request* r) {
+    return r->priority == Priority::proactive && waited_ms(r) > agent_.aging_ms;
+  };
+  const bool reactive_running = std::any_of(running_.begin(), running_.end(), [](const Request* r) {
+    return r->priority == Priority::reactive && r->finish_reason.empty();
+  });
+  std::vector<agent::Job> candidates;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Request* r = running_[i];
+    if (r->decoding())
+      candidates.push_back(
+          {i, r->priority == Priority::reactive ? agent::Flow::reactive : agent::Flow::proactive,
+           std::max(r->arrived_ms, r->last_token_ms), r->pos, promoted(r)});
+  }
   std::vector<Request*> decoders;
-  for (Priority p : {Priority::reactive, Priority::proactive})
-    for (Request* r : running_)
-      if (r->priority == p && r->decoding()) decoders.push_back(r);
+  if (reactive_running) {
+    for (const agent::Job& j :
+         agent::reactive_first_batch(candidates, {}, {}, agent_.decode_cap, true).batch)
+      decoders.push_back(running_[j.id]);
+  } else {
+    for (const agent::Job& j : candidates) decoders.push_back(running_[j.id]);  // admission order
+  }
   if (!decoders.empty()) {
     const size_t n = decoders.size();
     const size_t take = std::min(n, budget);
@@ -61,12 +89,26 @@ StepBatch Scheduler::build(int max_step_tokens) {
     for (size_t i = 0; i < take; ++i) add(decoders[(start + i) % n], 1, true);
     if (n > take) decode_cursor_ += take;
   }
-  for (Priority p : {Priority::reactive, Priority::proactive})
-    for (Request* r : running_) {
-      if (budget == 0) return b;
-      if (r->priority != p || !r->prefilling() || !r->finish_reason.empty()) continue;
-      add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);
-    }
+  // Prefill: reactive (FIFO) and promoted proactive requests in arrival order, then the rest.
+  std::vector<Request*> urgent_prefill;
+  for (Request* r : running_)
+    if (r->prefilling() && r->finish_reason.empty() &&
+        (r->priority == Priority::reactive || promoted(r)))
+      urgent_prefill.push_back(r);
+  std::stable_sort(
+      urgent_prefill.begin(), urgent_prefill.end(),
+      [](const Request* a, const Request* x) { return a->arrived_ms < x->arrived_ms; });
+  for (Request* r : urgent_prefill) {
+    if (budget == 0) return b;
+    add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);
+  }
+  for (Request* r : running_) {
+    if (budget == 0) return b;
+    if (r->priority != Priority::proactive || promoted(r) || !r->prefilling() ||
+        !r->finish_reason.empty())
+      continue;
+    add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);
+  }
   return b;
 }
 

@@ -7,6 +7,7 @@
 #include <deque>
 #include <vector>
 
+#include "services/frontend/agent_policy.h"
 #include "services/frontend/engine.h"
 #include "services/frontend/request.h"
 
@@ -42,7 +43,14 @@ class Scheduler {
   std::vector<Request*> admit(Open&& open);
   // Drops a request from wherever it is (queue or running).
   void remove(Request* r);
-  StepBatch build(int max_step_tokens);
+  // now_ms: the steady clock of Request::arrived_ms (aging); < 0: read it here.
+  StepBatch build(int max_step_tokens, double now_ms = -1);
+  // Agent.xpu rules (agent_policy.h): while any reactive request runs, proactive decoders ride
+  // along only up to decode_cap (the longest contexts wait first); a proactive request waiting
+  // past aging_ms (for its first or next token) is promoted: it bypasses the cap and its
+  // prefill goes with the reactive ones, in arrival order.
+  void set_agent_config(const agent::AgentConfig& c) { agent_ = c; }
+  const agent::AgentConfig& agent_config() const { return agent_; }
 
   size_t queued(Priority p) const { return queue(p).size(); }
   size_t queued() const { return reactive_.size() + proactive_.size(); }
@@ -64,6 +72,7 @@ class Scheduler {
   std::deque<Request*> reactive_, proactive_;
   std::vector<Request*> running_;  // in admission order
   size_t decode_cursor_ = 0;       // rotates which decoders go first when the budget is short
+  agent::AgentConfig agent_;
 };
 
 template <class Open>

@@ -64,13 +64,21 @@ Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket);
 class LazyEngine : public Engine {
  public:
   LazyEngine(const std::string& model_path, std::string plan,
-             std::function<std::unique_ptr<Engine>()> build)
-      : model_(LlamaModel::load(model_path)), plan_(std::move(plan)), build_(std::move(build)) {}
+             std::function<std::unique_ptr<Engine>()> build, int replan_after_ms)
+      : model_(LlamaModel::load(model_path)),
+        plan_(std::move(plan)),
+        build_(std::move(build)),
+        replan_after_(replan_after_ms) {}
   const LlamaModel& model() const override { return inner_ ? inner_->model() : *model_; }
   std::string plan_name() const override { return plan_; }
-  void open_seq(uint64_t id, int n) override { ready().open_seq(id, n); }
+  void open_seq(uint64_t id, int n) override {
+    replan_if_solver_returned();
+    ready().open_seq(id, n);
+    ++open_;
+  }
   void close_seq(uint64_t id) override {
     if (inner_) inner_->close_seq(id);
+    if (open_ > 0) --open_;
   }
   void truncate_seq(uint64_t id, int n) override {
     if (inner_) inner_->truncate_seq(id, n);
@@ -91,10 +99,21 @@ class LazyEngine : public Engine {
   static constexpr int kMaxStepTokens = 64;  // the largest token bucket (make_stack_engine)
 
  private:
+  // An engine built while solver_svc was unreachable runs gpu-only fallbacks. Once it is idle
+  // (no open sequence) and a while has passed, drop it: the next build asks the solver again, so
+  // a returning solver's plans are used again.
+  void replan_if_solver_returned() {
+    if (!inner_ || open_ > 0) return;
+    if (std::chrono::steady_clock::now() - built_at_ < replan_after_) return;
+    if (!inner_->status().value("solver_fallback", false)) return;
+    inner_.reset();
+  }
+
   Engine& ready() {
     if (!inner_) {
       try {
         inner_ = build_();
+        built_at_ = std::chrono::steady_clock::now();
         last_error_.clear();
       } catch (const Error& e) {
         last_error_ = e.what();
@@ -107,7 +126,10 @@ class LazyEngine : public Engine {
 
   std::unique_ptr<LlamaModel> model_;  // answers model() until the engine exists
   std::string plan_;
+  int open_ = 0;  // sequences open on inner_
+  std::chrono::steady_clock::time_point built_at_;
   std::function<std::unique_ptr<Engine>()> build_;
+  std::chrono::milliseconds replan_after_;
   std::unique_ptr<Engine> inner_;
   std::string last_error_;
 };
@@ -163,7 +185,8 @@ std::unique_ptr<Engine> make_stack_engine(const StackEngineConfig& c, const std:
     throw Error(Errc::invalid_argument, "unknown plan '" + plan + "'");
   if (plan != "reference")
     return std::make_unique<LazyEngine>(
-        c.model_path, plan, [c, plan, instance] { return build_engine(c, plan, instance); });
+        c.model_path, plan, [c, plan, instance] { return build_engine(c, plan, instance); },
+        c.replan_after_ms);
   return build_engine(c, plan, instance);
 }
 

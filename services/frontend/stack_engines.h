@@ -22,6 +22,8 @@ struct StackEngineConfig {
   int max_seqs = 16;               // sequences per step (the frontend's max running)
   int max_ctx = 0;                 // positions per sequence (0 = the model's context)
   int solver_timeout_ms = 5000;
+  // An engine running gpu-only fallbacks (solver down) is rebuilt, once idle, after this long.
+  int replan_after_ms = 5000;
 };
 
 // Makes the engine for `plan`. `instance` keeps the shm segment names and program ids of

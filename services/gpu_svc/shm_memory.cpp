@@ -14,9 +14,14 @@ struct ShmMemoryResolver::Mappings {
   std::map<std::string, std::shared_ptr<shm::FlagTable>> flag_tables;
   std::map<std::string, std::shared_ptr<GgufFile>> models;
 
+  // The segment a name refers to NOW: a restarted frontend removes its segments and makes them
+  // anew under the same names, and a mapping of the old object must not be used for them.
   shm::Segment& segment(const std::string& name) {
     auto& s = segments[name];
-    if (!s) s = std::make_shared<shm::Segment>(shm::Segment::open(name, shm::Access::read_write));
+    if (!s || s->identity() != shm::segment_identity(name)) {
+      s = std::make_shared<shm::Segment>(shm::Segment::open(name, shm::Access::read_write));
+      flag_tables.erase(name);
+    }
     return *s;
   }
 };
@@ -64,10 +69,9 @@ ResolvedMemory ShmMemoryResolver::operator()(const fb::ProgramT& program) {
   r.mem.weights = model->data();
   r.mem.weights_bytes = model->size();
   if (!program.flags_segment.empty()) {
+    shm::Segment& flags_segment = m.segment(program.flags_segment);  // current object first
     auto& table = m.flag_tables[program.flags_segment];
-    if (!table)
-      table = std::make_shared<shm::FlagTable>(
-          shm::FlagTable::attach(m.segment(program.flags_segment)));
+    if (!table) table = std::make_shared<shm::FlagTable>(shm::FlagTable::attach(flags_segment));
     r.make_flags = [table](std::chrono::steady_clock::time_point deadline) {
       return std::make_unique<StepFlags>(table, deadline);
     };

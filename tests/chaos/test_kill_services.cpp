@@ -1,0 +1,222 @@
+// kill -9 during generation through the real stack: a device or solver death costs time, never
+// tokens; a frontend death gives the client a clear error and leaks nothing; and a bounded chaos
+// run of 8 concurrent clients under random kills loses no request.
+#include <fcntl.h>
+#include <poll.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <set>
+
+#include "chaos_fixture.h"
+
+namespace duet::chaos {
+namespace {
+
+class KillMidGeneration : public ChaosStack, public ::testing::WithParamInterface<const char*> {};
+
+// Kills `victim` right after the third streamed chunk and reports the time to the next chunk.
+TEST_P(KillMidGeneration, DeviceAndSolverKillsKeepTheTokensIdentical) {
+  up(GetParam());
+  const client::GenerateResult clean = generate(kLongPrompt);
+  ASSERT_GT(clean.ids.size(), 20u) << "the prompt must generate long enough to kill mid-way";
+
+  for (const std::string victim : {"gpu_svc", "npu_svc", "solver_svc"}) {
+    SCOPED_TRACE(victim);
+    const auto [pid, healthy] = service_state(victim);
+    ASSERT_TRUE(pid > 0 && healthy);
+    client::Client c(endpoint());
+    client::GenerateRequest req;
+    req.prompt = kLongPrompt;
+    req.max_tokens = 200;
+    int chunks = 0;
+    std::optional<Clock::time_point> killed_at;
+    double kill_to_next_token_ms = -1;
+    const client::GenerateResult r = c.generate(
+        req,
+        [&](const client::Chunk&) {
+          const auto now = Clock::now();
+          if (killed_at && kill_to_next_token_ms < 0)
+            kill_to_next_token_ms = ms_between(*killed_at, now);
+          if (++chunks == 3) {
+            EXPECT_EQ(kill(pid, SIGKILL), 0);
+            killed_at = Clock::now();
+          }
+          return true;
+        },
+        60s);
+    ASSERT_TRUE(killed_at.has_value()) << "generation ended before the kill";
+    EXPECT_EQ(r.ids, clean.ids) << "tokens differ after killing " << victim;
+    EXPECT_EQ(r.stats.finish_reason, clean.stats.finish_reason);
+    std::printf(
+        "[chaos] plan %s: kill -9 %s after chunk 3: next token after %.1f ms (%zu tokens, "
+        "restarts seen %u)\n",
+        GetParam(), victim.c_str(), kill_to_next_token_ms, r.ids.size(), r.stats.restarts_seen);
+    ASSERT_TRUE(wait_all_healthy({pid})) << victim << " did not come back";
+  }
+  EXPECT_EQ(generate(kLongPrompt).ids, clean.ids) << "a fresh request after the kills";
+  down_and_expect_nothing_left();
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, KillMidGeneration, ::testing::Values("auto", "npu-only"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+using FrontendKill = ChaosStack;
+
+// The CLI mid-stream loses its frontend: it must exit non-zero with a message, not wait 10 min.
+TEST_F(FrontendKill, CliGetsClearErrorAndRestartedFrontendServesWithoutLeaks) {
+  up();
+  const client::GenerateResult clean = generate(kLongPrompt);
+  const std::vector<std::string> before = shm::list_stack_segments(id_);
+  const std::set<std::string> segments_before(before.begin(), before.end());
+  const auto [frontend_pid, healthy] = service_state("frontend");
+  ASSERT_TRUE(frontend_pid > 0 && healthy);
+
+  int out_pipe[2];
+  ASSERT_EQ(pipe(out_pipe), 0);
+  const pid_t cli = fork();
+  ASSERT_GE(cli, 0);
+  if (cli == 0) {
+    dup2(out_pipe[1], 1);
+    dup2(out_pipe[1], 2);
+    close(out_pipe[0]);
+    execl(DUET_BINARY_DIR "/bin/duet", "duet", "generate", "--stack", id_.c_str(), "--max-tokens",
+          "200", kLongPrompt.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  std::string out;
+  bool killed = false;
+  const auto deadline = Clock::now() + 30s;
+  Clock::time_point killed_at;
+  for (;;) {
+    pollfd p{out_pipe[0], POLLIN, 0};
+    if (Clock::now() > deadline) break;
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[512];
+    const ssize_t n = read(out_pipe[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (!killed && !out.empty()) {
+      ASSERT_EQ(kill(frontend_pid, SIGKILL), 0);
+      killed_at = Clock::now();
+      killed = true;
+    }
+  }
+  close(out_pipe[0]);
+  int st = 0;
+  if (Clock::now() > deadline) kill(cli, SIGKILL);
+  waitpid(cli, &st, 0);
+  ASSERT_TRUE(killed);
+  ASSERT_TRUE(WIFEXITED(st)) << "the CLI hung past 30 s after its frontend died: " << out;
+  EXPECT_NE(WEXITSTATUS(st), 0) << out;
+  EXPECT_NE(out.find("frontend"), std::string::npos) << "the error must name the frontend: " << out;
+  std::printf("[chaos] kill -9 frontend mid-stream: CLI exited %d after %.0f ms: %s\n",
+              WEXITSTATUS(st), ms_between(killed_at, Clock::now()),
+              out.substr(out.rfind('\n', out.size() - 2) + 1).c_str());
+
+  ASSERT_TRUE(wait_all_healthy({frontend_pid})) << "the frontend did not come back";
+  // Known bug (see the chaos report): the first request of a restarted frontend fails with
+  // "gpu_svc step: token N names sequence -1"; the retry must work.
+  try {
+    EXPECT_EQ(generate(kLongPrompt).ids, clean.ids);
+  } catch (const Error& e) {
+    ADD_FAILURE() << "first request after the frontend restart: " << e.what();
+    EXPECT_EQ(generate(kLongPrompt).ids, clean.ids) << "the retry";
+  }
+  const std::vector<std::string> after = shm::list_stack_segments(id_);
+  const std::set<std::string> segments_after(after.begin(), after.end());
+  EXPECT_EQ(segments_after, segments_before) << "segments piled up or vanished across the restart";
+  down_and_expect_nothing_left();
+}
+
+using ChaosRun = ChaosStack;
+
+// Eight clients, random kills of any service. DUET_CHAOS_SECONDS lengthens it (bench/chaos).
+TEST_F(ChaosRun, EveryRequestCompletesRightOrFailsClearly) {
+  const char* env = std::getenv("DUET_CHAOS_SECONDS");
+  const int seconds = env ? std::max(1, std::atoi(env)) : 20;
+  up();
+  const std::vector<std::string> prompts = {kLongPrompt, "Q:", "The", "It is"};
+  std::map<std::string, std::vector<int32_t>> expected;
+  for (const auto& p : prompts) expected[p] = generate(p, 120).ids;
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> requests{0}, completed{0}, failed{0}, timed_out{0}, lost{0};
+  std::mutex log_mu;
+  std::map<std::string, int> errors_by_code;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 8; ++t) {
+    clients.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      std::unique_ptr<client::Client> c;
+      while (!stop) {
+        const std::string& p = prompts[rng() % prompts.size()];
+        ++requests;
+        try {
+          if (!c) c = std::make_unique<client::Client>(endpoint());
+          client::GenerateRequest req;
+          req.prompt = p;
+          req.max_tokens = 120;
+          const client::GenerateResult r = c->generate(req, {}, 30s);
+          if (r.ids == expected[p]) {
+            ++completed;
+          } else {
+            ++lost;
+            std::lock_guard<std::mutex> lock(log_mu);
+            ADD_FAILURE() << "wrong tokens for '" << p << "' (finish " << r.stats.finish_reason
+                          << ")";
+          }
+        } catch (const Error& e) {
+          std::lock_guard<std::mutex> lock(log_mu);
+          if (std::string(e.what()).empty()) ++lost;
+          if (e.code() == Errc::timeout) ++timed_out;
+          ++failed;
+          if (++errors_by_code[std::string(errc_name(e.code()))] == 1)
+            std::printf("[chaos] first %s error: %s\n", std::string(errc_name(e.code())).c_str(),
+                        e.what());
+          c.reset();  // a fresh connection, as a real client would after an error
+        } catch (const std::exception& e) {
+          ++lost;
+          std::lock_guard<std::mutex> lock(log_mu);
+          ADD_FAILURE() << "not a duet::Error: " << e.what();
+        }
+      }
+    });
+  }
+  const std::vector<std::string> victims = {"frontend", "gpu_svc", "npu_svc", "solver_svc"};
+  std::mt19937 rng(42);
+  int kills = 0;
+  const auto end = Clock::now() + std::chrono::seconds(seconds);
+  while (Clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500 + rng() % 2500));
+    const std::string& victim = victims[rng() % victims.size()];
+    const auto [pid, healthy] = service_state(victim);
+    if (pid > 0 && healthy && kill(pid, SIGKILL) == 0) ++kills;
+  }
+  stop = true;
+  for (auto& th : clients) th.join();
+  std::string codes;
+  for (const auto& [code, n] : errors_by_code) codes += " " + code + "=" + std::to_string(n);
+  std::printf(
+      "[chaos] %d s: requests %d, kills %d, completed %d, failed with error %d (timeouts "
+      "%d;%s), lost %d\n",
+      seconds, requests.load(), kills, completed.load(), failed.load(), timed_out.load(),
+      codes.c_str(), lost.load());
+  EXPECT_EQ(lost, 0);
+  EXPECT_GT(completed, 0);
+  EXPECT_EQ(requests, completed + failed + lost);
+  ASSERT_TRUE(wait_all_healthy({}));
+  EXPECT_EQ(generate(kLongPrompt, 120).ids, expected[kLongPrompt]) << "after the chaos";
+  down_and_expect_nothing_left();
+}
+
+}  // namespace
+}  // namespace duet::chaos
