@@ -78,45 +78,57 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
     }
   }
   // KV pages first: the programs need where page 0 starts.
-  kv_seg_ = shm::Segment::create(kv_name(options_.stack_id, options_.segment_tag),
-                                 shm::KvPages::bytes_for(n_pages, page_bytes));
-  kv_pages_.emplace(shm::KvPages::format(kv_seg_, n_pages, page_bytes));
+  // The segments this constructor creates are its to remove if it fails half way (a device
+  // refused a program, say): a throwing constructor runs no destructor.
+  try {
+    kv_seg_ = shm::Segment::create(kv_name(options_.stack_id, options_.segment_tag),
+                                   shm::KvPages::bytes_for(n_pages, page_bytes));
+    kv_pages_.emplace(shm::KvPages::format(kv_seg_, n_pages, page_bytes));
 
-  uint64_t arena_bytes = 0;
-  uint32_t n_flags = 0;
-  for (uint32_t b : options_.buckets) {
-    ProgramSpec spec;
-    spec.model = model_.get();
-    spec.plan = options_.plan_for ? options_.plan_for(b) : plan_by_name(options_.plan_name);
-    spec.max_tokens = b;
-    spec.max_seqs = options_.max_seqs;
-    spec.max_logit_rows = options_.max_seqs;
-    spec.max_ctx = max_ctx;
-    spec.kv_pages = n_pages;
-    spec.page_tokens = options_.page_tokens;
-    spec.kv_pages_offset = kv_pages_->page_offset(0);
-    spec.name = options_.plan_name + "/" + std::to_string(b);
-    spec.arena_segment = arena_name(options_.stack_id, options_.segment_tag);
-    spec.kv_segment = kv_name(options_.stack_id, options_.segment_tag);
-    spec.flags_segment = flags_name(options_.stack_id, options_.segment_tag);
-    Bucket bucket{b, spec.plan, build_programs(spec)};
-    arena_bytes = std::max(arena_bytes, bucket.programs.arena.bytes);
-    n_flags = std::max(n_flags, bucket.programs.n_flags);
-    if (!bucket.programs.npu.ops.empty() && !npu_)
-      throw Error(Errc::invalid_argument,
-                  "plan '" + spec.plan.name + "' uses the NPU but there is none");
-    buckets_.push_back(std::move(bucket));
+    uint64_t arena_bytes = 0;
+    uint32_t n_flags = 0;
+    for (uint32_t b : options_.buckets) {
+      ProgramSpec spec;
+      spec.model = model_.get();
+      spec.plan = options_.plan_for ? options_.plan_for(b) : plan_by_name(options_.plan_name);
+      spec.max_tokens = b;
+      spec.max_seqs = options_.max_seqs;
+      spec.max_logit_rows = options_.max_seqs;
+      spec.max_ctx = max_ctx;
+      spec.kv_pages = n_pages;
+      spec.page_tokens = options_.page_tokens;
+      spec.kv_pages_offset = kv_pages_->page_offset(0);
+      spec.name = options_.plan_name + "/" + std::to_string(b);
+      spec.arena_segment = arena_name(options_.stack_id, options_.segment_tag);
+      spec.kv_segment = kv_name(options_.stack_id, options_.segment_tag);
+      spec.flags_segment = flags_name(options_.stack_id, options_.segment_tag);
+      Bucket bucket{b, spec.plan, build_programs(spec)};
+      arena_bytes = std::max(arena_bytes, bucket.programs.arena.bytes);
+      n_flags = std::max(n_flags, bucket.programs.n_flags);
+      if (!bucket.programs.npu.ops.empty() && !npu_)
+        throw Error(Errc::invalid_argument,
+                    "plan '" + spec.plan.name + "' uses the NPU but there is none");
+      buckets_.push_back(std::move(bucket));
+    }
+    arena_seg_ =
+        shm::Segment::create(arena_name(options_.stack_id, options_.segment_tag), arena_bytes);
+    // One flag past the programs' own: the preempt word (see request_preempt).
+    preempt_flag_ = n_flags;
+    flags_seg_ = shm::Segment::create(flags_name(options_.stack_id, options_.segment_tag),
+                                      shm::FlagTable::bytes_for(n_flags + 1));
+    flags_ = shm::FlagTable::format(flags_seg_, n_flags + 1);
+
+    reregister(*gpu_);
+    if (npu_) reregister(*npu_);
+  } catch (...) {
+    for (shm::Segment* seg : {&arena_seg_, &kv_seg_, &flags_seg_}) {
+      try {
+        if (seg->valid()) seg->unlink();
+      } catch (...) {
+      }
+    }
+    throw;
   }
-  arena_seg_ =
-      shm::Segment::create(arena_name(options_.stack_id, options_.segment_tag), arena_bytes);
-  // One flag past the programs' own: the preempt word (see request_preempt).
-  preempt_flag_ = n_flags;
-  flags_seg_ = shm::Segment::create(flags_name(options_.stack_id, options_.segment_tag),
-                                    shm::FlagTable::bytes_for(n_flags + 1));
-  flags_ = shm::FlagTable::format(flags_seg_, n_flags + 1);
-
-  reregister(*gpu_);
-  if (npu_) reregister(*npu_);
 }
 
 ProgramEngine::~ProgramEngine() {
