@@ -161,6 +161,21 @@ Bytes make_client_error(uint64_t request_id, Errc code, const std::string& messa
   return Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
 }
 
+StepArgs step_args_of(const fb::RunStep& body) {
+  if (!body.tokens() || !body.page_tables())
+    throw Error(Errc::invalid_argument, "RunStep without the token table or page tables");
+  StepArgs step{body.step_seq(),
+                body.n_tokens(),
+                body.n_seqs(),
+                body.tokens()->offset(),
+                body.page_tables()->offset(),
+                body.page_tables()->cols()};
+  step.first_op = body.first_op();
+  step.preempt_flag = body.preempt_flag();
+  step.preempt_token = body.preempt_token();
+  return step;
+}
+
 void throw_if_error(const fb::Message& m) {
   if (const auto* e = m.body_as_ErrorReply()) {
     std::string text = e->message() ? e->message()->str() : "(no message)";

@@ -13,6 +13,7 @@
 #include <zmq.hpp>
 
 #include "core/error.h"
+#include "core/program.h"
 #include "core/run_dir.h"
 #include "schemas/client_generated.h"
 #include "schemas/control_generated.h"
@@ -60,6 +61,10 @@ Bytes make_shutdown(uint64_t request_id);
 Bytes make_restart_service(uint64_t request_id, fb::ServiceKind service);
 Bytes make_error_reply(uint64_t request_id, Errc code, const std::string& message);
 Bytes make_client_error(uint64_t request_id, Errc code, const std::string& message);
+
+// The StepArgs a RunStep carries (token table, page tables, preemption); Error(invalid_argument)
+// when it names no token table or page tables. Every device service reads RunStep this way.
+StepArgs step_args_of(const fb::RunStep& body);
 
 // Throws the ErrorReply carried by `m` as duet::Error (same code and message); no-op otherwise.
 void throw_if_error(const fb::Message& m);

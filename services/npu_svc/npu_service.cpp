@@ -181,22 +181,11 @@ msg::Bytes NpuService::run_step(const fb::Message& request) {
   if (!body) throw Error(Errc::invalid_argument, "RunStep without a body");
   flatbuffers::FlatBufferBuilder fbb;
   try {
-    if (!body->tokens() || !body->page_tables())
-      throw Error(Errc::invalid_argument, "RunStep without the token table or page tables");
+    const StepArgs step = msg::step_args_of(*body);
     auto mem = memory_.find(body->program_id());
     if (mem == memory_.end())
       throw Error(Errc::not_found,
                   "npu_svc: no program " + std::to_string(body->program_id()) + " is registered");
-    const StepArgs args{body->step_seq(),
-                        body->n_tokens(),
-                        body->n_seqs(),
-                        body->tokens()->offset(),
-                        body->page_tables()->offset(),
-                        body->page_tables()->cols()};
-    StepArgs step = args;
-    step.first_op = body->first_op();
-    step.preempt_flag = body->preempt_flag();
-    step.preempt_token = body->preempt_token();
     const auto deadline = Clock::now() + std::chrono::milliseconds(body->deadline_ms());
     std::unique_ptr<FlagSync> flags = mem->second.make_flags(deadline);
     std::unique_ptr<FlagSync> preemptible;
