@@ -79,7 +79,8 @@ void run_eval(const EvalArgs& args) {
     return;
   }
   if (!args.plan.empty())
-    throw duet::Error(duet::Errc::invalid_argument, "--plan needs --stack (the local eval runs the reference)");
+    throw duet::Error(duet::Errc::invalid_argument,
+                      "--plan needs --stack (the local eval runs the reference)");
   const auto model = duet::LlamaModel::load(args.model);
   const int n_vocab = model->hp().n_vocab;
   EvalBackend backend = [&](const std::vector<int32_t>& seq) {
@@ -103,7 +104,9 @@ duet::cli::RegisterCommand register_eval([](CLI::App& app) {
       "n_vocab per position)");
   auto* model_opt = cmd->add_option("--model", args->model, "GGUF model")->capture_default_str();
   cmd->add_option("--stack", args->stack, "Run through this running stack's frontend");
-  cmd->add_option("--plan", args->plan, "With --stack: the plan the stack must be running");
+  cmd->add_option("--plan", args->plan,
+                  "With --stack: the plan to run (default: the stack's own): gpu-only, npu-only, "
+                  "npu-only:online-prepare, npu-only:pipe, layer, tensor, auto or reference");
   cmd->add_option("--ids", args->ids, "Token ids, space separated (BOS is not added)")->required();
   cmd->add_option("--logits-out", args->logits_out, "Output file")->required();
   cmd->add_option("--threads", args->threads, "Compute threads (0: all cores)")

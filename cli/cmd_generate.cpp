@@ -32,6 +32,7 @@ struct GenerateArgs {
   std::string priority = "reactive";
   std::string plan;
   bool json = false;
+  bool ignore_eos = false;  // fixed-length runs: EOS is kept, only --max-tokens ends it
 };
 
 // Appends tokens to the sequence and returns the logits after the last one.
@@ -46,11 +47,11 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// Decodes until EOS, max_tokens or a full context; each token's text goes to `emit` as soon as
-// it is a whole UTF-8 character.
+// Decodes until EOS (unless ignore_eos), max_tokens or a full context; each token's text goes to
+// `emit` as soon as it is a whole UTF-8 character.
 GenerateStats generate(const duet::Tokenizer& tok, const GenerateBackend& backend, int n_ctx,
                        const std::string& prompt, int max_tokens, duet::SamplingParams sampling,
-                       const std::function<void(const std::string&)>& emit) {
+                       bool ignore_eos, const std::function<void(const std::string&)>& emit) {
   GenerateStats stats;
   const std::vector<int32_t> prompt_ids = tok.encode(prompt, true);
   stats.prompt_tokens = static_cast<int>(prompt_ids.size());
@@ -68,7 +69,7 @@ GenerateStats generate(const duet::Tokenizer& tok, const GenerateBackend& backen
   int position = stats.prompt_tokens;
   while (stats.generated < max_tokens) {
     const int32_t id = sampler.sample(logits);
-    if (id == tok.eos()) break;
+    if (id == tok.eos() && !ignore_eos) break;
     ++stats.generated;
     emit(stream.push(id));
     if (stats.generated == max_tokens || position >= n_ctx) break;
@@ -82,7 +83,8 @@ GenerateStats generate(const duet::Tokenizer& tok, const GenerateBackend& backen
 
 // --stack: the frontend tokenises, schedules and samples; this only streams what it sends.
 void run_generate_through_stack(const GenerateArgs& args) {
-  if (args.local) throw duet::Error(duet::Errc::invalid_argument, "--local and --stack exclude each other");
+  if (args.local)
+    throw duet::Error(duet::Errc::invalid_argument, "--local and --stack exclude each other");
   duet::client::StackGenerateArgs a;
   a.stack_id = args.stack;
   a.json = args.json;
@@ -91,6 +93,7 @@ void run_generate_through_stack(const GenerateArgs& args) {
   a.request.sampling = args.sampling;
   a.request.priority = duet::client::parse_priority(args.priority);
   a.request.plan = args.plan;
+  a.request.ignore_eos = args.ignore_eos;
   duet::client::run_generate_on_stack(a);
 }
 
@@ -112,7 +115,7 @@ void run_generate(GenerateArgs args) {
     return fwd.forward(tokens, false);
   };
   const GenerateStats stats = generate(tok, backend, fwd.n_ctx(), args.prompt, args.max_tokens,
-                                       args.sampling, [](const std::string& text) {
+                                       args.sampling, args.ignore_eos, [](const std::string& text) {
                                          std::fwrite(text.data(), 1, text.size(), stdout);
                                          std::fflush(stdout);
                                        });
@@ -138,10 +141,14 @@ duet::cli::RegisterCommand register_generate([](CLI::App& app) {
   cmd->add_option("--seed", args->sampling.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--threads", args->threads, "Compute threads (0: all cores)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--stack", args->stack, "Run through this running stack's frontend (instead of --local)");
-  cmd->add_option("--priority", args->priority, "With --stack: reactive or proactive")->capture_default_str();
+  cmd->add_option("--stack", args->stack,
+                  "Run through this running stack's frontend (instead of --local)");
+  cmd->add_option("--priority", args->priority, "With --stack: reactive or proactive")
+      ->capture_default_str();
   cmd->add_option("--plan", args->plan, "With --stack: the plan the stack must be running");
   cmd->add_flag("--json", args->json, "With --stack: print text, ids and stats as one JSON object");
+  cmd->add_flag("--ignore-eos", args->ignore_eos,
+                "Keep generating past EOS: exactly --max-tokens tokens (fixed-length runs)");
   cmd->add_option("prompt", args->prompt, "Prompt text")->required();
   cmd->callback([args] { run_generate(*args); });
 });

@@ -88,6 +88,9 @@ duet::cli::RegisterCommand register_plan([](CLI::App& app) {
                   "Stack whose gpu_svc/npu_svc measure (measured timing)")
       ->capture_default_str();
   cmd->add_option("--reps", args->query.reps, "Repetitions per measured op")->capture_default_str();
+  cmd->add_option("--profile-lengths", args->query.profile_lengths,
+                  "Token counts to profile, comma separated (default: 1..1024, standard + sweep)")
+      ->delimiter(',');
   cmd->add_flag("--reprofile", args->query.reprofile,
                 "Measured: profile again even if a profile is cached");
   cmd->add_flag("--no-cache", args->no_cache, "Neither read nor write the plan cache");

@@ -400,9 +400,12 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
   up->add_option("--model", args->model, "GGUF model")->capture_default_str();
   up->add_option("--soc", args->soc, "SoC profile name or .toml path")->capture_default_str();
   up->add_option("--plan", args->plan,
-                 "auto (default: the solver's), tensor, gpu-only, npu-only, layer or reference")
-      ->check(CLI::IsMember({"auto", "tensor", "gpu-only", "npu-only", "layer", "reference"}));
-  up->add_option("--timing", args->timing, "what the solver optimises: modeled (default) or measured")
+                 "auto (default: the solver's), tensor, gpu-only, npu-only (NPU graphs padded), "
+                 "npu-only:online-prepare, npu-only:pipe, layer or reference")
+      ->check(CLI::IsMember({"auto", "tensor", "gpu-only", "npu-only", "npu-only:online-prepare",
+                             "npu-only:pipe", "layer", "reference"}));
+  up->add_option("--timing", args->timing,
+                 "what the solver optimises: modeled (default) or measured")
       ->check(CLI::IsMember({"modeled", "measured"}));
   up->add_option("--timeout", args->timeout_s, "seconds to wait for healthy")
       ->capture_default_str()

@@ -185,7 +185,7 @@ uint64_t Client::submit(const GenerateRequest& r) {
                                         r.prompt_ids.empty() ? nullptr : &r.prompt_ids, sampling,
                                         r.max_tokens, stops.empty() ? nullptr : &stops,
                                         static_cast<fbc::Priority>(r.priority), r.stream,
-                                        r.plan.c_str(), r.session, r.heartbeat_ms);
+                                        r.plan.c_str(), r.session, r.heartbeat_ms, r.ignore_eos);
   send(finish(fbb, id, fbc::ClientBody::Generate, body.Union()));
   return id;
 }

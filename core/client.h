@@ -39,6 +39,9 @@ struct GenerateRequest {
   // The client promises a KeepAlive this often while it waits (generate() sends them); the
   // frontend cancels the request when they stop. 0 = none.
   uint32_t heartbeat_ms = 1000;
+  // EOS does not end the request (it is returned like any token): exactly max_tokens come back
+  // unless a stop string or a cancel ends it first.
+  bool ignore_eos = false;
 };
 
 struct Stats {

@@ -42,13 +42,18 @@ double gpu_modeled_us(const SocProfile& soc, const OpShape& s) {
   switch (s.kind) {
     case OpKind::MatMul:
     case OpKind::Logits: {
-      const double full_rows = g.param("full_occupancy_rows");
+      const double half_rows = g.param("gemv_half_rows");
       const double half_tokens = g.param("gemm_half_tokens");
-      const double occupancy = std::min(1.0, m / full_rows);
+      const double gemv_flops_per_us = g.param("gemv_gflops") * 1e3;
       const double weights = m * k * weight_bytes_per_element(s.wtype);
       const double activations = n * (k + m) * kActivationBytes;
-      // GEMV: one pass over the weights per token, memory-bound.
-      const double gemv = n * weights / (bytes_per_us * occupancy) + activations / bytes_per_us;
+      // GEMV (decode, a few tokens): the weights stream once for all n tokens. The bandwidth it
+      // draws ramps with the output rows in flight (Memory-1: one processor cannot saturate
+      // DRAM; fewer rows, fewer outstanding loads), bandwidth * m / (m + gemv_half_rows); its
+      // dot products run at gemv_gflops, below the tiled GEMM's rate.
+      const double stream_bytes_per_us = bytes_per_us * m / (m + half_rows);
+      const double gemv = std::max(weights / stream_bytes_per_us + activations / bytes_per_us,
+                                   2.0 * m * k * n / gemv_flops_per_us);
       // GEMM: throughput ramps with n (GPU-1), never faster than reading its operands once.
       const double gemm = std::max(2.0 * m * k * (n + half_tokens) / flops_per_us,
                                    (weights + activations) / bytes_per_us);

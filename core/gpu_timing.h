@@ -2,23 +2,32 @@
 // Modelled time of one op on a SoC profile's GPU (deploy/soc/<name>.toml, [gpu]): what the op
 // would cost on, say, a Snapdragon 8 Gen 3's Adreno, whatever device actually runs it here.
 //
-// The model is a roofline with HeteroInfer's two GPU characteristics:
+// The model is a roofline with HeteroInfer's GPU and memory characteristics:
 //   GPU-1 "linear performance": the GEMM kernel's throughput grows with the token count and then
 //     flattens, peak * n / (n + gemm_half_tokens), so its time is linear in n with an intercept:
-//     t = 2 m k (n + gemm_half_tokens) / achievable_gflops. The GEMV kernel (decode) streams the
-//     weights once per token at the memory bandwidth, derated while fewer than
-//     full_occupancy_rows output rows leave compute units idle. Each op takes the faster kernel.
+//     t = 2 m k (n + gemm_half_tokens) / achievable_gflops.
+//   Memory-1 "one processor cannot saturate DRAM": the GEMV kernel (decode, a few tokens) streams
+//     the weights once, but the bandwidth it draws ramps with the output rows it keeps in flight,
+//     bandwidth * m / (m + gemv_half_rows), up to one processor's ceiling (bandwidth_gbps, the
+//     paper's 40-45 GB/s). So T(m rows) = k * bytes * (m + gemv_half_rows) / bandwidth: half the
+//     rows take clearly less than all of them, yet draw less bandwidth; the other half on the NPU
+//     streams over its own DMA at the same time, which is why a decode weight split pays
+//     (aggregate bandwidth up, capped by memory.dual_gbps: the solver's shared-bandwidth floor).
+//     The GEMV's dot products run at gemv_gflops, so past a few tokens the GEMM is faster.
 //   GPU-2 expensive sync: a blocking clFinish costs sync_us (gpu_sync_us), charged by whoever
 //     composes a timeline, not by each op.
 // Every op pays launch_us, a matmul also matmul_fixed_us. Element-wise ops move fp16 activations
 // at the bandwidth.
 //
 // Parameters ([gpu] and [gpu.params]): bandwidth_gbps, achievable_gflops, launch_us, sync_us,
-// params.full_occupancy_rows, params.gemm_half_tokens, params.matmul_fixed_us. For sd8gen3,
-// sync_us (~400 us) and launch_us are the paper's device facts; achievable_gflops (1200, the
-// paper's "~1 TFLOPS in practice"), bandwidth_gbps (37, its "40-45 GB/s") and the three params
-// were fitted to the GPU column of the paper's Table 3 (W4A16 weights, read as Q4_0), which the
-// model then reproduces within 8% (tests/gpu/gpu_timing_test.cpp).
+// params.gemv_half_rows, params.gemv_gflops, params.gemm_half_tokens, params.matmul_fixed_us.
+// For sd8gen3, sync_us (~400 us) and launch_us are the paper's device facts; achievable_gflops
+// (1200, the paper's "~1 TFLOPS in practice") and gemm_half_tokens were fitted to the prefill
+// rows of the paper's Table 3 (W4A16 weights, read as Q4_0); bandwidth_gbps (40.7),
+// gemv_half_rows (2656) and matmul_fixed_us (119) solve its three decode rows exactly
+// ([4096,4096], [28672,4096], [4096,14336] x1: 511, 1903, 1467 us); gemv_gflops (400) puts the
+// GEMV/GEMM crossover at ~65 tokens, so 16 ragged tokens cost ~1.5 ms (the x257-272 rows).
+// tests/gpu/gpu_timing_test.cpp checks the GPU column within 25%.
 //
 // Shapes (core/op_shape.h): matmul/logits m x k weight, n tokens. Element-wise ops: n tokens of
 // max(m, k) features. Attention: n query tokens, k context positions, m = n_heads * head_dim.

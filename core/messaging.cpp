@@ -173,6 +173,7 @@ StepArgs step_args_of(const fb::RunStep& body) {
   step.first_op = body.first_op();
   step.preempt_flag = body.preempt_flag();
   step.preempt_token = body.preempt_token();
+  step.epoch = body.epoch();
   return step;
 }
 

@@ -60,8 +60,11 @@ NpuTiming npu_timing(const SocProfile& soc, const OpShape& s) {
 
   const double load_cycles =
       npu.stationary_load_cycles + (t.stationary_in_sram ? 0.0 : npu.stationary_fetch_cycles);
+  // With fewer stationary column tiles than cores (decode: one column), the spare cores load
+  // the same tiles (at the same time) and take different streamed rows.
+  t.row_groups = std::max<int64_t>(1, npu.cores / t.tiles_c);
   const double cycles = static_cast<double>(t.stationary_loads) * (load_cycles + npu.fill_cycles) +
-                        static_cast<double>(t.tiles_k * t.passes * rows);
+                        static_cast<double>(t.tiles_k * t.passes * ceil_div(rows, t.row_groups));
   t.compute_us = cycles / (npu.clock_ghz * 1e3);
 
   const double stationary_bytes =

@@ -6,11 +6,13 @@
 //   tiles (tiles_k x tiles_c, padded: NPU-1 stage performance) that are loaded into the arrays
 //   and held while the rows of T, the streamed operand [r][kd], flow through them. The cores
 //   hold different stationary column tiles and share the streamed rows, so the column tiles
-//   take ceil(tiles_c / cores) passes. T is brought into SRAM in chunks of rows (as many as half
-//   the SRAM holds in fp16); every chunk needs every stationary tile again: a (re)load per
-//   (chunk, k tile, pass), dearer when S does not fit the other half of SRAM (fetched from DRAM).
-//   Array time = loads x (load + fill) + streamed rows; DMA (streamed operand once, stationary
-//   once or once per chunk, output) overlaps it; a fixed launch cost is added.
+//   take ceil(tiles_c / cores) passes; with fewer column tiles than cores (decode), the spare
+//   cores hold the same tiles and split the streamed rows (cores / tiles_c groups). T is brought
+//   into SRAM in chunks of rows (as many as half the SRAM holds in fp16); every chunk needs every
+//   stationary tile again: a (re)load per (chunk, k tile, pass), dearer when S does not fit the
+//   other half of SRAM (fetched from DRAM). Array time = loads x (load + fill) + streamed rows; DMA
+//   (streamed operand once, stationary once or once per chunk, output) overlaps it; a fixed launch
+//   cost is added.
 //
 //   Order (NPU-2): with weight_stationary_transposed the activation is S and the weight streams
 //   (HeteroInfer's W x^T); otherwise the large weight is S and is reloaded for every few tokens.
@@ -29,6 +31,7 @@ struct NpuTiming {
   double launch_us = 0;
   int64_t tiles_k = 0, tiles_c = 0;    // stationary operand tiles (reduction x columns)
   int64_t passes = 0;                  // ceil(tiles_c / cores)
+  int64_t row_groups = 1;              // cores / tiles_c when spare cores split the rows
   int64_t chunk_rows = 0, chunks = 0;  // streamed operand rows per SRAM chunk, and their count
   int64_t stationary_loads = 0;        // chunks x tiles_k x passes
   bool stationary_in_sram = false;

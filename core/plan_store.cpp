@@ -25,9 +25,16 @@ std::string file_safe(const std::string& s) {
   return out;
 }
 
+// Profiles and plans are keyed by the SoC profile's name, so "sd8gen3" and a path to its .toml
+// (what a stack's services are given) find the same cache entries.
+std::string soc_key(const std::string& soc) {
+  return load_soc_profile(soc).name;
+}
+
 std::string options_fingerprint(const SolverOptions& o) {
   std::ostringstream os;
   os << "solver-v" << kSolverVersion << "|sync=" << o.sync_us << "|copy=" << o.copy_gbps
+     << "|shared=" << o.shared_gbps << "|contention=" << o.contention
      << "|ratio=" << o.max_ratio_term << "|align=" << o.row_align << "|graphs=";
   for (int64_t t : o.npu_graph_tokens) os << t << ',';
   os << "|modes=";
@@ -107,13 +114,13 @@ Profile profile_for(const PlanQuery& q, const QueryModel& model, bool* from_cach
   spec.row_steps = q.row_steps > 0 ? q.row_steps : q.timing == "modeled" ? 8 : 4;
   if (q.timing == "modeled") {
     ModeledOpTimer timer(load_soc_profile(q.soc));
-    Profile p = run_profile(spec, timer, q.timing, q.soc, model.key);
+    Profile p = run_profile(spec, timer, q.timing, soc_key(q.soc), model.key);
     if (from_cache) *from_cache = false;
     if (q.use_cache) save_profile(p, profile_cache_path(p.timing, p.device, p.soc, p.shape));
     return p;
   }
   const std::string run_dir = q.run_dir.empty() ? default_run_dir(q.stack_id) : q.run_dir;
-  const std::string path = profile_cache_path(q.timing, kServiceDevices, q.soc, model.key);
+  const std::string path = profile_cache_path(q.timing, kServiceDevices, soc_key(q.soc), model.key);
   if (profile_cached(q, model)) {
     if (from_cache) *from_cache = true;
     return load_profile(path);
@@ -138,7 +145,7 @@ Profile profile_for(const PlanQuery& q, const QueryModel& model, bool* from_cach
   const std::string gpu = ipc_endpoint(control_socket_path(run_dir, ServiceId::gpu));
   const std::string npu = ipc_endpoint(control_socket_path(run_dir, ServiceId::npu));
   ServiceOpTimer timer(gpu, npu, q.reps, q.op_timeout);
-  Profile p = run_profile(spec, timer, q.timing, q.soc, model.key);
+  Profile p = run_profile(spec, timer, q.timing, soc_key(q.soc), model.key);
   if (from_cache) *from_cache = false;
   save_profile(p, path);
   return p;
@@ -146,7 +153,8 @@ Profile profile_for(const PlanQuery& q, const QueryModel& model, bool* from_cach
 
 bool profile_cached(const PlanQuery& q, const QueryModel& model) {
   return q.timing == "measured" && !q.reprofile &&
-         std::filesystem::exists(profile_cache_path(q.timing, kServiceDevices, q.soc, model.key));
+         std::filesystem::exists(
+             profile_cache_path(q.timing, kServiceDevices, soc_key(q.soc), model.key));
 }
 
 int64_t length_bucket(Phase phase, int64_t n_tokens) {
@@ -155,7 +163,7 @@ int64_t length_bucket(Phase phase, int64_t n_tokens) {
 
 std::string plan_cache_path(const PlanQuery& q, const QueryModel& model) {
   return duet_cache_dir() + "/plans/" +
-         file_safe(model.key + "-" + q.soc + "-" + q.timing + "-" +
+         file_safe(model.key + "-" + soc_key(q.soc) + "-" + q.timing + "-" +
                    std::string(phase_name(q.phase)) + "-" +
                    std::to_string(length_bucket(q.phase, q.n_tokens)) +
                    (q.npu_mode == "auto" ? "" : "-" + q.npu_mode)) +
@@ -171,6 +179,14 @@ nlohmann::json plan_json_for(const PlanQuery& q) {
   if (q.npu_mode == "pipe") options.modes = {NpuGraphMode::pipe};
   bool profile_cached = false;
   const Profile profile = profile_for(q, model, &profile_cached);
+  if (q.timing == "measured") {
+    // This machine's devices, not the SoC's: no SoC bandwidth floor, their measured contention.
+    options.shared_gbps = 0;
+    options.contention = profile.contention;
+    // A cross-device wait between the services costs what handing them work costs here, not
+    // the SoC's fast sync.
+    options.sync_us = std::max(options.sync_us, profile.handoff_us);
+  }
   const std::string fingerprint =
       options_fingerprint(options) + "|profile=" + profile.fingerprint();
   const std::string path = plan_cache_path(q, model);
@@ -196,10 +212,9 @@ nlohmann::json plan_json_for(const PlanQuery& q) {
   j["shape"] = model.key;
   j["soc"] = q.soc;
   j["timing"] = q.timing;
-  j["profile"] = {{"device", profile.device},
-                  {"entries", profile.entries.size()},
-                  {"profiling_s", profile.profiling_s},
-                  {"cached", profile_cached}};
+  j["profile"] = {{"device", profile.device},           {"contention", profile.contention},
+                  {"handoff_us", profile.handoff_us},   {"entries", profile.entries.size()},
+                  {"profiling_s", profile.profiling_s}, {"cached", profile_cached}};
   if (q.baselines) {
     nlohmann::json b = nlohmann::json::object();
     std::string best_single;

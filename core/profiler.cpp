@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 
 #include "core/error.h"
@@ -94,7 +95,8 @@ std::vector<int64_t> sweep_profile_lengths() {
 
 std::string Profile::fingerprint() const {
   std::ostringstream os;
-  os << timing << '|' << device << '|' << soc << '|' << shape;
+  os << timing << '|' << device << '|' << soc << '|' << shape << '|' << contention << '|'
+     << handoff_us;
   for (const ProfileEntry& e : entries)
     os << '|' << static_cast<int>(e.device) << ',' << static_cast<int>(e.kind) << ','
        << static_cast<int>(e.wtype) << ',' << e.m << ',' << e.k << ',' << e.n << ',' << e.us;
@@ -113,6 +115,9 @@ nlohmann::json Profile::to_json() const {
           {"soc", soc},
           {"shape", shape},
           {"profiling_s", profiling_s},
+          {"contention", contention},
+          {"contention_samples", contention_samples},
+          {"handoff_us", handoff_us},
           {"columns", {"device", "kind", "wtype", "m", "k", "n", "us"}},
           {"entries", rows}};
 }
@@ -125,6 +130,11 @@ Profile Profile::from_json(const nlohmann::json& j) {
     p.soc = j.at("soc").get<std::string>();
     p.shape = j.at("shape").get<std::string>();
     p.profiling_s = j.at("profiling_s").get<double>();
+    p.contention = j.value("contention", 0.0);  // older profiles: none measured
+    if (!(p.contention >= 0 && p.contention <= 1))
+      throw Error(Errc::bad_format, "profile: contention must be in [0, 1]");
+    p.contention_samples = j.value("contention_samples", std::vector<double>{});
+    p.handoff_us = j.value("handoff_us", 0.0);
     for (const auto& r : j.at("entries")) {
       if (!r.is_array() || r.size() != 7)
         throw Error(Errc::bad_format, "profile entry is not [7 values]: " + r.dump());
@@ -168,18 +178,20 @@ ServiceOpTimer::ServiceOpTimer(const std::string& gpu_endpoint, const std::strin
 }
 ServiceOpTimer::~ServiceOpTimer() = default;
 
-double ServiceOpTimer::time_us(Device device, const OpShape& s) {
-  msg::RequestClient& client = device == Device::gpu ? clients_->gpu : clients_->npu;
+namespace {
+
+double profile_op(msg::RequestClient& client, const OpShape& s, uint32_t reps,
+                  std::chrono::milliseconds timeout) {
   const msg::Reply reply = client.call(
       [&](uint64_t id) {
         flatbuffers::FlatBufferBuilder fbb;
         auto body = fb::CreateProfileOp(fbb, static_cast<fb::OpKind>(s.kind),
                                         static_cast<fb::DTypeCode>(s.wtype),
                                         static_cast<uint32_t>(s.m), static_cast<uint32_t>(s.k),
-                                        static_cast<uint32_t>(s.n), reps_, false);
+                                        static_cast<uint32_t>(s.n), reps, false);
         return msg::finish_message(fbb, id, body);
       },
-      timeout_);
+      timeout);
   const auto* result = reply.message().body_as_ProfileResult();
   if (!result)
     throw Error(Errc::bad_format,
@@ -188,6 +200,85 @@ double ServiceOpTimer::time_us(Device device, const OpShape& s) {
     throw Error(Errc::internal, client.endpoint() + " measured no time for " + op_shape_name(s));
   return result->measured_us();
 }
+
+}  // namespace
+
+double ServiceOpTimer::time_us(Device device, const OpShape& s) {
+  return profile_op(device == Device::gpu ? clients_->gpu : clients_->npu, s, reps_, timeout_);
+}
+
+std::optional<double> ServiceOpTimer::handoff_us(Device device, const OpShape& s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double op =
+      profile_op(device == Device::gpu ? clients_->gpu : clients_->npu, s, 1, timeout_);
+  const double wall =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  return std::max(0.0, wall - op);
+}
+
+std::optional<std::pair<double, double>> ServiceOpTimer::concurrent_us(const OpShape& gpu,
+                                                                       uint32_t gpu_reps,
+                                                                       const OpShape& npu,
+                                                                       uint32_t npu_reps) {
+  // Each client is used by one thread only; the NPU's result or error comes back by the future.
+  auto npu_done = std::async(std::launch::async,
+                             [&] { return profile_op(clients_->npu, npu, npu_reps, timeout_); });
+  double gpu_us = 0;
+  try {
+    gpu_us = profile_op(clients_->gpu, gpu, gpu_reps, timeout_);
+  } catch (...) {
+    npu_done.wait();
+    throw;
+  }
+  return std::make_pair(gpu_us, npu_done.get());
+}
+
+namespace {
+
+// Half of a weight's rows on each device, alone and then both at once, at the shortest and the
+// longest profiled length. The GPU repeats its half for ~400 ms and the NPU its half for ~50 ms,
+// so every NPU repetition runs while the GPU does, whatever each does first (the NPU fills its
+// weights, the GPU warms up): the NPU's slowdown under the GPU's load, b'/b - 1, is 0 for
+// devices that share nothing and 1 for devices that split the same cores.
+void measure_contention(const ProfileSpec& spec, OpTimer& timer,
+                        const std::vector<int64_t>& lengths, Profile& p) {
+  for (const WeightShape& w : spec.weights) {
+    if (w.kind != OpKind::MatMul || w.m < 64) continue;
+    const int64_t half = w.m / 2 / 32 * 32;
+    for (int64_t n : {lengths.front(), lengths.back()}) {
+      const OpShape g{w.kind, w.wtype, half, w.k, n, true};
+      const OpShape q{w.kind, w.wtype, w.m - half, w.k, n, true};
+      const double alone_gpu = timer.time_us(Device::gpu, g);
+      const double alone_npu = timer.time_us(Device::npu, q);
+      auto reps_for = [](double us, double window_us) {
+        return static_cast<uint32_t>(std::clamp(window_us / std::max(us, 1.0), 3.0, 1000.0));
+      };
+      const auto both =
+          timer.concurrent_us(g, reps_for(alone_gpu, 400000), q, reps_for(alone_npu, 50000));
+      if (!both) return;
+      p.contention_samples.push_back(std::clamp(both->second / alone_npu - 1.0, 0.0, 1.0));
+    }
+  }
+  if (p.contention_samples.empty()) return;
+  std::vector<double> s = p.contention_samples;
+  std::sort(s.begin(), s.end());
+  p.contention = s[s.size() / 2];
+}
+
+// The median overhead of 20 minimal requests to each device service.
+void measure_handoff(const ProfileSpec& spec, OpTimer& timer, Profile& p) {
+  const WeightShape& w = spec.weights.front();
+  const OpShape tiny{w.kind, w.wtype, 32, w.k, 1, true};
+  std::vector<double> samples;
+  for (int i = 0; i < 20; ++i)
+    for (Device d : {Device::gpu, Device::npu})
+      if (const auto h = timer.handoff_us(d, tiny)) samples.push_back(*h);
+  if (samples.empty()) return;
+  std::sort(samples.begin(), samples.end());
+  p.handoff_us = samples[samples.size() / 2];
+}
+
+}  // namespace
 
 Profile run_profile(const ProfileSpec& spec, OpTimer& timer, const std::string& timing,
                     const std::string& soc, const std::string& shape) {
@@ -226,6 +317,8 @@ Profile run_profile(const ProfileSpec& spec, OpTimer& timer, const std::string& 
           p.entries.push_back({d, w.kind, w.wtype, r, w.k, n, timer.time_us(d, s)});
         }
   }
+  measure_contention(spec, timer, lengths, p);
+  measure_handoff(spec, timer, p);
   p.profiling_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return p;
 }

@@ -12,8 +12,10 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/latency_model.h"
@@ -54,6 +56,15 @@ struct Profile {
   std::string shape;       // model shape name or model file
   double profiling_s = 0;  // wall time the profiling took
   std::vector<ProfileEntry> entries;
+  // How much the two devices slow each other when they run at once (measured: both halves of a
+  // weight split together): split time = max(gpu, npu) + contention * min(gpu, npu). 0 when the
+  // devices share nothing (modelled: separate processors), ~1 when they share the same cores.
+  double contention = 0;
+  std::vector<double> contention_samples;
+  // Measured: what handing work from one device process to another costs beyond the work (the
+  // median request/reply overhead of a minimal op, both services): the solver's T_sync here.
+  // 0: not measured (modelled: the SoC profile's fast sync).
+  double handoff_us = 0;
 
   // Changes whenever any entry or key changes (plans built from it are versioned by it).
   std::string fingerprint() const;
@@ -78,6 +89,16 @@ class OpTimer {
   virtual ~OpTimer() = default;
   virtual double time_us(Device device, const OpShape& shape) = 0;
   virtual std::string device_name() const = 0;
+  // Both ops at once, one per device, each repeated its own number of times (so that both run
+  // for about as long): each one's median time while the other runs. nullopt: the timer has no
+  // concurrency to measure (modelled devices are separate processors).
+  virtual std::optional<std::pair<double, double>> concurrent_us(const OpShape&, uint32_t,
+                                                                 const OpShape&, uint32_t) {
+    return std::nullopt;
+  }
+  // Wall time of one request minus the op time it reports, for a minimal op. nullopt: no
+  // processes to hand work between.
+  virtual std::optional<double> handoff_us(Device, const OpShape&) { return std::nullopt; }
 };
 
 class ModeledOpTimer : public OpTimer {
@@ -98,6 +119,10 @@ class ServiceOpTimer : public OpTimer {
   ~ServiceOpTimer() override;
   double time_us(Device device, const OpShape& shape) override;
   std::string device_name() const override { return "services:gpu_svc+npu_svc"; }
+  std::optional<std::pair<double, double>> concurrent_us(const OpShape& gpu, uint32_t gpu_reps,
+                                                         const OpShape& npu,
+                                                         uint32_t npu_reps) override;
+  std::optional<double> handoff_us(Device device, const OpShape& shape) override;
 
  private:
   struct Clients;

@@ -110,6 +110,8 @@ struct StepArgs {
   uint32_t first_op = 0;
   int32_t preempt_flag = -1;
   uint64_t preempt_token = 0;
+  // Stack epoch the step was issued under (0: use the epoch current when the device starts it).
+  uint64_t epoch = 0;
 };
 
 // Where a step stopped: next_op == the program's op count when it ran to the end.

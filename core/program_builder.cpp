@@ -138,7 +138,9 @@ void Builder::matmul(MatmulRole role, int layer, const ops::Matrix& w, uint64_t 
     op->seq_begin = seq_begin;
     op->seq_end = seq_end;
     op->role = static_cast<uint8_t>(role);
-    op->npu_mode = static_cast<uint8_t>(spec_.plan.npu_mode);
+    // A padding placement is one graph padded up, whatever the plan's mode (core/plan.h).
+    op->npu_mode = static_cast<uint8_t>(p.strategy == Strategy::padding ? NpuGraphMode::padding
+                                                                        : spec_.plan.npu_mode);
     return op;
   };
   std::vector<std::pair<Device, std::unique_ptr<fb::OpT>>> g;

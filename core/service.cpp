@@ -209,7 +209,8 @@ void ServiceLoop::run() {
 
   while (!stopping_.load()) {
     try {
-      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(idle_tick_ms_));
+      zmq::poll(items.data(), items.size(),
+                std::chrono::milliseconds(busy_ && busy_() ? 0 : idle_tick_ms_));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       throw;

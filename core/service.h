@@ -54,6 +54,9 @@ class ServiceLoop {
   void add_socket(zmq::socket_t& socket, std::function<void()> on_readable);
   // Called on every loop wake-up (at least every idle_tick_ms): timers, deadlines.
   void set_idle(std::function<void()> on_idle, int idle_tick_ms = 100);
+  // While busy() is true (the frontend has steps to run) the loop checks its sockets without
+  // sleeping and calls on_idle again at once, instead of waiting up to idle_tick_ms.
+  void set_busy(std::function<bool()> busy) { busy_ = std::move(busy); }
 
   // The state reported in HeartbeatAck and status ("ready" once run() starts).
   void set_state(std::string state);
@@ -92,6 +95,7 @@ class ServiceLoop {
   std::vector<Extra> extra_;
   std::function<void()> on_idle_;
   int idle_tick_ms_ = 100;
+  std::function<bool()> busy_;
   std::function<nlohmann::json()> status_;
   std::string state_ = "starting";
   uint64_t started_ms_ = 0;

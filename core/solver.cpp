@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -63,6 +64,11 @@ double copy_us(int64_t padded_rows, int64_t k, const SolverOptions& o) {
   return static_cast<double>(padded_rows * k) * kActivationBytes / (o.copy_gbps * 1e3);
 }
 
+double weight_bytes(const WeightShape& w, int64_t rows) {
+  return static_cast<double>(rows * w.k) * static_cast<double>(dtype_block_bytes(w.wtype)) /
+         static_cast<double>(dtype_block_elems(w.wtype));
+}
+
 std::string join_graphs(const std::vector<int64_t>& graphs) {
   std::string s;
   for (int64_t g : graphs) s += (s.empty() ? "" : "+") + std::to_string(g);
@@ -103,11 +109,22 @@ std::vector<int64_t> chunk_candidates(int64_t n, NpuGraphMode mode, const Solver
   return out;
 }
 
+// The whole op on the NPU under a graph mode. Under pipe it is several graphs (the runner pads the
+// last): npu_only; a padding placement is one graph padded up (padding_placement).
 Placement whole_npu(int64_t n, NpuGraphMode mode, const SolverOptions& o) {
   const std::vector<int64_t> g = npu_graphs_for(n, mode, o);
   const int64_t covered = std::accumulate(g.begin(), g.end(), int64_t{0});
-  if (covered > n) return {Strategy::padding, 0, covered};
+  if (covered > n && mode == NpuGraphMode::padding) return {Strategy::padding, 0, covered};
   return {Strategy::npu_only, 0, 0};
+}
+
+// One graph padded up to the next standard size (core/plan.h: padding runs so under any plan mode);
+// none when n is a standard size itself.
+std::optional<Placement> padding_placement(int64_t n, const SolverOptions& o) {
+  const std::vector<int64_t> g = npu_graphs_for(n, NpuGraphMode::padding, o);
+  const int64_t covered = std::accumulate(g.begin(), g.end(), int64_t{0});
+  if (covered == n) return std::nullopt;
+  return Placement{Strategy::padding, 0, covered};
 }
 
 void check_weight(const WeightShape& w) {
@@ -133,6 +150,7 @@ SolverOptions solver_options_for(const SocProfile& soc) {
   SolverOptions o;
   if (soc.gpu.params.count("fast_sync_us")) o.sync_us = soc.gpu.param("fast_sync_us");
   if (soc.mem.single_gbps > 0) o.copy_gbps = soc.mem.single_gbps;
+  o.shared_gbps = soc.mem.dual_gbps;
   o.soc = &soc;
   return o;
 }
@@ -193,19 +211,26 @@ OpDecision evaluate_placement(const WeightShape& w, int64_t n, const Placement& 
                 "solver: " + w.name + " split needs 0 < gpu_rows < " + std::to_string(w.m));
   const std::string ratio = std::to_string(ratio_gpu) + ":" + std::to_string(ratio_npu);
   NpuCost npu;
+  double gpu_weight_bytes = 0;  // weights the GPU part streams (split placements)
+  int64_t npu_rows = w.m;       // rows of each NPU graph
   switch (p.strategy) {
     case Strategy::gpu_only:
       d.gpu_part_us = d.t_gpu;
       d.ratio = "GPU-only";
       break;
     case Strategy::npu_only:
-    case Strategy::padding:
       npu = npu_cost(w, w.m, n, mode, src, o);
+      d.ratio = "NPU-only";
+      break;
+    case Strategy::padding:
+      npu = npu_cost(w, w.m, n, NpuGraphMode::padding, src, o);
       d.ratio = "NPU-only";
       break;
     case Strategy::weight_split:
       d.gpu_part_us = src.gpu_us(op_of(w, g, n));
       npu = npu_cost(w, w.m - g, n, mode, src, o);
+      gpu_weight_bytes = weight_bytes(w, g);
+      npu_rows = w.m - g;
       d.ratio = ratio;
       break;
     case Strategy::activation_split:
@@ -214,6 +239,7 @@ OpDecision evaluate_placement(const WeightShape& w, int64_t n, const Placement& 
                                                 " needs 0 < npu_tokens < " + std::to_string(n));
       npu = npu_cost(w, w.m, p.npu_tokens, mode, src, o);
       d.gpu_part_us = src.gpu_us(op_of(w, w.m, n - p.npu_tokens));
+      gpu_weight_bytes = weight_bytes(w, w.m);
       d.ratio = "dynamic:" + join_graphs(npu.graphs);
       break;
     case Strategy::hybrid: {
@@ -225,6 +251,8 @@ OpDecision evaluate_placement(const WeightShape& w, int64_t n, const Placement& 
       // The GPU runs its rows of the NPU's chunk, then every row of the ragged rest, in order.
       d.gpu_part_us =
           src.gpu_us(op_of(w, g, chunk)) + (n > chunk ? src.gpu_us(op_of(w, w.m, n - chunk)) : 0.0);
+      gpu_weight_bytes = weight_bytes(w, g) + (n > chunk ? weight_bytes(w, w.m) : 0.0);
+      npu_rows = w.m - g;
       d.ratio = ratio + " (weight)" + (p.npu_tokens < n ? " dynamic:" : " graphs:") +
                 join_graphs(npu.graphs);
       break;
@@ -241,7 +269,17 @@ OpDecision evaluate_placement(const WeightShape& w, int64_t n, const Placement& 
             ? std::min(p.npu_tokens, n)
             : n;
     d.copy_us = copy_us(npu.padded - npu_tokens, w.k, o);
-    d.chosen_us = std::max(d.gpu_part_us, d.npu_part_us) + d.sync_us + d.copy_us;
+    const bool both_devices = d.gpu_part_us > 0;
+    if (both_devices && o.shared_gbps > 0) {
+      // Every NPU graph streams its rows of the weight again; activations are small beside them.
+      const double bytes = gpu_weight_bytes +
+                           weight_bytes(w, npu_rows) * static_cast<double>(npu.graphs.size()) +
+                           static_cast<double>((n + npu.padded) * w.k) * kActivationBytes;
+      d.shared_bw_us = bytes / (o.shared_gbps * 1e3);
+    }
+    if (both_devices) d.contention_us = o.contention * std::min(d.gpu_part_us, d.npu_part_us);
+    d.chosen_us = std::max({d.gpu_part_us, d.npu_part_us, d.shared_bw_us}) + d.contention_us +
+                  d.sync_us + d.copy_us;
   }
   return d;
 }
@@ -252,6 +290,9 @@ OpDecision solve_op(const WeightShape& w, int64_t n, NpuGraphMode mode, const La
   std::vector<OpDecision> tried;
   tried.push_back(evaluate_placement(w, n, {Strategy::gpu_only, 0, 0}, 0, 0, mode, src, o));
   tried.push_back(evaluate_placement(w, n, whole_npu(n, mode, o), 0, 0, mode, src, o));
+  if (mode != NpuGraphMode::padding)
+    if (const auto pad = padding_placement(n, o))
+      tried.push_back(evaluate_placement(w, n, *pad, 0, 0, mode, src, o));
   // Split rows in NPU tiles; a fused weight (gate+up) splits each of its parts alike.
   const int64_t align = o.row_align * static_cast<int64_t>(w.roles.size());
   const std::vector<int64_t> chunks = chunk_candidates(n, mode, o);
@@ -284,8 +325,23 @@ OpDecision solve_op(const WeightShape& w, int64_t n, NpuGraphMode mode, const La
     if (t.placement.strategy != d.placement.strategy &&
         (!runner_up || t.chosen_us < runner_up->chosen_us))
       runner_up = &t;
-  d.why = "least of " + std::to_string(tried.size()) + " placements (GPU all " + fmt_us(d.t_gpu) +
-          ", NPU all " + fmt_us(d.t_npu + o.sync_us) + " with sync)";
+  double best_npu_us = tried[1].chosen_us;
+  for (const OpDecision& t : tried)
+    if (t.placement.strategy == Strategy::npu_only || t.placement.strategy == Strategy::padding)
+      best_npu_us = std::min(best_npu_us, t.chosen_us);
+  // The objective's terms: the chosen placement's, then the two single-device ones.
+  std::string terms;
+  if (d.placement.strategy == Strategy::gpu_only) {
+    terms = "T_gpu(all) " + fmt_us(d.t_gpu);
+  } else {
+    terms = "max(T_gpu(p1) " + fmt_us(d.gpu_part_us) + ", T_npu(p2) " + fmt_us(d.npu_part_us) +
+            (d.shared_bw_us > 0 ? ", shared bandwidth " + fmt_us(d.shared_bw_us) : "") + ")" +
+            (d.contention_us > 0 ? " + contention " + fmt_us(d.contention_us) : "") + " + T_sync " +
+            fmt_us(d.sync_us) + " + T_copy " + fmt_us(d.copy_us) + " = " + fmt_us(d.chosen_us);
+  }
+  d.why = "least of " + std::to_string(tried.size()) + " placements: " + terms +
+          "; single devices: T_gpu(all) " + fmt_us(tried[0].chosen_us) +
+          ", T_npu(all) + T_sync + T_copy " + fmt_us(best_npu_us);
   if (runner_up) {
     char pct[32];
     std::snprintf(pct, sizeof pct, "%+.1f%%", 100.0 * (runner_up->chosen_us / d.chosen_us - 1));
@@ -418,6 +474,8 @@ nlohmann::json plan_to_json(const PlanResult& r) {
                     {"npu_part_us", d.npu_part_us},
                     {"sync_us", d.sync_us},
                     {"copy_us", d.copy_us},
+                    {"shared_bw_us", d.shared_bw_us},
+                    {"contention_us", d.contention_us},
                     {"compile_us", d.compile_us},
                     {"chosen_us", d.chosen_us},
                     {"why", d.why}});

@@ -33,7 +33,7 @@
 namespace duet {
 
 // Bump on any change to what the solver decides: cached plans of an older version are re-solved.
-inline constexpr uint32_t kSolverVersion = 1;
+inline constexpr uint32_t kSolverVersion = 2;
 
 enum class Phase : uint8_t { prefill = 0, decode = 1 };
 std::string_view phase_name(Phase p);
@@ -42,15 +42,22 @@ Phase phase_from_name(std::string_view name);  // throws invalid_argument
 struct SolverOptions {
   // Token counts the NPU has static graphs for (1 is the decode graph).
   std::vector<int64_t> npu_graph_tokens = {1, 32, 64, 128, 256, 512, 1024};
-  int max_ratio_term = 4;           // GPU:NPU ratios a:b with 1 <= a, b <= this
-  int64_t row_align = 32;           // split rows in NPU tile multiples
-  double sync_us = 30;              // one fast GPU<->NPU synchronisation
-  double copy_gbps = 43;            // activation copies at one processor's bandwidth
+  int max_ratio_term = 4;  // GPU:NPU ratios a:b with 1 <= a, b <= this
+  int64_t row_align = 32;  // split rows in NPU tile multiples
+  double sync_us = 30;     // one fast GPU<->NPU synchronisation
+  double copy_gbps = 43;   // activation copies at one processor's bandwidth
+  // Both devices streaming at once share the SoC's memory (HeteroInfer Memory-1: ~60 GB/s
+  // together): a split is never faster than the bytes both parts stream over this. 0: no floor.
+  double shared_gbps = 0;
+  // Where the two devices slow each other when they run at once (measured here: they share the
+  // CPU cores), a split costs max(gpu, npu) + contention * min(gpu, npu). 0: none (modelled).
+  double contention = 0;
   const SocProfile* soc = nullptr;  // online-prepare's graph compile cost (none without it)
   // The NPU graph modes solve_plan tries (it keeps the cheaper plan).
   std::vector<NpuGraphMode> modes = {NpuGraphMode::padding, NpuGraphMode::pipe};
 };
-// sync_us from [gpu.params] fast_sync_us when the profile has it; copy_gbps = memory.single_gbps.
+// sync_us from [gpu.params] fast_sync_us when the profile has it; copy_gbps = memory.single_gbps;
+// shared_gbps = memory.dual_gbps.
 SolverOptions solver_options_for(const SocProfile& soc);
 
 // The NPU graphs that run `tokens` tokens under a graph mode (padding: one graph, the smallest
@@ -69,6 +76,10 @@ struct OpDecision {
   Placement placement;
   int ratio_gpu = 0, ratio_npu = 0;  // weight and hybrid splits
   double gpu_part_us = 0, npu_part_us = 0, sync_us = 0, copy_us = 0;
+  // Split placements: the bytes both parts stream over SolverOptions::shared_gbps (a floor on the
+  // overlapped time; 0 where it does not apply).
+  double shared_bw_us = 0;
+  double contention_us = 0;  // SolverOptions::contention x the shorter part (split placements)
   // Online preparation of this op's NPU graph: paid once per request and distinct shape (the
   // layers share graphs), so not part of chosen_us.
   double compile_us = 0;

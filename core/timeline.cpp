@@ -108,6 +108,7 @@ void ShapeScheduleBuilder::matmul(MatmulRole role, int layer, DType wtype, int64
     op.row_end = re;
     op.seq_begin = sb;
     op.seq_end = se;
+    op.npu_mode = p.strategy == Strategy::padding ? NpuGraphMode::padding : plan_.npu_mode;
     return op;
   };
   const uint32_t gpu_rows = static_cast<uint32_t>(std::clamp<int64_t>(p.gpu_rows, 0, rows));
@@ -278,7 +279,7 @@ class OpCoster {
   void npu(const ScheduleOp& op, int64_t rows, OpCost& c) {
     int64_t padded = 0;
     double bytes = 0;
-    for (int64_t g : npu_graphs_for(c.tokens, s_.npu_mode, o_)) {
+    for (int64_t g : npu_graphs_for(c.tokens, op.npu_mode, o_)) {
       const NpuTiming nt = npu_timing(soc_, OpShape{op.kind, op.wtype, rows, op.k, g, true});
       c.compute_us += nt.total_us;
       bytes += nt.dma_bytes;
@@ -288,7 +289,7 @@ class OpCoster {
     if (padded > c.tokens)
       c.copy_us =
           static_cast<double>((padded - c.tokens) * op.k) * kActivationBytes / (o_.copy_gbps * 1e3);
-    if (s_.npu_mode == NpuGraphMode::online_prepare && !graph_sizes_.count(c.tokens) &&
+    if (op.npu_mode == NpuGraphMode::online_prepare && !graph_sizes_.count(c.tokens) &&
         compiled_.insert({static_cast<int>(op.kind), rows, op.k, c.tokens}).second) {
       if (!o_.soc)
         throw Error(Errc::invalid_argument, "timeline: online-prepare needs a SoC profile");
@@ -350,6 +351,7 @@ Schedule schedule_from_programs(const BuiltPrograms& built, NpuGraphMode npu_mod
       op.row_end = p->row_end;
       op.seq_begin = p->seq_begin;
       op.seq_end = p->seq_end;
+      op.npu_mode = static_cast<NpuGraphMode>(p->npu_mode);
       op.n_heads = p->n_heads;
       op.n_kv_heads = p->n_kv_heads;
       op.head_dim = p->head_dim;

@@ -49,6 +49,9 @@ struct ScheduleOp {
   int64_t width = 0;                    // features per token the op reads (its first input's)
   uint32_t row_begin = 0, row_end = 0;  // output rows this op computes
   uint32_t seq_begin = 0, seq_end = 0;  // token rows; seq_end 0 = to the step's last
+  // The graph mode the op's NPU graphs run under: the plan's, except a padding placement's (one
+  // graph padded up, whatever the plan's mode). Other ops keep the program's default (exact).
+  NpuGraphMode npu_mode = NpuGraphMode::exact;
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   std::vector<OpRef> waits;  // ops of the other device this one waits for
   bool operator==(const ScheduleOp&) const = default;

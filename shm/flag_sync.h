@@ -42,4 +42,17 @@ class ShmFlagSync : public FlagSync {
   uint64_t epoch_;
 };
 
+// The epoch a device runs a step under: the one the frontend issued it under (RunStep.epoch), or
+// the current one when none was given. A step issued under an older epoch was abandoned when a
+// service restarted and is being re-run: waiting on its flags would only hold up the re-run.
+inline uint64_t epoch_for_step(const FlagTable& table, uint64_t issued_epoch) {
+  const uint64_t now = table.epoch();
+  if (issued_epoch == 0) return now;
+  if (issued_epoch != now)
+    throw Error(Errc::unavailable, "step issued under stack epoch " + std::to_string(issued_epoch) +
+                                       " but the stack is at " + std::to_string(now) +
+                                       " (a service restarted): not run");
+  return issued_epoch;
+}
+
 }  // namespace duet::shm

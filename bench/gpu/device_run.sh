@@ -19,10 +19,19 @@ export OCL_ICD_VENDORS=/tmp/icd OCL_ICD_FILENAMES=$nv DUET_CACHE_DIR=/tmp/duet-c
 [ -e /work/main ] || { mkdir -p /work && ln -s "$root" /work/main; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$out/env.txt" 2>&1
 status=0
-for t in gpu_kernels_test gpu_runner_test gpu_service_test gpu_timing_test; do
-  "$dev/bin/$t" >"$out/$t.log" 2>&1 || status=1
-  echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "$out/$t.log" | tr '\n' ' ')"
+for t in gpu_kernels_test gpu_packed_test gpu_runner_test gpu_service_test gpu_timing_test; do
+  "$dev/bin/$t" >"/tmp/$t.log" 2>&1 || status=1
+  cat "/tmp/$t.log" >>"$out/tests.log"  # one file: the run tool brings back at most 8
+  echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "/tmp/$t.log" | tr '\n' ' ')"
 done
-"$dev/bin/gpu_bench" --reps 20 --gemv-rows 28672 --gemm-tokens 256 --copy-mb 1024 >"$out/bench.json" 2>"$out/bench.err" || status=1
-cat "$out/bench.json" "$out/bench.err"
+variants=l32r2,l32r4,l32r8,l16r8,l64r4,l128r4,l16r4p,l16r8p,l32r4p,l32r8p,l64r4p,l16r4x,l16r8x,l32r4x,l64r4x  # GpuKernels::kGemvVariants, side by side
+"$dev/bin/gpu_bench" --reps 20 --gemv-rows 28672 --gemm-tokens 256 --copy-mb 1024 \
+  --gemv-variants $variants >"$out/bench.json" 2>"$out/bench.err" || status=1
+# The down projection's shape too (long rows: [4096, 14336]).
+"$dev/bin/gpu_bench" --reps 20 --gemv-rows 4096 --gemv-cols 14336 --gemm-tokens 16 --copy-mb 1024 \
+  --gemv-variants $variants >"$out/bench_down.json" 2>>"$out/bench.err" || status=1
+# And a square one ([4096, 4096]: the attention projections).
+"$dev/bin/gpu_bench" --reps 20 --gemv-rows 4096 --gemv-cols 4096 --gemm-tokens 16 --copy-mb 1024 \
+  --gemv-variants $variants >"$out/bench_square.json" 2>>"$out/bench.err" || status=1
+cat "$out/bench.json" "$out/bench_down.json" "$out/bench_square.json" "$out/bench.err"
 exit $status

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs gpu_svc's test and bench binaries (built in build-gpu/) and the shared libraries they
+# Packs gpu_svc's test and bench binaries (built in the build dir $1, default build-gpu/) and the shared libraries they
 # need beyond the C/C++ runtime into build-gpu-device/ (git-ignored), for the `run` tool's
 # device machine, which has NVIDIA's OpenCL driver but no ICD loader or our dependencies.
 set -euo pipefail
@@ -8,7 +8,7 @@ src=${1:-build-gpu}
 dst=build-gpu-device
 rm -rf "$dst"
 mkdir -p "$dst/bin" "$dst/lib"
-bins="gpu_kernels_test gpu_runner_test gpu_service_test gpu_timing_test gpu_bench"
+bins="gpu_kernels_test gpu_packed_test gpu_runner_test gpu_service_test gpu_timing_test gpu_bench"
 for b in $bins; do
   strip -o "$dst/bin/$b" "$src/bin/$b"
 done

@@ -5,7 +5,9 @@
 #   (bench/llamacpp, node-llama-cpp's prebuilt CPU build) on the same GGUF with the same threads.
 # Writes bench/stack/results.jsonl and bench/stack/RESULTS.md.
 # env: DUET_BIN_DIR (default build-bench/bin), MIXES_TINY / MIXES_1B ("prompt/gen ..."),
-#      PLANS, PLANS_1B, MODELS ("tiny 1b"), APPEND=1, THREADS (default nproc), SKIP_LLAMACPP=1
+#      PLANS, PLANS_1B, MODELS ("tiny 1b"), APPEND=1, THREADS (default nproc), SKIP_LLAMACPP=1,
+#      STOP_AT_EOS=1 (default: every run decodes exactly the mix's tokens, EOS or not, so that
+#      the modes compare the same number of steps)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${DUET_BIN_DIR:-build-bench/bin}
@@ -23,6 +25,10 @@ if [ -z "${SKIP_LLAMACPP:-}" ] && [ ! -d bench/llamacpp/node_modules/node-llama-
   bench/llamacpp/setup.sh
 fi
 [ -n "${APPEND:-}" ] || : > "$out"
+eos_flag=--ignore-eos
+[ -z "${STOP_AT_EOS:-}" ] || eos_flag=
+tiny_model=models/fortune-q8_0.gguf
+[ -f "$tiny_model" ] || tiny_model=tests/data/tiny-fortune/fortune-q8_0.gguf
 
 tag() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(json.loads(sys.argv[2])); print(json.dumps(d))' "$1" "$2"; }
 
@@ -36,9 +42,15 @@ bench_model() {  # name path mixes plans
     "$bin/stack_bench" --stack "$stack" --plan "$plan" --model "$model" --prompt 8 --gen 2 >/dev/null
     for mix in $mixes; do
       local p=${mix%/*} g=${mix#*/} ctxj="{\"model_name\":\"$name\",\"mix\":\"$mix\"}"
-      tag "$("$bin/stack_bench" --stack "$stack" --plan "$plan" --model "$model" --prompt "$p" --gen "$g")" "$ctxj" >> "$out"
+      # A run that fails (a step past its deadline on the loaded machine, say) is reported and
+      # skipped: the other rows of the run still count.
+      if r=$("$bin/stack_bench" --stack "$stack" --plan "$plan" --model "$model" --prompt "$p" --gen "$g" $eos_flag); then
+        tag "$r" "$ctxj" >> "$out"
+      else echo "note: stack run $name $mix $plan failed" >&2; fi
       case $plan in gpu-only | npu-only | layer)
-        tag "$("$bin/stack_bench" --in-process --plan "$plan" --model "$model" --max-ctx 512 --prompt "$p" --gen "$g")" "$ctxj" >> "$out" ;;
+        if r=$("$bin/stack_bench" --in-process --plan "$plan" --model "$model" --max-ctx 512 --prompt "$p" --gen "$g" $eos_flag); then
+          tag "$r" "$ctxj" >> "$out"
+        else echo "note: in-process run $name $mix $plan failed" >&2; fi ;;
       esac
       tail -n 1 "$out" >&2
     done
@@ -56,7 +68,7 @@ bench_model() {  # name path mixes plans
 }
 
 models=${MODELS:-"tiny 1b"}  # which models to run (APPEND=1 keeps earlier results)
-[[ " $models " == *" tiny "* ]] && bench_model tiny-fortune models/fortune-q8_0.gguf "$mixes_tiny" "$plans"
+[[ " $models " == *" tiny "* ]] && bench_model tiny-fortune "$tiny_model" "$mixes_tiny" "$plans"
 [[ " $models " == *" 1b "* ]] && bench_model llama3.2-1b-q4_0 "$model_1b" "$mixes_1b" "$plans_1b"
 python3 bench/stack/summarize.py "$out" > bench/stack/RESULTS.md
 cat bench/stack/RESULTS.md

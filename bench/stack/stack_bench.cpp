@@ -26,7 +26,8 @@ namespace {
 using duet::frontend::SeqStep;
 using duet::frontend::StepStats;
 
-constexpr uint32_t kFrontendMaxStep = 64;  // LazyEngine::kMaxStepTokens
+// The frontend's token buckets (make_stack_engine): prompts go in chunks of the largest.
+uint32_t g_max_step = 64;                  // --max-step
 constexpr uint32_t kFrontendMaxSeqs = 16;  // FrontendOptions::max_running
 
 // Deterministic prompt: BOS then ids cycling over the vocabulary (past the special tokens).
@@ -54,11 +55,12 @@ nlohmann::json to_json(const Result& r) {
 }
 
 Result run_stack(const std::string& stack, const std::string& plan,
-                 const std::vector<int32_t>& prompt, int max_tokens) {
+                 const std::vector<int32_t>& prompt, int max_tokens, bool ignore_eos) {
   duet::client::Client client(duet::client::stack_endpoint(stack));
   duet::client::GenerateRequest req;
   req.prompt_ids = prompt;
   req.max_tokens = max_tokens;
+  req.ignore_eos = ignore_eos;
   req.plan = plan;
   req.stream = false;
   const auto got = client.generate(req);
@@ -76,7 +78,7 @@ int32_t argmax(const std::vector<float>& logits) {
 }
 
 Result run_in_process(const std::string& model_path, const std::string& plan, int max_ctx,
-                      const std::vector<int32_t>& prompt, int max_tokens) {
+                      const std::vector<int32_t>& prompt, int max_tokens, bool ignore_eos) {
   using namespace duet;
   const SocProfile soc = load_soc_profile("sd8gen3");
   gpu::GpuService gpu(gpu::shared_device(), soc, gpu::ShmMemoryResolver{});
@@ -85,7 +87,7 @@ Result run_in_process(const std::string& model_path, const std::string& plan, in
   o.model_path = model_path;
   o.stack_id = "benchinproc" + std::to_string(getpid());
   o.plan_name = plan;
-  o.buckets = {1, 16, kFrontendMaxStep};
+  o.buckets = {1, 16, g_max_step};
   o.max_seqs = kFrontendMaxSeqs;
   o.max_ctx = static_cast<uint32_t>(max_ctx);
   frontend::ProgramEngine e(
@@ -100,7 +102,7 @@ Result run_in_process(const std::string& model_path, const std::string& plan, in
   const int ctx = max_ctx > 0 ? max_ctx : e.model().hp().n_ctx;
   // Warm-up (as the stack's warm-up request): the first steps of each bucket pay one-time costs.
   e.open_seq(2, ctx);
-  for (const size_t n : {size_t{kFrontendMaxStep}, size_t{8}}) {
+  for (const size_t n : {size_t{g_max_step}, size_t{8}}) {
     const size_t k = std::min(n, prompt.size());
     e.step({{2, {prompt.begin(), prompt.begin() + k}, 0, true}}, nullptr);
     e.truncate_seq(2, 0);
@@ -117,8 +119,8 @@ Result run_in_process(const std::string& model_path, const std::string& plan, in
   const auto t0 = clock::now();
   std::vector<float> logits;
   double modeled_us = 0;
-  for (size_t at = 0; at < prompt.size(); at += kFrontendMaxStep) {
-    const size_t n = std::min<size_t>(kFrontendMaxStep, prompt.size() - at);
+  for (size_t at = 0; at < prompt.size(); at += g_max_step) {
+    const size_t n = std::min<size_t>(g_max_step, prompt.size() - at);
     StepStats st;
     const bool last = at + n == prompt.size();
     logits = e.step(
@@ -132,7 +134,7 @@ Result run_in_process(const std::string& model_path, const std::string& plan, in
   int pos = r.prompt_tokens;
   const auto t1 = clock::now();
   modeled_us = 0;
-  while (r.generated < max_tokens && tok != eos && pos + 1 < ctx) {
+  while (r.generated < max_tokens && (ignore_eos || tok != eos) && pos + 1 < ctx) {
     StepStats st;
     tok = argmax(e.step({{1, {tok}, pos++, true}}, &st));
     modeled_us += st.modeled_us;
@@ -158,10 +160,16 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt_len, "prompt tokens (BOS included)")->capture_default_str();
   app.add_option("--gen", max_tokens, "tokens to generate (stops early at EOS)")
       ->capture_default_str();
+  bool ignore_eos = false;
+  app.add_flag("--ignore-eos", ignore_eos, "EOS does not end the generation: exactly --gen tokens");
   app.add_option("--max-ctx", max_ctx, "positions per sequence (DUET_MAX_CTX; 0 = the model's)")
       ->capture_default_str();
   app.add_option("--stack", stack, "run through this running stack");
   app.add_flag("--in-process", in_process, "run all roles in this process");
+  app.add_option("--max-step", g_max_step,
+                 "in-process: the largest token bucket (prompt chunk), as the stack's")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 4096));
   CLI11_PARSE(app, argc, argv);
   try {
     if (stack.empty() == !in_process)
@@ -169,8 +177,9 @@ int main(int argc, char** argv) {
     auto m = duet::LlamaModel::load(model);
     const auto prompt = synthetic_prompt(prompt_len, m->hp().n_vocab, m->vocab().bos);
     m.reset();
-    const Result r = in_process ? run_in_process(model, plan, max_ctx, prompt, max_tokens)
-                                : run_stack(stack, plan, prompt, max_tokens);
+    const Result r = in_process
+                         ? run_in_process(model, plan, max_ctx, prompt, max_tokens, ignore_eos)
+                         : run_stack(stack, plan, prompt, max_tokens, ignore_eos);
     nlohmann::json j = to_json(r);
     j["mode"] = in_process ? "in-process" : "stack";
     j["plan"] = plan;

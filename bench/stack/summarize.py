@@ -20,7 +20,8 @@ def main(path):
            "(node-llama-cpp's prebuilt llama.cpp CPU build), all side by side in one run on the",
            "2-core machine shared with other engineers' builds (load average 4-8): absolute numbers",
            "are noisy; compare rows of one run only. Prompts are synthetic ids (BOS + cycling ids),",
-           "greedy decode, stopping at EOS (the `generated` column). Table 4 mixes (54/374, 296/340,",
+           "greedy decode of exactly the mix's tokens (ignore_eos; `STOP_AT_EOS=1` stops at EOS: see the",
+           "`generated` column). Table 4 mixes (54/374, 296/340,",
            "1787/5) are scaled down: tiny-fortune 54/32, 296/32, 448/4 (context 512); llama3.2-1b Q4_0",
            "(mkmodel, DUET_MAX_CTX=512) 54/8, 296/8. Decode tok/s = 1000/TPOT; prefill tok/s =",
            "prompt/TTFT. Modelled = the services' sd8gen3 timing models (0 for `reference`).", ""]

@@ -9,9 +9,11 @@
 // request resumes where it stopped.
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/model.h"
 
 namespace duet::frontend {
@@ -50,6 +52,21 @@ class Engine {
   // The most tokens one step may carry (prefill longer than this is chunked by the caller).
   virtual int max_step_tokens() const = 0;
   virtual nlohmann::json status() const = 0;
+
+  // Preemptible steps (Agent.xpu, issue 9; the contract is ProgramEngine's). An engine that can
+  // stop a step at an op boundary says preemptible(); the serving loop then runs proactive work
+  // on it: request_preempt() (any thread) makes step_preemptible() return nullopt with the step
+  // parked, resume() continues it where it stopped. Engines that cannot simply run the step.
+  virtual bool preemptible() const { return false; }
+  virtual std::optional<std::vector<float>> step_preemptible(const std::vector<SeqStep>& batch,
+                                                             StepStats* stats) {
+    return step(batch, stats);
+  }
+  virtual std::optional<std::vector<float>> resume(StepStats*) {
+    throw Error(Errc::invalid_argument, "resume: this engine never parks a step");
+  }
+  virtual bool parked() const { return false; }
+  virtual void request_preempt() {}
 };
 
 }  // namespace duet::frontend

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/run_dir.h"
+#include "services/frontend/stack_engines.h"
 
 namespace duet::frontend {
 
@@ -51,15 +52,6 @@ size_t invalid_utf8_at(std::string_view text) {
   }
   return std::string_view::npos;
 }
-
-namespace {
-
-// Plans any duet stack may run; a request naming another is a typo, one of these that this stack
-// does not run is a mismatch. Both are errors that say which.
-constexpr std::array<std::string_view, 6> kKnownPlans = {"reference", "gpu-only", "npu-only",
-                                                         "layer",     "tensor",   "auto"};
-
-}  // namespace
 
 std::string peer_key(const std::vector<std::string>& routing) {
   std::string k;
@@ -114,12 +106,22 @@ Frontend::Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
   // A send to a client that is gone fails with EHOSTUNREACH instead of vanishing silently: that
   // is how a disconnect mid-stream is noticed.
   socket_.set(zmq::sockopt::router_mandatory, true);
+  if (options_.make_proactive_engine) {
+    proactive_engine_ = options_.make_proactive_engine();
+    // Proactive generate requests outside a session run on the proactive engine (Agent.xpu).
+    scheduler_.set_lane_of([](const Request& r) {
+      return r.priority == Priority::proactive && r.kind == RequestKind::generate && !r.session
+                 ? Lane::proactive
+                 : Lane::main;
+    });
+  }
   started_ms_ = now_ms();
 }
 
 Frontend::~Frontend() {
+  // (The proactive engine frees its own sequences, a parked step's included.)
   for (auto& [key, r] : requests_)
-    if (r->seq_open && r->owns_seq) engine_->close_seq(r->seq_id);
+    if (r->seq_open && r->owns_seq && !r->proactive_lane) engine_->close_seq(r->seq_id);
   for (auto& [id, s] : sessions_)
     if (s.open) engine_->close_seq(s.seq_id);
 }
@@ -127,8 +129,7 @@ Frontend::~Frontend() {
 bool Frontend::has_work() const {
   for (Request* r : scheduler_.running_requests())
     if (r->finish_reason.empty() && (r->prefilling() || r->decoding())) return true;
-  return scheduler_.queued() > 0 &&
-         static_cast<int>(scheduler_.running()) < scheduler_.max_running();
+  return scheduler_.queued() > 0 && scheduler_.can_admit();
 }
 
 bool Frontend::pump() {
@@ -288,10 +289,11 @@ void Frontend::check_plan(const flatbuffers::String* plan) const {
   if (!plan || plan->size() == 0 || plan->string_view() == "auto") return;
   const std::string_view p = plan->string_view();
   if (p == engine_->plan_name()) return;
-  if (std::find(kKnownPlans.begin(), kKnownPlans.end(), p) == kKnownPlans.end())
+  // Plans any duet stack may run; a request naming another is a typo, one of these that this
+  // stack does not run is a mismatch. Both are errors that say which.
+  if (!is_stack_plan(p))
     throw Error(Errc::invalid_argument,
-                "unknown plan '" + std::string(p) +
-                    "' (plans: reference, gpu-only, npu-only, layer, tensor, auto)");
+                "unknown plan '" + std::string(p) + "' (plans: " + stack_plan_list() + ")");
   throw Error(Errc::unsupported, "this stack runs plan '" + engine_->plan_name() + "', not '" +
                                      std::string(p) +
                                      "'; start a stack with that plan or ask for 'auto'");
@@ -331,6 +333,7 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
   r->max_tokens = g.max_tokens();
   r->stream = g.stream();
   r->heartbeat_ms = g.heartbeat_ms();
+  r->ignore_eos = g.ignore_eos();
   r->arrived_ms = r->last_seen_ms = now_ms();
   if (const auto* stops = g.stop()) {
     if (stops->size() > options_.max_stop_strings)
@@ -483,9 +486,9 @@ void Frontend::on_eval(const std::vector<std::string>& routing, uint64_t id, con
 
 void Frontend::eval_on_plan(const std::vector<std::string>& routing, uint64_t id,
                             const std::string& plan, const std::vector<int32_t>& ids) {
-  if (std::find(kKnownPlans.begin(), kKnownPlans.end(), plan) == kKnownPlans.end())
-    throw Error(Errc::invalid_argument, "unknown plan '" + plan +
-                                            "' (plans: reference, gpu-only, npu-only, layer, tensor, auto)");
+  if (!is_stack_plan(plan))
+    throw Error(Errc::invalid_argument,
+                "unknown plan '" + plan + "' (plans: " + stack_plan_list() + ")");
   auto& engine = plan_engines_[plan];
   if (!engine) engine = options_.make_engine(plan);
   // Every position's logits: one-token entries of the one sequence, in chunks a step can take.
@@ -511,7 +514,8 @@ void Frontend::eval_on_plan(const std::vector<std::string>& routing, uint64_t id
                                          static_cast<uint32_t>(tokenizer_.n_vocab()), &logits);
   fbb.Finish(fbc::CreateClientMessage(fbb, id, fbc::ClientBody::EvalReply, body.Union()),
              fbc::ClientMessageIdentifier());
-  (void)send_to(routing, msg::Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()));
+  (void)send_to(routing,
+                msg::Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()));
   ++metrics_.completed;
 }
 
@@ -570,6 +574,7 @@ nlohmann::json Frontend::status() const {
             {"max_sessions", options_.max_sessions},
             {"max_step_tokens", engine_->max_step_tokens()}}},
           {"engine", engine_->status()},
+          {"agent", agent_status()},
           {"metrics", metrics_.to_json()}};
 }
 

@@ -25,12 +25,13 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include <functional>
 #include "core/messaging.h"
 #include "core/tokenizer.h"
 #include "services/frontend/engine.h"
-#include <functional>
 #include "services/frontend/request.h"
 #include "services/frontend/scheduler.h"
+#include "services/frontend/step_watch.h"
 
 namespace duet::frontend {
 
@@ -47,6 +48,11 @@ struct FrontendOptions {
   // Engines for plans other than the stack's own, made on first use (eval --plan P checks every
   // plan against the same stack). Null: only the stack's plan is served.
   std::function<std::unique_ptr<Engine>(const std::string& plan)> make_engine;
+  // Agent.xpu (issue 9): the engine for proactive generate requests, apart from the main one
+  // (own arena, KV and flags). When it is preemptible, a reactive request arriving during a
+  // proactive step stops that step at the next op boundary; the step is parked and resumed once
+  // no reactive work is left. Null: every request runs on the main engine.
+  std::function<std::unique_ptr<Engine>()> make_proactive_engine;
 };
 
 // Aggregates over every finished request (per stack).
@@ -122,6 +128,14 @@ class Frontend {
 
   // frontend_step.cpp: the step and what follows from it
   void open_request(Request* r);
+  // frontend_step.cpp: the two lanes (Agent.xpu). A step's results go to its batch's requests.
+  Engine& engine_of(const Request& r) { return r.proactive_lane ? *proactive_engine_ : *engine_; }
+  void run_main_step(const StepBatch& batch);
+  void run_proactive_step(std::optional<StepBatch> fresh);  // nullopt: resume the parked one
+  void apply_batch(const StepBatch& batch, const std::vector<float>& logits,
+                   const StepStats& stats);
+  void close_seq_of(Request& r);  // deferred while r's step is parked
+  nlohmann::json agent_status() const;
   void step();
   void apply_part(const StepPart& part, std::span<const float> logits, const StepStats& stats,
                   double now);
@@ -146,6 +160,16 @@ class Frontend {
   double started_ms_ = 0;
   double last_reap_ms_ = 0;
   StackMetrics metrics_;
+  // Agent.xpu lane state (frontend_step.cpp).
+  std::unique_ptr<Engine> proactive_engine_;  // options_.make_proactive_engine's
+  std::optional<StepBatch> parked_batch_;     // the proactive step stopped at an op boundary
+  std::vector<uint64_t> deferred_close_;      // sequences released while their step was parked
+  Lane last_lane_ = Lane::main;
+  StepWatch watch_;
+  struct AgentMetrics {
+    uint64_t preemptions = 0, resumes = 0, proactive_steps = 0, held_messages = 0;
+    double preempt_latency_us_sum = 0, preempt_latency_us_max = 0;
+  } agent_metrics_;
 };
 
 double now_ms();  // steady clock, milliseconds

@@ -1,6 +1,8 @@
 // Frontend: admission, the engine step, sampling, streaming and the end of a request.
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <utility>
 
 #include "core/error.h"
 #include "services/frontend/frontend.h"
@@ -40,11 +42,12 @@ void Frontend::open_request(Request* r) {
       s.open = true;
     }
   } else {
-    engine_->open_seq(r->seq_id, r->max_positions);
+    r->proactive_lane = scheduler_.lane_of(*r) == Lane::proactive;
+    engine_of(*r).open_seq(r->seq_id, r->max_positions);
   }
   r->seq_open = true;
   r->admitted_ms = now_ms();
-  r->restarts_at_start = engine_restarts(*engine_);
+  r->restarts_at_start = engine_restarts(engine_of(*r));
 }
 
 void Frontend::step() {
@@ -61,22 +64,128 @@ void Frontend::step() {
   } catch (const Error&) {
   }
   for (auto& [r, e] : refused) fail(*r, e.code(), e.what());
-  StepBatch batch = scheduler_.build(engine_->max_step_tokens());
+  const double now = now_ms();
+  StepBatch main = scheduler_.build(engine_->max_step_tokens(), now, Lane::main);
+  if (!proactive_engine_) {
+    run_main_step(main);
+    return;
+  }
+  // The proactive lane: a parked step resumes once the gating of the lane lets it (no reactive
+  // work, or one of its requests aged); else a fresh proactive batch, gated the same way.
+  bool proactive_ready = false;
+  std::optional<StepBatch> fresh;
+  if (parked_batch_) {
+    proactive_ready = !scheduler_.reactive_present();
+    for (const StepPart& p : parked_batch_->parts)
+      if (p.request && now - std::max(p.request->arrived_ms, p.request->last_token_ms) >
+                           scheduler_.agent_config().aging_ms)
+        proactive_ready = true;
+  } else {
+    fresh = scheduler_.build(proactive_engine_->max_step_tokens(), now, Lane::proactive);
+    proactive_ready = !fresh->empty();
+  }
+  // Both lanes ready (only when no reactive work is left, or aged proactive work is due): they
+  // take turns, so neither starves.
+  if (!main.empty() && (!proactive_ready || last_lane_ == Lane::proactive)) {
+    last_lane_ = Lane::main;
+    run_main_step(main);
+  } else if (proactive_ready) {
+    last_lane_ = Lane::proactive;
+    run_proactive_step(std::move(fresh));
+  }
+}
+
+void Frontend::run_main_step(const StepBatch& batch) {
   if (batch.empty()) return;
   StepStats stats;
   std::vector<float> logits;
   try {
     logits = engine_->step(batch.entries, &stats);
-    const size_t n_vocab = static_cast<size_t>(tokenizer_.n_vocab());
-    if (logits.size() != batch.n_logit_rows * n_vocab)
-      throw Error(Errc::internal, "engine returned " + std::to_string(logits.size()) +
-                                      " logits, expected " +
-                                      std::to_string(batch.n_logit_rows * n_vocab));
   } catch (const std::exception& e) {
     // The step's requests cannot go on (their KV state is unknown); everyone else can.
     const Errc code =
         dynamic_cast<const Error*>(&e) ? static_cast<const Error&>(e).code() : Errc::internal;
     for (const StepPart& p : batch.parts) fail(*p.request, code, e.what());
+    return;
+  }
+  apply_batch(batch, logits, stats);
+}
+
+void Frontend::run_proactive_step(std::optional<StepBatch> fresh) {
+  Engine& engine = *proactive_engine_;
+  const bool resuming = !fresh.has_value();
+  StepStats stats;
+  std::optional<std::vector<float>> logits;
+  std::deque<msg::Envelope> held;
+  double asked_us = 0;  // steady clock, when a reactive arrival asked for the preemption
+  auto us_now = [] { return now_ms() * 1000.0; };
+  try {
+    if (!resuming && !engine.preemptible()) {
+      logits = engine.step(fresh->entries, &stats);
+    } else {
+      // The step runs on a worker; this thread reads the clients meanwhile and preempts the step
+      // at the first reactive Generate. Every message is handled once the step has stopped.
+      logits = watch_.run(
+          [&]() -> std::optional<std::vector<float>> {
+            return resuming ? engine.resume(&stats)
+                            : engine.step_preemptible(fresh->entries, &stats);
+          },
+          socket_, held, 256,
+          [&](const msg::Envelope& env) {
+            if (asked_us > 0) return;
+            try {
+              const fbc::ClientMessage* m = msg::verify_client(env.payload);
+              if (m->body_type() != fbc::ClientBody::Generate ||
+                  m->body_as_Generate()->priority() != fbc::Priority::Reactive)
+                return;
+            } catch (const Error&) {
+              return;  // handled (refused) after the step like any other message
+            }
+            asked_us = us_now();
+            engine.request_preempt();
+          });
+    }
+  } catch (const std::exception& e) {
+    const Errc code =
+        dynamic_cast<const Error*>(&e) ? static_cast<const Error&>(e).code() : Errc::internal;
+    StepBatch batch = resuming ? std::move(*parked_batch_) : std::move(*fresh);
+    parked_batch_.reset();
+    for (uint64_t seq : std::exchange(deferred_close_, {})) engine.close_seq(seq);
+    for (const StepPart& p : batch.parts)
+      if (p.request) fail(*p.request, code, e.what());
+    for (msg::Envelope& env : held) handle(env);
+    return;
+  }
+  ++agent_metrics_.proactive_steps;
+  agent_metrics_.held_messages += held.size();
+  if (!logits) {
+    // Parked at an op boundary: its activations stay in the proactive engine's arena and its KV
+    // rows in place until it resumes.
+    ++agent_metrics_.preemptions;
+    const double latency = asked_us > 0 ? us_now() - asked_us : 0;
+    agent_metrics_.preempt_latency_us_sum += latency;
+    agent_metrics_.preempt_latency_us_max =
+        std::max(agent_metrics_.preempt_latency_us_max, latency);
+    if (!resuming) parked_batch_ = std::move(*fresh);
+  } else {
+    if (resuming) ++agent_metrics_.resumes;
+    StepBatch batch = resuming ? std::move(*parked_batch_) : std::move(*fresh);
+    parked_batch_.reset();
+    for (uint64_t seq : std::exchange(deferred_close_, {})) engine.close_seq(seq);
+    apply_batch(batch, *logits, stats);
+  }
+  // After the step's results: a Cancel among them finds its request as it now is.
+  for (msg::Envelope& env : held) handle(env);
+}
+
+void Frontend::apply_batch(const StepBatch& batch, const std::vector<float>& logits,
+                           const StepStats& stats) {
+  const size_t n_vocab = static_cast<size_t>(tokenizer_.n_vocab());
+  if (logits.size() != batch.n_logit_rows * n_vocab) {
+    const std::string what = "engine returned " + std::to_string(logits.size()) +
+                             " logits, expected " + std::to_string(batch.n_logit_rows * n_vocab);
+    for (const StepPart& p : batch.parts)
+      if (p.request) fail(*p.request, Errc::internal, what);
     return;
   }
   ++metrics_.steps;
@@ -86,8 +195,8 @@ void Frontend::step() {
   metrics_.flag_wait_ms_sum += stats.flag_wait_us / 1000.0;
   metrics_.kv_bytes_copied += stats.kv_bytes_copied;
   const double now = now_ms();
-  const size_t n_vocab = static_cast<size_t>(tokenizer_.n_vocab());
   for (const StepPart& p : batch.parts) {
+    if (!p.request) continue;  // released while its step was parked
     std::span<const float> rows(logits.data() + p.first_logit_row * n_vocab,
                                 p.n_logit_rows * n_vocab);
     try {
@@ -98,6 +207,41 @@ void Frontend::step() {
       fail(*p.request, Errc::internal, e.what());
     }
   }
+}
+
+void Frontend::close_seq_of(Request& r) {
+  if (r.proactive_lane && parked_batch_) {
+    bool parked = false;
+    for (StepPart& p : parked_batch_->parts)
+      if (p.request == &r) {
+        p.request = nullptr;
+        parked = true;
+      }
+    if (parked) {
+      // Its KV is part of the parked step: freed once that step is over.
+      deferred_close_.push_back(r.seq_id);
+      return;
+    }
+  }
+  engine_of(r).close_seq(r.seq_id);
+}
+
+nlohmann::json Frontend::agent_status() const {
+  const AgentMetrics& m = agent_metrics_;
+  nlohmann::json j = {
+      {"proactive_engine", proactive_engine_ != nullptr},
+      {"preemptible", proactive_engine_ && proactive_engine_->preemptible()},
+      {"parked", parked_batch_.has_value()},
+      {"preemptions", m.preemptions},
+      {"resumes", m.resumes},
+      {"proactive_steps", m.proactive_steps},
+      {"messages_held_during_steps", m.held_messages},
+      {"preempt_latency_mean_us", m.preemptions ? m.preempt_latency_us_sum / m.preemptions : 0.0},
+      {"preempt_latency_max_us", m.preempt_latency_us_max},
+      {"decode_cap", scheduler_.agent_config().decode_cap},
+      {"aging_ms", scheduler_.agent_config().aging_ms}};
+  if (proactive_engine_) j["engine"] = proactive_engine_->status();
+  return j;
 }
 
 void Frontend::apply_part(const StepPart& part, std::span<const float> logits,
@@ -127,7 +271,7 @@ void Frontend::accept_token(Request& r, int32_t token, double now) {
   if (r.first_token_ms == 0) r.first_token_ms = now;
   r.last_token_ms = now;
   r.next_token = token;
-  if (token == tokenizer_.eos()) {
+  if (token == tokenizer_.eos() && !r.ignore_eos) {
     finish(r, "eos");
     return;
   }
@@ -280,7 +424,7 @@ void Frontend::release(Request& r) {
         if (!s.open) sessions_.erase(it);  // never admitted: nothing to keep
       }
     } else if (r.seq_open) {
-      engine_->close_seq(r.seq_id);
+      close_seq_of(r);
     }
     r.seq_open = false;
   }

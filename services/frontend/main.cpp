@@ -3,9 +3,10 @@
 // generate/chat/eval/status` talk to (schemas/client.fbs), served by frontend::Frontend.
 //
 // The plan (DUET_PLAN, passed through by the supervisor; `duet stack up --plan`): auto (the
-// default: the solver's choice), tensor, gpu-only, npu-only, layer, or reference (core
-// ReferenceForward in this process). Eval requests may name any other plan; its engine is made
-// on first use (services/frontend/stack_engines.h).
+// default: the solver's choice), tensor, gpu-only, npu-only (NPU graphs padded),
+// npu-only:online-prepare, npu-only:pipe, layer, or reference (core ReferenceForward in this
+// process). Eval requests may name any other plan; its engine is made on first use
+// (services/frontend/stack_engines.h).
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -16,6 +17,10 @@
 #include "services/frontend/stack_engines.h"
 
 namespace {
+
+// The proactive engine's instance: its shm segments and program ids stay apart from the main
+// engine's (0) and from the eval engines' (1, 2, ...).
+constexpr uint32_t kProactiveInstance = 99;
 
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -44,21 +49,34 @@ int main(int argc, char** argv) {
         options.make_engine = [config, instance = 1u](const std::string& p) mutable {
           return frontend::make_stack_engine(config, p, instance++);
         };
+        // Agent.xpu (issue 9): proactive requests run on an engine of their own whose steps a
+        // reactive arrival preempts. DUET_AGENT=off serves every request on the one engine.
+        if (plan != "reference" && env_or("DUET_AGENT", "on") != std::string("off"))
+          options.make_proactive_engine = [config, plan] {
+            return frontend::make_stack_engine(config, plan, kProactiveInstance);
+          };
         frontend = std::make_unique<frontend::Frontend>(
             frontend::make_stack_engine(config, plan, 0), loop.run_dir(), options);
         loop.log().info("serving {} with plan {} on {}", config.model_path, plan,
                         frontend->socket_path());
-        // Steps run from the loop's hooks with a time budget, so the control socket (heartbeats)
-        // is answered between them; a short idle tick keeps the gap between budgets small.
-        auto pump = [&loop, &frontend] {
+        // Steps run from the loop's hooks with a short time budget, so the control socket
+        // (heartbeats) is answered between them. While the last pump made progress the loop does
+        // not sleep between budgets (set_busy): a decode step of ~1 ms must not wait for a tick.
+        // A pump that stepped nothing (work blocked on KV, say) lets the loop sleep a tick.
+        auto stepped = std::make_shared<bool>(false);
+        auto pump = [&loop, &frontend, stepped] {
           try {
-            frontend->pump_for(std::chrono::milliseconds(50));
+            const uint64_t steps_before = frontend->metrics().steps;
+            frontend->pump_for(std::chrono::milliseconds(5));
+            *stepped = frontend->metrics().steps != steps_before;
           } catch (const std::exception& e) {
+            *stepped = false;
             loop.log().error("frontend: {}", e.what());  // a bug: log it, keep serving the rest
           }
         };
         loop.add_socket(frontend->socket(), pump);
         loop.set_idle(pump, 2);
+        loop.set_busy([&frontend, stepped] { return *stepped && frontend->has_work(); });
         loop.set_status([&] { return frontend->status(); });
       });
   frontend.reset();

@@ -18,9 +18,15 @@ struct TokenRow {
 
 Plan plan_by_name(const std::string& name) {
   if (name == "gpu-only") return Plan::gpu_only();
-  if (name == "npu-only" || name == "layer") {
+  // npu-only runs token counts with no compiled graph padded up to the next one; the two other
+  // HeteroInfer baselines compile a graph for the exact count (online-prepare) or chain
+  // standard-size graphs (pipe).
+  if (name == "npu-only" || name == "layer" || name == "npu-only:online-prepare" ||
+      name == "npu-only:pipe") {
     Plan p = Plan::npu_only();
     p.name = name;
+    if (name == "npu-only:online-prepare") p.npu_mode = NpuGraphMode::online_prepare;
+    if (name == "npu-only:pipe") p.npu_mode = NpuGraphMode::pipe;
     return p;
   }
   throw Error(Errc::invalid_argument, "plan '" + name + "' needs the solver (no plan_for given)");
@@ -205,7 +211,9 @@ void ProgramEngine::ensure_pages(uint64_t seq_id, int positions) {
 
 std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepStats* stats) {
   check_not_parked("step");
+  const auto t0 = Clock::now();
   const Prepared prep = prepare(batch);
+  phases_.prepare_us += us_since(t0);
   Parked work{{}, prep.bucket_index, prep.args, 0, 0, prep.n_logits, prep.args.n_tokens};
   for (const SeqStep& s : batch)
     work.n_past.emplace_back(s.seq_id, s.pos0 + static_cast<int>(s.tokens.size()));
@@ -378,8 +386,12 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
 
   for (const auto& [seq_id, n_past] : work.n_past) seqs_[seq_id].n_past = n_past;
   ++steps_;
+  phases_.device_us += std::max(gpu_report.measured_us, npu_report.measured_us);
+  const auto copy_start = Clock::now();
   const float* logits = reinterpret_cast<const float*>(arena_seg_.data() + built.arena.logits);
-  return std::vector<float>(logits, logits + static_cast<size_t>(n_logits) * n_vocab);
+  std::vector<float> out(logits, logits + static_cast<size_t>(n_logits) * n_vocab);
+  phases_.logits_us += us_since(copy_start);
+  return out;
 }
 
 ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepArgs args,
@@ -404,6 +416,10 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
     std::atomic<uint64_t>& t;
     ~ClearToken() { t.store(0, std::memory_order_release); }
   } clear_token{running_token_};
+  // Devices wait under this epoch; one that starts the step after it moved on refuses it.
+  const uint64_t epoch = flags_.epoch();
+  args.epoch = epoch;
+  const auto start_at = Clock::now();
   if (on_gpu) {
     args.first_op = gpu_first;
     gpu_->start_step(program_id(bucket_index, true), args);
@@ -413,6 +429,7 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
     npu_->start_step(program_id(bucket_index, false), args);
   }
   auto preempt_seen = [&] { return preemptible && flags_.load(preempt_flag_) >= token; };
+  phases_.start_us += us_since(start_at);
 
   // Fast sync: the step is done when every device's last op has published its flag. A stack
   // epoch bump (the supervisor saw a service die) ends the wait at once; a device that reports a
@@ -420,7 +437,6 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
   Attempt a;
   const auto wait_start = Clock::now();
   shm::WaitStatus status = shm::WaitStatus::ready;
-  const uint64_t epoch = flags_.epoch();
   // A preemptible step polls the preempt word between short waits: once it is set, the devices'
   // reports (not the done flags) say where each stopped.
   const auto slice =
@@ -468,11 +484,18 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
     flags_.bump_epoch();
   }
   a.wait_us = us_since(wait_start);
-  // The reports carry each device's times, and its error when a device failed.
+  // The reports carry each device's times, and its error when a device failed. A device reports
+  // right after its last flag: a report missing for a second means it was killed in between, and
+  // the re-run (exact) beats waiting out the step deadline. After an epoch change the step is
+  // re-run anyway and a killed device never reports: wait only briefly.
   const auto report_deadline =
-      status == shm::WaitStatus::ready ? deadline : Clock::now() + std::chrono::seconds(1);
+      Clock::now() + (status == shm::WaitStatus::epoch_changed ? std::chrono::milliseconds(100)
+                                                               : std::chrono::milliseconds(1000));
+  phases_.flags_us += a.wait_us;
+  const auto reports_at = Clock::now();
   if (on_gpu) a.gpu = gpu_->finish_step(args.seq, report_deadline);
   if (on_npu) a.npu = npu_->finish_step(args.seq, report_deadline);
+  phases_.reports_us += us_since(reports_at);
   a.gpu_next = gpu_ops;
   a.npu_next = npu_ops;
   if (status == shm::WaitStatus::epoch_changed)
@@ -514,6 +537,13 @@ nlohmann::json ProgramEngine::status() const {
           {"open_sequences", seqs_.size()},
           {"steps", steps_},
           {"flag_wait_ms", flag_wait_us_ / 1000.0},
+          {"phase_ms",
+           {{"prepare", phases_.prepare_us / 1000.0},
+            {"start", phases_.start_us / 1000.0},
+            {"flags", phases_.flags_us / 1000.0},
+            {"reports", phases_.reports_us / 1000.0},
+            {"logits", phases_.logits_us / 1000.0},
+            {"device", phases_.device_us / 1000.0}}},
           {"kv_bytes_copied", 0},
           {"recoveries", recoveries_},
           {"restarts", recoveries_},  // what the frontend reports as restarts seen

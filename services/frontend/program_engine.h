@@ -99,12 +99,12 @@ class ProgramEngine : public Engine {
   // same step seq (so cross-device waits on ops that already ran are satisfied). Nothing is
   // recomputed and no byte is copied. While a step is parked, step() and the sequence calls on
   // its sequences throw Error(busy).
-  bool preemptible() const;  // every device link supports preemption
+  bool preemptible() const override;  // every device link supports preemption
   std::optional<std::vector<float>> step_preemptible(const std::vector<SeqStep>& batch,
-                                                     StepStats* stats);
-  std::optional<std::vector<float>> resume(StepStats* stats);  // nullopt: preempted again
-  bool parked() const { return parked_.has_value(); }
-  void request_preempt();  // no effect when no preemptible step is running
+                                                     StepStats* stats) override;
+  std::optional<std::vector<float>> resume(StepStats* stats) override;  // nullopt: preempted again
+  bool parked() const override { return parked_.has_value(); }
+  void request_preempt() override;  // no effect when no preemptible step is running
   struct PreemptStats {
     uint64_t preemptions = 0;
     uint64_t resumes = 0;
@@ -193,6 +193,17 @@ class ProgramEngine : public Engine {
   std::optional<Parked> parked_;
   PreemptStats pstats_;
   // Metrics.
+  // Where a step's wall time goes, summed over steps (status "phase_ms"): the profile of the
+  // per-step cost the stack adds over the devices' own time.
+  struct PhaseTimes {
+    double prepare_us = 0;  // token and page tables into the arena
+    double start_us = 0;    // RunStep handed to the devices
+    double flags_us = 0;    // waiting for the done flags
+    double reports_us = 0;  // waiting for the devices' step reports after the flags
+    double logits_us = 0;   // copying the logits out of the arena
+    double device_us = 0;   // the devices' own measured time (the slower one per step)
+  };
+  PhaseTimes phases_;
   uint64_t steps_ = 0;
   double flag_wait_us_ = 0;
   uint64_t recoveries_ = 0;

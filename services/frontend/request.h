@@ -27,6 +27,9 @@ struct Request {
   uint64_t session = 0;   // 0 = none; else the KV outlives the request
   bool owns_seq = true;   // false for a session turn: the session's seq stays open at the end
   bool seq_open = false;  // admitted: the engine holds a sequence for it
+  // Its KV lives on the proactive engine (Agent.xpu): its steps are preemptible there, apart
+  // from the reactive ones. Set at admission; a request never changes engines.
+  bool proactive_lane = false;
   int max_positions = 0;  // what open_seq reserved
 
   std::vector<int32_t> prompt;  // tokens still to be appended before decoding starts
@@ -39,6 +42,7 @@ struct Request {
   std::vector<std::string> stop;
   size_t max_stop_bytes = 0;
   bool stream = true;
+  bool ignore_eos = false;  // EOS is kept as a token; only length, stop or cancel end it
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<Tokenizer::StreamDecoder> decoder;
   std::optional<int32_t> next_token;  // sampled, not yet appended to the KV

@@ -22,7 +22,21 @@ void Scheduler::remove(Request* r) {
   running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
 }
 
-StepBatch Scheduler::build(int max_step_tokens, double now_ms) {
+bool Scheduler::can_admit() const {
+  for (const auto* q : {&reactive_, &proactive_})
+    if (!q->empty() && running_in(lane_of(*q->front())) < max_running_) return true;
+  return false;
+}
+
+bool Scheduler::reactive_present() const {
+  // Queued reactive requests do not count: admission takes them first whenever there is room, so
+  // one still queued waits for a slot that only the running (maybe proactive) requests free.
+  return std::any_of(running_.begin(), running_.end(), [](const Request* r) {
+    return r->priority == Priority::reactive && r->finish_reason.empty();
+  });
+}
+
+StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   if (now_ms < 0)
     now_ms = std::chrono::duration<double, std::milli>(
                  std::chrono::steady_clock::now().time_since_epoch())
@@ -66,16 +80,23 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms) {
   const bool reactive_running = std::any_of(running_.begin(), running_.end(), [](const Request* r) {
     return r->priority == Priority::reactive && r->finish_reason.empty();
   });
+  const bool proactive_lane = lane == Lane::proactive;
+  // Contention gating of the proactive lane (scheduler.h): only promoted requests go while a
+  // reactive request waits or runs.
+  const bool gated = proactive_lane && reactive_present();
+  auto in_lane = [&](const Request* r) {
+    return r->proactive_lane == proactive_lane && (!gated || promoted(r));
+  };
   std::vector<agent::Job> candidates;
   for (size_t i = 0; i < running_.size(); ++i) {
     const Request* r = running_[i];
-    if (r->decoding())
+    if (in_lane(r) && r->decoding())
       candidates.push_back(
           {i, r->priority == Priority::reactive ? agent::Flow::reactive : agent::Flow::proactive,
            std::max(r->arrived_ms, r->last_token_ms), r->pos, promoted(r)});
   }
   std::vector<Request*> decoders;
-  if (reactive_running) {
+  if (reactive_running && !proactive_lane) {
     for (const agent::Job& j :
          agent::reactive_first_batch(candidates, {}, {}, agent_.decode_cap, true).batch)
       decoders.push_back(running_[j.id]);
@@ -92,7 +113,7 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms) {
   // Prefill: reactive (FIFO) and promoted proactive requests in arrival order, then the rest.
   std::vector<Request*> urgent_prefill;
   for (Request* r : running_)
-    if (r->prefilling() && r->finish_reason.empty() &&
+    if (in_lane(r) && r->prefilling() && r->finish_reason.empty() &&
         (r->priority == Priority::reactive || promoted(r)))
       urgent_prefill.push_back(r);
   std::stable_sort(
@@ -104,7 +125,7 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms) {
   }
   for (Request* r : running_) {
     if (budget == 0) return b;
-    if (r->priority != Priority::proactive || promoted(r) || !r->prefilling() ||
+    if (!in_lane(r) || r->priority != Priority::proactive || promoted(r) || !r->prefilling() ||
         !r->finish_reason.empty())
       continue;
     add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);

@@ -3,8 +3,10 @@
 // Two queues, reactive before proactive (issue 9 grows preemption and aging from here). Each step
 // carries one decode token of every decoding request, then prefill chunks (reactive first, in
 // arrival order) up to the engine's token budget, so long prompts never stall decoding.
+#include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "services/frontend/agent_policy.h"
@@ -30,6 +32,10 @@ struct StepBatch {
   bool empty() const { return entries.empty(); }
 };
 
+// Which engine a batch is for: the stack's main engine, or the proactive engine (Agent.xpu: its
+// steps are preemptible) that holds the KV of Request::proactive_lane requests.
+enum class Lane : uint8_t { main, proactive };
+
 class Scheduler {
  public:
   Scheduler(int max_running, int max_queue) : max_running_(max_running), max_queue_(max_queue) {}
@@ -43,14 +49,28 @@ class Scheduler {
   std::vector<Request*> admit(Open&& open);
   // Drops a request from wherever it is (queue or running).
   void remove(Request* r);
-  // now_ms: the steady clock of Request::arrived_ms (aging); < 0: read it here.
-  StepBatch build(int max_step_tokens, double now_ms = -1);
+  // now_ms: the steady clock of Request::arrived_ms (aging); < 0: read it here. Only the
+  // running requests of `lane` take part.
+  StepBatch build(int max_step_tokens, double now_ms = -1, Lane lane = Lane::main);
+  // A reactive request is running (admitted, unfinished): the proactive lane is gated (build).
+  bool reactive_present() const;
   // Agent.xpu rules (agent_policy.h): while any reactive request runs, proactive decoders ride
   // along only up to decode_cap (the longest contexts wait first); a proactive request waiting
   // past aging_ms (for its first or next token) is promoted: it bypasses the cap and its
   // prefill goes with the reactive ones, in arrival order.
+  // The proactive lane cannot ride along: its KV is on the other engine, so a proactive step is
+  // a step of its own between reactive ones. Contention gating (may_overlap: memory-bound decode
+  // of different classes does not overlap; a proactive prefill would be preempted at once) holds
+  // the whole lane while reactive work is present, promoted requests excepted.
   void set_agent_config(const agent::AgentConfig& c) { agent_ = c; }
   const agent::AgentConfig& agent_config() const { return agent_; }
+  // Which lane (engine) a request will run on. Each lane's engine holds max_running sequences,
+  // so admission counts the running requests per lane: proactive requests filling the proactive
+  // engine never keep a reactive one from a slot on the main engine. Unset: one lane.
+  void set_lane_of(std::function<Lane(const Request&)> lane_of) { lane_of_ = std::move(lane_of); }
+  Lane lane_of(const Request& r) const { return lane_of_ ? lane_of_(r) : Lane::main; }
+  // A queued request (the first of either class) has a free slot in its lane.
+  bool can_admit() const;
 
   size_t queued(Priority p) const { return queue(p).size(); }
   size_t queued() const { return reactive_.size() + proactive_.size(); }
@@ -60,6 +80,10 @@ class Scheduler {
   int max_queue() const { return max_queue_; }
 
  private:
+  int running_in(Lane lane) const {
+    return static_cast<int>(std::count_if(running_.begin(), running_.end(),
+                                          [&](const Request* x) { return lane_of(*x) == lane; }));
+  }
   std::deque<Request*>& queue(Priority p) {
     return p == Priority::reactive ? reactive_ : proactive_;
   }
@@ -73,6 +97,7 @@ class Scheduler {
   std::vector<Request*> running_;  // in admission order
   size_t decode_cursor_ = 0;       // rotates which decoders go first when the budget is short
   agent::AgentConfig agent_;
+  std::function<Lane(const Request&)> lane_of_;
 };
 
 template <class Open>
@@ -80,7 +105,7 @@ std::vector<Request*> Scheduler::admit(Open&& open) {
   std::vector<Request*> admitted;
   for (Priority p : {Priority::reactive, Priority::proactive}) {
     auto& q = queue(p);
-    while (!q.empty() && static_cast<int>(running_.size()) < max_running_) {
+    while (!q.empty() && running_in(lane_of(*q.front())) < max_running_) {
       Request* r = q.front();
       open(r);  // may throw busy: r stays queued
       q.pop_front();

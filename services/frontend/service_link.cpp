@@ -28,9 +28,14 @@ msg::Bytes build_run_step(uint32_t program_id, const StepArgs& step) {
                              step.n_tokens, 4);
   const fb::TensorRef tables(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.page_tables_offset,
                              step.n_seqs, step.page_table_cols);
-  auto body =
-      fb::CreateRunStep(fbb, program_id, step.seq, step.n_tokens, step.n_seqs, &tokens, &tables,
-                        10000, step.first_op, step.preempt_flag, step.preempt_token);
+  // The device's own deadline for the step's cross-device waits: as long as the engine waits for
+  // the step (ProgramEngineOptions::step_timeout_ms). A 64-token step of a 1B model on a loaded
+  // 2-core machine takes over 10 s; a device that died is noticed through the stack epoch, not
+  // through this deadline.
+  constexpr uint32_t kDeviceStepDeadlineMs = 30000;
+  auto body = fb::CreateRunStep(fbb, program_id, step.seq, step.n_tokens, step.n_seqs, &tokens,
+                                &tables, kDeviceStepDeadlineMs, step.first_op, step.preempt_flag,
+                                step.preempt_token, step.epoch);
   return msg::finish_message(fbb, step.seq, body);
 }
 
@@ -84,7 +89,13 @@ class ServiceLink : public DeviceLink {
   }
 
   bool failed_early(uint64_t step_seq) override {
-    if (!early_.empty()) return true;
+    // A reply already taken is a failure only if it is not a StepDone: a device that finished its
+    // part while the engine still waits on the other one has not failed (issue 9 fix: this read
+    // as a failure, and the step was re-run as after a device crash).
+    if (!early_.empty()) {
+      const fb::Message* m = msg::verify_control(early_);
+      return m->request_id() == step_seq && m->body_type() != fb::Body::StepDone;
+    }
     zmq::message_t frame;
     while (socket_->recv(frame, zmq::recv_flags::dontwait)) {
       msg::Bytes bytes(static_cast<const uint8_t*>(frame.data()),

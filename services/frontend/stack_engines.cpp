@@ -39,6 +39,14 @@ class AnnotatedEngine : public Engine {
     return inner_->step(b, s);
   }
   int max_step_tokens() const override { return inner_->max_step_tokens(); }
+  bool preemptible() const override { return inner_->preemptible(); }
+  std::optional<std::vector<float>> step_preemptible(const std::vector<SeqStep>& b,
+                                                     StepStats* s) override {
+    return inner_->step_preemptible(b, s);
+  }
+  std::optional<std::vector<float>> resume(StepStats* s) override { return inner_->resume(s); }
+  bool parked() const override { return inner_->parked(); }
+  void request_preempt() override { inner_->request_preempt(); }
   nlohmann::json status() const override {
     nlohmann::json j = inner_->status();
     std::lock_guard lock(sources_->mu);
@@ -88,6 +96,17 @@ class LazyEngine : public Engine {
   }
   int max_step_tokens() const override {
     return inner_ ? inner_->max_step_tokens() : kMaxStepTokens;
+  }
+  // Before the first request builds it, the engine parks nothing and cannot say whether it could.
+  bool preemptible() const override { return inner_ && inner_->preemptible(); }
+  std::optional<std::vector<float>> step_preemptible(const std::vector<SeqStep>& b,
+                                                     StepStats* s) override {
+    return ready().step_preemptible(b, s);
+  }
+  std::optional<std::vector<float>> resume(StepStats* s) override { return ready().resume(s); }
+  bool parked() const override { return inner_ && inner_->parked(); }
+  void request_preempt() override {
+    if (inner_) inner_->request_preempt();
   }
   nlohmann::json status() const override {
     if (inner_) return inner_->status();
@@ -143,7 +162,11 @@ Plan ask_solver(const StackEngineConfig& c, uint32_t bucket) {
     try {
       return ask_solver_once(c, bucket);
     } catch (const Error& e) {
-      if (e.code() == Errc::invalid_argument || std::chrono::steady_clock::now() >= give_up) throw;
+      // busy: the solver is profiling (measured timing), which takes far longer than a request
+      // should wait; fall back now and re-plan later.
+      if (e.code() == Errc::invalid_argument || e.code() == Errc::busy ||
+          std::chrono::steady_clock::now() >= give_up)
+        throw;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
@@ -178,11 +201,29 @@ std::string tag_of(const std::string& plan, uint32_t instance) {
 
 }  // namespace
 
+const std::vector<std::string>& stack_plan_names() {
+  static const std::vector<std::string> names = {
+      "reference",     "gpu-only", "npu-only", "npu-only:online-prepare",
+      "npu-only:pipe", "layer",    "tensor",   "auto"};
+  return names;
+}
+
+bool is_stack_plan(std::string_view plan) {
+  const auto& names = stack_plan_names();
+  return std::find(names.begin(), names.end(), plan) != names.end();
+}
+
+std::string stack_plan_list() {
+  std::string list;
+  for (const std::string& n : stack_plan_names()) list += (list.empty() ? "" : ", ") + n;
+  return list;
+}
+
 std::unique_ptr<Engine> make_stack_engine(const StackEngineConfig& c, const std::string& plan,
                                           uint32_t instance) {
-  if (plan != "reference" && plan != "tensor" && plan != "auto" && plan != "gpu-only" &&
-      plan != "npu-only" && plan != "layer")
-    throw Error(Errc::invalid_argument, "unknown plan '" + plan + "'");
+  if (!is_stack_plan(plan))
+    throw Error(Errc::invalid_argument,
+                "unknown plan '" + plan + "' (plans: " + stack_plan_list() + ")");
   if (plan != "reference")
     return std::make_unique<LazyEngine>(
         c.model_path, plan, [c, plan, instance] { return build_engine(c, plan, instance); },
@@ -215,6 +256,13 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   if (plan == "tensor" || plan == "auto") {
     o.plan_for = [c, sources](uint32_t bucket) {
       std::lock_guard lock(sources->mu);
+      // One unanswered bucket is enough: the engine's other buckets fall back at once instead of
+      // each waiting out the solver deadline.
+      if (sources->fallback) {
+        sources->buckets[std::to_string(bucket)] =
+            "gpu-only fallback: solver_svc did not answer for an earlier bucket";
+        return Plan::gpu_only();
+      }
       try {
         Plan p = ask_solver(c, bucket);
         sources->buckets[std::to_string(bucket)] = "solver_svc (" + c.timing + ")";
@@ -225,8 +273,6 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
         return Plan::gpu_only();
       }
     };
-  } else if (plan != "gpu-only" && plan != "npu-only" && plan != "layer") {
-    throw Error(Errc::invalid_argument, "unknown plan '" + plan + "'");
   }
   auto gpu =
       make_service_link("gpu_svc", ipc_endpoint(control_socket_path(c.run_dir, ServiceId::gpu)));

@@ -2,12 +2,17 @@
 // The engines a running stack serves with, by plan name:
 //   reference           core/forward.h in the frontend process (the oracle)
 //   gpu-only, npu-only, layer   fixed placements (core/plan.h), on gpu_svc and npu_svc
+//   npu-only:online-prepare, npu-only:pipe   npu-only whose token counts with no compiled NPU
+//                       graph are compiled for on the spot or chained from standard graphs
+//                       (npu-only itself pads them: HeteroInfer's three baselines)
 //   tensor, auto        the solver's plan per token bucket, asked of solver_svc; while the solver
 //                       is unreachable a bucket falls back to gpu-only and status says so
 // Programs run on the device services over ZeroMQ and shared memory (ProgramEngine).
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "services/frontend/engine.h"
 
@@ -25,6 +30,11 @@ struct StackEngineConfig {
   // An engine running gpu-only fallbacks (solver down) is rebuilt, once idle, after this long.
   int replan_after_ms = 5000;
 };
+
+// Every plan a stack serves, and the same list for error messages ("reference, gpu-only, ...").
+const std::vector<std::string>& stack_plan_names();
+bool is_stack_plan(std::string_view plan);
+std::string stack_plan_list();
 
 // Makes the engine for `plan`. `instance` keeps the shm segment names and program ids of
 // engines that live side by side apart (0 for the stack's main engine).

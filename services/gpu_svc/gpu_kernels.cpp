@@ -1,9 +1,11 @@
 #include "services/gpu_svc/gpu_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "core/error.h"
+#include "services/gpu_svc/weight_pack.h"
 
 namespace duet::gpu {
 namespace {
@@ -65,11 +67,14 @@ cl_event GpuKernels::launch(const char* name, cl_kernel k, cl_uint dims, const s
 }
 
 cl_event GpuKernels::embed(cl_mem arena, DType wtype, cl_mem w, uint64_t w_off, uint32_t cols,
-                           uint64_t tok_off, uint64_t out_off, uint32_t out_stride, TokenRange t) {
-  const std::string name = std::string("embed_") + kernel_type_suffix(wtype);
+                           uint64_t tok_off, uint64_t out_off, uint32_t out_stride, TokenRange t,
+                           uint32_t packed_rows) {
+  const std::string name =
+      std::string(packed_rows ? "embed_packed_" : "embed_") + kernel_type_suffix(wtype);
   cl_kernel k = dev_.kernel(name);
   set_args(k, w, cl_ulong{w_off}, cl_uint{cols}, cl_ulong{tok_off}, arena, cl_ulong{out_off},
            cl_uint{out_stride}, cl_uint{t.begin});
+  if (packed_rows) set_arg(k, 8, cl_uint{packed_rows});
   const size_t global[2] = {cols / static_cast<size_t>(kQK), t.count()};
   return launch(name.c_str(), k, 2, global, nullptr);
 }
@@ -118,39 +123,104 @@ cl_event GpuKernels::add(cl_mem arena, uint64_t a_off, uint32_t a_stride, uint64
   return launch("add", k, 2, global, nullptr);
 }
 
-cl_event GpuKernels::matmul(cl_mem arena, const MatmulArgs& a) {
-  const bool coop = coop_gemv_ && a.tokens.count() <= 4;
-  const uint32_t per_item = a.tokens.count() <= 2 ? 1 : kMatmulTokensPerItem;
-  const std::string name = std::string(coop            ? "gemv_coop_"
-                                       : per_item == 1 ? "matmul_t1_"
-                                                       : "matmul_t8_") +
-                           kernel_type_suffix(a.wtype);
+// CPU devices (PoCL): the GEMV runs one row per work-item (matmul_t1_*), the GEMM tiles of
+// kCpuGemmRows rows x kCpuGemmTokens tokens per work-item (matmul_cpu_gemm_*, matmul.cl).
+cl_event GpuKernels::matmul_cpu(cl_mem arena, const MatmulArgs& a) {
+  constexpr size_t kCpuGemmRows = 3, kCpuGemmTokens = 6;  // CPU_GEMM_ROWS/_TOKENS in matmul.cl
+  constexpr size_t kRowGroup = 16;  // work-items per work-group: PoCL runs a group per thread
+  const bool gemm = a.tokens.count() > 2;
+  const std::string name =
+      std::string(gemm ? "matmul_cpu_gemm_" : "matmul_t1_") + kernel_type_suffix(a.wtype);
   cl_kernel k = dev_.kernel(name);
   set_args(k, a.w, cl_ulong{a.w_off}, cl_uint{a.k}, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride},
            cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
            cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
            cl_int{a.rows_from_table ? 1 : 0});
+  const size_t rows_per_item = gemm ? kCpuGemmRows : 1, tokens_per_item = gemm ? kCpuGemmTokens : 1;
+  const size_t items = (a.row_end - a.row_begin + rows_per_item - 1) / rows_per_item;
+  const size_t global[2] = {round_up(items, kRowGroup),
+                            (a.tokens.count() + tokens_per_item - 1) / tokens_per_item};
+  const size_t local[2] = {kRowGroup, 1};
+  return launch(name.c_str(), k, 2, global, local);
+}
+
+cl_event GpuKernels::matmul(cl_mem arena, const MatmulArgs& a) {
+  if (a.packed_rows && !has_packed_layout(a.wtype))
+    throw Error(Errc::invalid_argument, std::string("gpu_svc: no packed layout for ") +
+                                            kernel_type_suffix(a.wtype) + " weights");
+  // The GPU GEMV indexes packed blocks (Q8_0: 16-byte pieces) with 32 bits.
+  const bool small_enough = uint64_t{a.packed_rows} * (a.k / kQK) * 2 < (uint64_t{1} << 32);
+  if (coop_gemv_ && a.tokens.count() <= 4 && small_enough) return gemv_gpu(arena, a);
+  if (!a.packed_rows && dev_.info().type == "cpu") return matmul_cpu(arena, a);
+  const uint32_t per_item = a.tokens.count() <= 2 ? 1 : kMatmulTokensPerItem;
+  const std::string name = std::string(a.packed_rows ? "matmul_packed_t" : "matmul_t") +
+                           (per_item == 1 ? "1_" : "8_") + kernel_type_suffix(a.wtype);
+  cl_kernel k = dev_.kernel(name);
+  set_args(k, a.w, cl_ulong{a.w_off}, cl_uint{a.k}, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride},
+           cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
+           cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
+           cl_int{a.rows_from_table ? 1 : 0});
+  if (a.packed_rows) set_arg(k, 14, cl_uint{a.packed_rows});
   const size_t rows = a.row_end - a.row_begin;
-  if (coop && a.wtype == DType::Q4_0) {
-    const size_t global[2] = {round_up(rows, 8) * 32, a.tokens.count()};
-    const size_t local[2] = {8 * 32, 1};
-    cl_kernel k4 = dev_.kernel("gemv_coop4_q4_0");
-    set_args(k4, a.w, cl_ulong{a.w_off}, cl_uint{a.k}, arena, cl_ulong{a.x_off},
-             cl_uint{a.x_stride}, cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin},
-             cl_uint{a.row_end}, cl_uint{a.tokens.begin}, cl_uint{a.tokens.end},
-             cl_ulong{a.tok_off}, cl_int{a.rows_from_table ? 1 : 0});
-    return launch("gemv_coop4_q4_0", k4, 2, global, local);
-  }
-  if (coop) {
-    const size_t global[2] = {round_up(rows, kGemvRows) * kGemvLanes, a.tokens.count()};
-    const size_t local[2] = {kGemvRows * kGemvLanes, 1};
-    return launch(name.c_str(), k, 2, global, local);
-  }
   const size_t row_group = dev_.info().type == "gpu" ? 64 : 16;
   const size_t global[2] = {round_up(rows, row_group),
                             (a.tokens.count() + per_item - 1) / per_item};
   const size_t local[2] = {row_group, 1};
   return launch(name.c_str(), k, 2, global, local);
+}
+
+void GpuKernels::set_gemv_variant(const std::string& variant) {
+  const bool known = std::any_of(std::begin(kGemvVariants), std::end(kGemvVariants),
+                                 [&](const char* v) { return variant == v; });
+  if (!variant.empty() && !known)
+    throw Error(Errc::invalid_argument, "gpu_svc: no GEMV variant '" + variant + "'");
+  gemv_variant_ = variant;
+}
+
+// The GPU GEMV, one token per work-group column. The fast kernels need 16-byte aligned rows:
+// packed tensors have them (the runner packs only 16-byte aligned ones), F16/F32 rows have them
+// when the tensor does (k is a multiple of 32); other tensors take the file-layout kernels.
+cl_event GpuKernels::gemv_gpu(cl_mem arena, const MatmulArgs& a) {
+  const size_t rows = a.row_end - a.row_begin;
+  const bool plain_float = a.wtype == DType::F16 || a.wtype == DType::F32;
+  // Measured on the H100 (bench/gpu/RESULTS.md): tall matrices want few lanes per row, the
+  // others more lanes per row (more warps per SM); packed ones stage x in local memory.
+  const bool tall = rows >= 16384;
+  const std::string variant = !gemv_variant_.empty() ? gemv_variant_
+                              : plain_float          ? (tall ? "l32r2" : "l128r4")
+                                                     : (tall ? "l16r4x" : "l64r4x");
+  std::string name;
+  if (a.packed_rows)
+    name = std::string("gemv_packed_") + kernel_type_suffix(a.wtype) + "_" + variant;
+  else if (plain_float && a.w_off % 16 == 0)
+    name = std::string("gemv_vec_") + kernel_type_suffix(a.wtype) + "_" + variant;
+  cl_kernel k = dev_.kernel(name.empty() ? a.wtype == DType::Q4_0 ? std::string("gemv_coop4_q4_0")
+                                                                  : std::string("gemv_coop_") +
+                                                                        kernel_type_suffix(a.wtype)
+                                         : name);
+  set_args(k, a.w, cl_ulong{a.w_off}, cl_uint{a.k}, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride},
+           cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
+           cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
+           cl_int{a.rows_from_table ? 1 : 0});
+  if (!name.empty()) {
+    set_arg(k, 14, cl_uint{a.packed_rows ? a.packed_rows : a.row_end});
+    // "l<lanes>r<rows per lane group>[p|x]"
+    const size_t lanes = std::stoul(variant.substr(1));
+    const size_t rows_per_group =
+        kGemvLaneGroups * std::stoul(variant.substr(variant.find('r') + 1));
+    const size_t global[2] = {
+        (rows + rows_per_group - 1) / rows_per_group * kGemvLaneGroups * lanes, a.tokens.count()};
+    const size_t local[2] = {kGemvLaneGroups * lanes, 1};
+    return launch(name.c_str(), k, 2, global, local);
+  }
+  if (a.wtype == DType::Q4_0) {
+    const size_t global[2] = {round_up(rows, 8) * 32, a.tokens.count()};
+    const size_t local[2] = {8 * 32, 1};
+    return launch("gemv_coop4_q4_0", k, 2, global, local);
+  }
+  const size_t global[2] = {round_up(rows, kGemvRows) * kGemvLanes, a.tokens.count()};
+  const size_t local[2] = {kGemvRows * kGemvLanes, 1};
+  return launch("gemv_coop", k, 2, global, local);
 }
 
 cl_event GpuKernels::copy(cl_mem src, cl_mem dst, size_t bytes) {

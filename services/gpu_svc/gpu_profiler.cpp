@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/quant.h"
+#include "services/gpu_svc/weight_pack.h"
 
 namespace duet::gpu {
 namespace {
@@ -111,6 +112,13 @@ OpMeasurement measure_op(GpuKernels& kernels, const OpShape& s, uint32_t reps) {
       weights_host.assign(64, 0);
       break;
   }
+  // A discrete GPU's runner packs matmul weights at upload (weight_pack.h): time that layout.
+  const bool packed = (s.kind == OpKind::MatMul || s.kind == OpKind::Logits) && !dev.zero_copy() &&
+                      has_packed_layout(s.wtype);
+  if (packed) {
+    std::vector<uint8_t> file_layout = weights_host;
+    pack_weights(s.wtype, m, k, file_layout.data(), weights_host.data());
+  }
   DeviceBuffer weights(dev, weights_host);
 
   auto launch = [&]() -> cl_event {
@@ -118,6 +126,7 @@ OpMeasurement measure_op(GpuKernels& kernels, const OpShape& s, uint32_t reps) {
       case OpKind::MatMul:
       case OpKind::Logits: {
         MatmulArgs a{s.wtype, weights.mem(), 0, k, a_off, k, b_off, m, 0, m, all, tok, false};
+        a.packed_rows = packed ? m : 0;
         return kernels.matmul(arena.mem(), a);
       }
       case OpKind::Embed:

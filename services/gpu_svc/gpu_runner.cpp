@@ -157,6 +157,7 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
   }
   p->mem = mem;
   p->weights = wrap(mem.weights, mem.weights_bytes, true);
+  if (copies()) packed_.pack_program(dev_, p->weights, mem.weights, program);
   p->arena = wrap(mem.arena, mem.arena_bytes, false);
   p->kv = wrap(mem.kv, mem.kv_bytes, false);
   p->prog = std::move(program);
@@ -425,7 +426,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
         case fb::OpKind::Embed:
           last = kernels_.embed(p.arena, static_cast<DType>(op.weight->dtype()), p.weights,
                                 op.weight->offset(), op.weight->cols(), tok, op.out->offset(),
-                                op.out->cols(), all);
+                                op.out->cols(), all, packed_.rows(p.weights, op.weight->offset()));
           break;
         case fb::OpKind::RmsNorm:
           last = kernels_.rmsnorm(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
@@ -448,6 +449,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
           a.tokens = TokenRange{t0, std::max(t0, t1)};
           a.tok_off = tok;
           a.rows_from_table = op.kind == fb::OpKind::Logits;
+          a.packed_rows = packed_.rows(p.weights, op.weight->offset());
           last = kernels_.matmul(p.arena, a);
           break;
         }

@@ -2,7 +2,8 @@
 // GpuRunner: executes registered Programs (schemas/program.fbs) on one OpenCL device, op by op
 // in program order on an in-order queue. Segments (the mmapped GGUF file, the shm arena, the KV
 // pages) are wrapped with CL_MEM_USE_HOST_PTR where the device shares host memory (zero copy);
-// otherwise they are copied in and out around each step (`copies()` is then true).
+// otherwise they are copied in and out around each step (`copies()` is then true), and the
+// Q4_0/Q8_0 matmul weights are packed at upload into the GPU layout of weight_pack.h.
 //
 // Cross-device sync without clFinish on the hot path: an op's wait_flags are waited on by the
 // host before its kernels are enqueued; its publish_flag is published from the completion
@@ -22,6 +23,7 @@
 #include "core/soc_profile.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "services/gpu_svc/weight_pack.h"
 
 namespace duet::gpu {
 
@@ -89,6 +91,8 @@ class GpuRunner {
   // One cl_mem per wrapped host range, shared by every program that uses it (prefill and
   // decode programs of one model share weights, arena and KV).
   std::map<std::pair<const void*, uint64_t>, cl_mem> buffers_;
+  // Copies mode: the matmul weights packed in place in those buffers (weight_pack.h).
+  PackedWeights packed_;
   std::atomic<int> pending_callbacks_{0};
 };
 

@@ -42,7 +42,7 @@ msg::Bytes GpuService::run_step(const fb::Message& request) {
     const auto deadline_ms = std::chrono::milliseconds(body->deadline_ms());
     const auto deadline = std::chrono::steady_clock::now() + deadline_ms;
     std::unique_ptr<FlagSync> flags, preemptible;
-    if (mem->second.make_flags) flags = mem->second.make_flags(deadline);
+    if (mem->second.make_flags) flags = mem->second.make_flags(deadline, step.epoch);
     if (step.preempt_flag >= 0) {
       if (!flags || !mem->second.make_preemptible)
         throw Error(Errc::unsupported,

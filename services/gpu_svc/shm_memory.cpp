@@ -31,8 +31,10 @@ namespace {
 // A step's view of the flags table: ShmFlagSync plus the mappings it points into.
 class StepFlags : public FlagSync {
  public:
-  StepFlags(std::shared_ptr<shm::FlagTable> table, std::chrono::steady_clock::time_point deadline)
-      : table_(std::move(table)), sync_(*table_, deadline, table_->epoch()) {}
+  StepFlags(std::shared_ptr<shm::FlagTable> table, std::chrono::steady_clock::time_point deadline,
+            uint64_t issued_epoch)
+      : table_(std::move(table)),
+        sync_(*table_, deadline, shm::epoch_for_step(*table_, issued_epoch)) {}
   void wait(uint32_t flag, uint64_t seq, float predicted_us) override {
     sync_.wait(flag, seq, predicted_us);
   }
@@ -72,8 +74,8 @@ ResolvedMemory ShmMemoryResolver::operator()(const fb::ProgramT& program) {
     shm::Segment& flags_segment = m.segment(program.flags_segment);  // current object first
     auto& table = m.flag_tables[program.flags_segment];
     if (!table) table = std::make_shared<shm::FlagTable>(shm::FlagTable::attach(flags_segment));
-    r.make_flags = [table](std::chrono::steady_clock::time_point deadline) {
-      return std::make_unique<StepFlags>(table, deadline);
+    r.make_flags = [table](std::chrono::steady_clock::time_point deadline, uint64_t issued_epoch) {
+      return std::make_unique<StepFlags>(table, deadline, issued_epoch);
     };
     // Preemption (issue 9): the RunStep's preempt flag lies past the programs' own flags.
     r.make_preemptible =
@@ -83,7 +85,7 @@ ResolvedMemory ShmMemoryResolver::operator()(const fb::ProgramT& program) {
         throw Error(Errc::out_of_range, "gpu_svc: preempt flag " +
                                             std::to_string(step.preempt_flag) +
                                             " outside the flag table");
-      const uint64_t epoch = table->epoch();
+      const uint64_t epoch = shm::epoch_for_step(*table, step.epoch);
       return std::make_unique<PreemptibleFlagSync>(
           inner, step, deadline, [table](uint32_t f) { return table->load(f); },
           [table, epoch](uint32_t f, uint64_t seq, float predicted_us,

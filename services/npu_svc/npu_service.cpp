@@ -94,9 +94,11 @@ MemoryResolver shm_memory_resolver() {
              mapped->kv.size(),    mapped->model->data(), mapped->model->size()};
     const shm::FlagTable* table = mapped->flags.valid() ? &mapped->table : nullptr;
     const std::string segment = program.flags_segment;
-    r.make_flags = [table, segment](Clock::time_point deadline) -> std::unique_ptr<FlagSync> {
+    r.make_flags = [table, segment](Clock::time_point deadline,
+                                    uint64_t issued_epoch) -> std::unique_ptr<FlagSync> {
       if (!table) throw Error(Errc::invalid_argument, "program names no flags segment");
-      return std::make_unique<shm::ShmFlagSync>(*table, deadline, table->epoch());
+      return std::make_unique<shm::ShmFlagSync>(*table, deadline,
+                                                shm::epoch_for_step(*table, issued_epoch));
     };
     // Preemption: a preempt flag past the programs' own flags may be named by a RunStep.
     r.make_preemptible = [table](FlagSync& inner, const StepArgs& step,
@@ -105,7 +107,7 @@ MemoryResolver shm_memory_resolver() {
       if (static_cast<uint32_t>(step.preempt_flag) >= table->size())
         throw Error(Errc::out_of_range, "npu: preempt flag " + std::to_string(step.preempt_flag) +
                                             " outside the flag table");
-      const uint64_t epoch = table->epoch();
+      const uint64_t epoch = shm::epoch_for_step(*table, step.epoch);
       return std::make_unique<PreemptibleFlagSync>(
           inner, step, deadline, [table](uint32_t f) { return table->load(f); },
           [table, epoch](uint32_t f, uint64_t seq, float predicted_us, Clock::time_point until) {
@@ -187,7 +189,7 @@ msg::Bytes NpuService::run_step(const fb::Message& request) {
       throw Error(Errc::not_found,
                   "npu_svc: no program " + std::to_string(body->program_id()) + " is registered");
     const auto deadline = Clock::now() + std::chrono::milliseconds(body->deadline_ms());
-    std::unique_ptr<FlagSync> flags = mem->second.make_flags(deadline);
+    std::unique_ptr<FlagSync> flags = mem->second.make_flags(deadline, step.epoch);
     std::unique_ptr<FlagSync> preemptible;
     if (step.preempt_flag >= 0) {
       if (!mem->second.make_preemptible)

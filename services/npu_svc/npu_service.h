@@ -29,8 +29,10 @@ namespace duet::npu {
 
 struct ResolvedMemory {
   ProgramMemory mem;
-  // Flags for one step, waiting at most until the deadline.
-  std::function<std::unique_ptr<FlagSync>(std::chrono::steady_clock::time_point deadline)>
+  // Flags for one step, waiting at most until the deadline under the epoch the step was issued
+  // under (0: the current one); throws for a step issued under an older epoch.
+  std::function<std::unique_ptr<FlagSync>(std::chrono::steady_clock::time_point deadline,
+                                          uint64_t issued_epoch)>
       make_flags;
   // Preemption: wraps a step's flags for a preemptible RunStep (empty: not supported).
   std::function<std::unique_ptr<FlagSync>(FlagSync& inner, const StepArgs& step,

@@ -37,6 +37,9 @@ PlanQuery SolverService::query_of(const fb::PlanRequest& r) const {
     throw Error(Errc::invalid_argument,
                 "PlanRequest: decode is one token per step, not " + std::to_string(r.n_tokens()));
   q.run_dir = run_dir_;
+  // Measured profiles run on the stack's own devices while it serves: profile the token counts
+  // its frontend steps in (buckets up to 256), not the whole 1..1024 sweep.
+  if (q.timing == "measured") q.profile_lengths = {1, 16, 32, 64, 128, 256};
   q.validate();
   return q;
 }

@@ -94,5 +94,67 @@ TEST(AgentScheduler, ReactivePrefillIsFifoAndAgedProactiveJoinsByArrival) {
   EXPECT_EQ(seqs(s.build(16, 40000)), (std::vector<uint64_t>{1, 2}));
 }
 
+TEST(AgentScheduler, ProactiveLaneIsGatedWhileReactiveRunsAgedWorkExcepted) {
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(decoding(1, Priority::reactive, 10, 1000));
+  rs.push_back(decoding(2, Priority::proactive, 20, 1000));
+  rs.push_back(prefilling(3, Priority::proactive, 900));
+  rs.push_back(decoding(4, Priority::proactive, 30, 0));  // waiting since 0: ages first
+  for (size_t i = 1; i < rs.size(); ++i) rs[i]->proactive_lane = true;
+  Scheduler s(8, 8);
+  agent::AgentConfig cfg;
+  cfg.aging_ms = 5000;
+  s.set_agent_config(cfg);
+  admit_all(s, rs);
+  // The main lane holds only what is on the main engine: reactive 1, no proactive rider.
+  EXPECT_EQ(seqs(s.build(64, 1001, Lane::main)), (std::vector<uint64_t>{1}));
+  // Reactive 1 runs: the proactive lane is held (contention gating) ...
+  EXPECT_TRUE(s.reactive_present());
+  EXPECT_TRUE(s.build(64, 1001, Lane::proactive).empty());
+  // ... except for work that aged: 4 (waiting 5.5 s) goes alone.
+  EXPECT_EQ(seqs(s.build(64, 5500, Lane::proactive)), (std::vector<uint64_t>{4}));
+  // Reactive 1 done: the whole lane runs, decoders then the prefill chunk.
+  rs[0]->finish_reason = "stop";
+  EXPECT_FALSE(s.reactive_present());
+  EXPECT_EQ(seqs(s.build(64, 1002, Lane::proactive)), (std::vector<uint64_t>{2, 4, 3}));
+  EXPECT_TRUE(s.build(64, 1002, Lane::main).empty());
+}
+
+TEST(AgentScheduler, QueuedReactiveWithoutASlotDoesNotStallTheProactiveLane) {
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(prefilling(1, Priority::proactive, 0));
+  rs[0]->proactive_lane = true;
+  Scheduler s(1, 8);  // one running request at a time
+  admit_all(s, rs);
+  auto reactive = prefilling(2, Priority::reactive, 10);
+  s.enqueue(reactive.get());
+  s.admit([](Request*) {});  // no room: it stays queued
+  EXPECT_EQ(s.queued(Priority::reactive), 1u);
+  // The running proactive request must go on: it is what frees the slot.
+  EXPECT_FALSE(s.reactive_present());
+  EXPECT_EQ(seqs(s.build(64, 20, Lane::proactive)), (std::vector<uint64_t>{1}));
+}
+
+TEST(AgentScheduler, EachLaneHasItsOwnSlotsSoProactiveWorkNeverBlocksAReactiveAdmission) {
+  Scheduler s(2, 8);  // two running requests per engine
+  s.set_lane_of([](const Request& r) {
+    return r.priority == Priority::proactive ? Lane::proactive : Lane::main;
+  });
+  std::vector<std::unique_ptr<Request>> rs;
+  for (uint64_t i = 1; i <= 3; ++i) rs.push_back(prefilling(i, Priority::proactive, double(i)));
+  rs.push_back(prefilling(4, Priority::reactive, 10));
+  for (auto& r : rs) s.enqueue(r.get());
+  const std::vector<Request*> admitted = s.admit([](Request*) {});
+  // Reactive 4 first (its lane is empty), then two proactive: the third waits for its lane.
+  ASSERT_EQ(admitted.size(), 3u);
+  EXPECT_EQ(admitted[0]->seq_id, 4u);
+  EXPECT_EQ(s.queued(Priority::proactive), 1u);
+  EXPECT_FALSE(s.can_admit());
+  auto late = prefilling(5, Priority::reactive, 20);
+  s.enqueue(late.get());
+  EXPECT_TRUE(s.can_admit());  // the main lane still has a slot
+  EXPECT_EQ(s.admit([](Request*) {}).size(), 1u);
+}
+
 }  // namespace
 }  // namespace duet::frontend

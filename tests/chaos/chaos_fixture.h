@@ -1,7 +1,8 @@
 #pragma once
 // A real stack for the chaos tests: `duet stack up` (supervisor + frontend, gpu_svc, npu_svc,
 // solver_svc as processes), the supervisor's status for service pids, and a teardown that leaves
-// no process, segment or run directory behind even when a test fails half way.
+// no process, segment or run directory behind even when a test fails half way
+// (tests/support/stack_support.h).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,30 +23,20 @@
 #include "core/messaging.h"
 #include "core/run_dir.h"
 #include "shm/segment.h"
+#include "tests/support/stack_support.h"
 
 namespace duet::chaos {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-struct CliResult {
-  int rc;
-  std::string out;  // stdout and stderr
-};
-
-inline CliResult run_duet(const std::string& args) {
-  std::string cmd = "'" DUET_BINARY_DIR "/bin/duet' " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
+using test_support::CliResult;
+using test_support::run_duet;
 
 // A prompt the tiny model answers at length (84 greedy tokens before EOS).
 inline const std::string kLongPrompt = "Q: Why";
+// The greedy run: 200 tokens, past EOS (Generate.ignore_eos).
+constexpr int kFixedRunTokens = 200;
 
 inline double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -53,26 +45,11 @@ inline double ms_between(Clock::time_point a, Clock::time_point b) {
 class ChaosStack : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = info->name();
-    for (char& c : name)
-      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-    id_ = "c_" + name.substr(0, 20) + "_" + std::to_string(getpid() % 100000);
+    id_ = test_support::unique_stack_id("c_", 20);
     run_dir_ = default_run_dir(id_);
   }
 
-  void TearDown() override {
-    std::vector<int> pids;
-    if (auto s = try_status()) {
-      pids.push_back((*s)["pid"].get<int>());
-      for (const auto& svc : (*s)["services"]) pids.push_back(svc["pid"].get<int>());
-    }
-    if (std::filesystem::exists(run_dir_)) run_duet("stack down --stack " + id_);
-    for (int pid : pids)
-      if (pid > 0 && process_alive(pid)) kill(pid, SIGKILL);
-    shm::remove_stack_segments(id_);
-    std::filesystem::remove_all(run_dir_);
-  }
+  void TearDown() override { test_support::tear_down_stack(id_, run_dir_); }
 
   void up(const std::string& plan = "") {
     CliResult r = run_duet("stack up --stack " + id_ + (plan.empty() ? "" : " --plan " + plan));
@@ -81,11 +58,7 @@ class ChaosStack : public ::testing::Test {
 
   // Down must leave nothing: no process of the stack, no segment, no socket or run directory.
   void down_and_expect_nothing_left() {
-    std::vector<int> pids;
-    if (auto s = try_status()) {
-      pids.push_back((*s)["pid"].get<int>());
-      for (const auto& svc : (*s)["services"]) pids.push_back(svc["pid"].get<int>());
-    }
+    const std::vector<int> pids = test_support::stack_pids(run_dir_);
     CliResult r = run_duet("stack down --stack " + id_);
     EXPECT_EQ(r.rc, 0) << r.out;
     EXPECT_TRUE(shm::list_stack_segments(id_).empty());
@@ -93,17 +66,7 @@ class ChaosStack : public ::testing::Test {
     for (int pid : pids) EXPECT_FALSE(pid > 0 && process_alive(pid)) << "pid " << pid;
   }
 
-  std::optional<nlohmann::json> try_status() {
-    const std::string sock = supervisor_socket_path(run_dir_);
-    if (!std::filesystem::exists(sock)) return std::nullopt;
-    try {
-      msg::RequestClient c(ipc_endpoint(sock));
-      auto r = c.call([](uint64_t id) { return msg::make_status_request(id); }, 2000ms);
-      return nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
-    } catch (const Error&) {
-      return std::nullopt;
-    }
-  }
+  std::optional<nlohmann::json> try_status() { return test_support::stack_status(run_dir_); }
 
   // The pid of a service and whether the supervisor calls it healthy (0 when unknown).
   std::pair<int, bool> service_state(const std::string& name) {
@@ -136,12 +99,30 @@ class ChaosStack : public ::testing::Test {
 
   std::string endpoint() { return client::stack_endpoint(id_); }
 
-  client::GenerateResult generate(const std::string& prompt, int max_tokens = 200) {
+  client::GenerateResult generate(const std::string& prompt, int max_tokens = 200,
+                                  bool ignore_eos = false) {
     client::Client c(endpoint());
     client::GenerateRequest req;
     req.prompt = prompt;
     req.max_tokens = max_tokens;
+    req.ignore_eos = ignore_eos;
     return c.generate(req, {}, 60s);
+  }
+
+  // The frontend's engine holds no sequence and every KV page is free again.
+  void expect_no_kv_held() {
+    client::Client c(endpoint());
+    const nlohmann::json s = c.status();
+    const nlohmann::json& e = s["engine"];
+    ASSERT_TRUE(e.contains("kv_pages_total")) << s.dump();
+    EXPECT_EQ(e["open_sequences"], 0) << e.dump();
+    EXPECT_EQ(e["kv_pages_free"], e["kv_pages_total"]) << "KV pages leaked: " << e.dump();
+    EXPECT_TRUE(s["running"].empty()) << s.dump();
+  }
+
+  std::set<std::string> segments() {
+    const std::vector<std::string> v = shm::list_stack_segments(id_);
+    return {v.begin(), v.end()};
   }
 
   std::string id_;

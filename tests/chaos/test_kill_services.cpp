@@ -17,11 +17,24 @@ namespace {
 
 class KillMidGeneration : public ChaosStack, public ::testing::WithParamInterface<const char*> {};
 
-// Kills `victim` right after the third streamed chunk and reports the time to the next chunk.
+// The run: a greedy 200-token generation (ignore_eos) while gpu_svc, then npu_svc, then
+// solver_svc (one per run) is killed with SIGKILL once 100 tokens have streamed. The request
+// completes with the undisturbed run's tokens; afterwards no sequence, KV page or segment leaks.
 TEST_P(KillMidGeneration, DeviceAndSolverKillsKeepTheTokensIdentical) {
+  constexpr size_t kKillAfterTokens = kFixedRunTokens / 2;
   up(GetParam());
-  const client::GenerateResult clean = generate(kLongPrompt);
-  ASSERT_GT(clean.ids.size(), 20u) << "the prompt must generate long enough to kill mid-way";
+  // Tokens the frontend's steps carried: a kill must not make it prefill the prompt again.
+  auto step_tokens = [&] {
+    return client::Client(endpoint()).status()["metrics"]["step_tokens"].get<uint64_t>();
+  };
+  const uint64_t before_clean = step_tokens();
+  const client::GenerateResult clean = generate(kLongPrompt, kFixedRunTokens, true);
+  const uint64_t clean_step_tokens = step_tokens() - before_clean;
+  ASSERT_EQ(clean.ids.size(), size_t(kFixedRunTokens));
+  ASSERT_EQ(clean.stats.finish_reason, "length");
+  ASSERT_LT(generate(kLongPrompt, kFixedRunTokens).ids.size(), clean.ids.size())
+      << "the prompt must reach EOS, so that the run goes past it";
+  const std::set<std::string> segments_before = segments();
 
   for (const std::string victim : {"gpu_svc", "npu_svc", "solver_svc"}) {
     SCOPED_TRACE(victim);
@@ -30,33 +43,64 @@ TEST_P(KillMidGeneration, DeviceAndSolverKillsKeepTheTokensIdentical) {
     client::Client c(endpoint());
     client::GenerateRequest req;
     req.prompt = kLongPrompt;
-    req.max_tokens = 200;
-    int chunks = 0;
+    req.max_tokens = kFixedRunTokens;
+    req.ignore_eos = true;
+    const uint64_t before = step_tokens();
+    size_t received = 0, received_at_kill = 0;
     std::optional<Clock::time_point> killed_at;
-    double kill_to_next_token_ms = -1;
+    std::vector<Clock::time_point> after_kill;  // arrival of the chunks that follow the kill
     const client::GenerateResult r = c.generate(
         req,
-        [&](const client::Chunk&) {
-          const auto now = Clock::now();
-          if (killed_at && kill_to_next_token_ms < 0)
-            kill_to_next_token_ms = ms_between(*killed_at, now);
-          if (++chunks == 3) {
+        [&](const client::Chunk& chunk) {
+          if (chunk.ids.empty()) return true;
+          if (killed_at) after_kill.push_back(Clock::now());
+          received += chunk.ids.size();
+          if (!killed_at && received >= kKillAfterTokens) {
             EXPECT_EQ(kill(pid, SIGKILL), 0);
             killed_at = Clock::now();
+            received_at_kill = received;
           }
           return true;
         },
         60s);
     ASSERT_TRUE(killed_at.has_value()) << "generation ended before the kill";
+    ASSERT_LT(received_at_kill, size_t(kFixedRunTokens)) << "the kill came after the last token";
+    ASSERT_FALSE(after_kill.empty());
     EXPECT_EQ(r.ids, clean.ids) << "tokens differ after killing " << victim;
-    EXPECT_EQ(r.stats.finish_reason, clean.stats.finish_reason);
+    EXPECT_EQ(r.stats.finish_reason, "length");
+    EXPECT_EQ(step_tokens() - before, clean_step_tokens)
+        << "the frontend stepped more tokens than the undisturbed run: it recomputed some";
+    // Chunks sampled before the kill may still sit in the client's queue and arrive at once; the
+    // first token after the recovery is the one after the longest gap among the next chunks.
+    Clock::time_point previous = *killed_at, resumed = after_kill.front();
+    double longest_gap_ms = -1;
+    for (size_t i = 0; i < std::min<size_t>(after_kill.size(), 30); ++i) {
+      if (ms_between(previous, after_kill[i]) > longest_gap_ms) {
+        longest_gap_ms = ms_between(previous, after_kill[i]);
+        resumed = after_kill[i];
+      }
+      previous = after_kill[i];
+    }
     std::printf(
-        "[chaos] plan %s: kill -9 %s after chunk 3: next token after %.1f ms (%zu tokens, "
-        "restarts seen %u)\n",
-        GetParam(), victim.c_str(), kill_to_next_token_ms, r.ids.size(), r.stats.restarts_seen);
+        "[chaos] plan %s: kill -9 %s after token %zu of %d: first token after the stall %.1f ms "
+        "after the kill (TPOT %.2f ms; %zu tokens, restarts seen %u)\n",
+        GetParam(), victim.c_str(), received_at_kill, kFixedRunTokens,
+        ms_between(*killed_at, resumed), r.stats.tpot_ms, r.ids.size(), r.stats.restarts_seen);
     ASSERT_TRUE(wait_all_healthy({pid})) << victim << " did not come back";
+    expect_no_kv_held();
+    EXPECT_EQ(segments(), segments_before) << "segments piled up or vanished after " << victim;
   }
-  EXPECT_EQ(generate(kLongPrompt).ids, clean.ids) << "a fresh request after the kills";
+  EXPECT_EQ(generate(kLongPrompt, kFixedRunTokens, true).ids, clean.ids)
+      << "a fresh request after the kills";
+
+  // The CLI's --ignore-eos asks for the same fixed-length run.
+  const CliResult cli =
+      run_duet("generate --stack " + id_ + " --max-tokens " + std::to_string(kFixedRunTokens) +
+               " --ignore-eos --json '" + kLongPrompt + "'");
+  ASSERT_EQ(cli.rc, 0) << cli.out;
+  const nlohmann::json j = nlohmann::json::parse(cli.out.substr(cli.out.find('{')));
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), clean.ids);
+  expect_no_kv_held();
   down_and_expect_nothing_left();
 }
 
@@ -123,17 +167,13 @@ TEST_F(FrontendKill, CliGetsClearErrorAndRestartedFrontendServesWithoutLeaks) {
               out.substr(out.rfind('\n', out.size() - 2) + 1).c_str());
 
   ASSERT_TRUE(wait_all_healthy({frontend_pid})) << "the frontend did not come back";
-  // Known bug (see the chaos report): the first request of a restarted frontend fails with
-  // "gpu_svc step: token N names sequence -1"; the retry must work.
-  try {
-    EXPECT_EQ(generate(kLongPrompt).ids, clean.ids);
-  } catch (const Error& e) {
-    ADD_FAILURE() << "first request after the frontend restart: " << e.what();
-    EXPECT_EQ(generate(kLongPrompt).ids, clean.ids) << "the retry";
-  }
+  // The restarted frontend re-creates its segments under the same names; the device services
+  // must map the new objects (segment identity), so its very first request already works.
+  EXPECT_EQ(generate(kLongPrompt).ids, clean.ids) << "the first request after the restart";
   const std::vector<std::string> after = shm::list_stack_segments(id_);
   const std::set<std::string> segments_after(after.begin(), after.end());
   EXPECT_EQ(segments_after, segments_before) << "segments piled up or vanished across the restart";
+  expect_no_kv_held();
   down_and_expect_nothing_left();
 }
 
@@ -194,27 +234,33 @@ TEST_F(ChaosRun, EveryRequestCompletesRightOrFailsClearly) {
   const std::vector<std::string> victims = {"frontend", "gpu_svc", "npu_svc", "solver_svc"};
   std::mt19937 rng(42);
   int kills = 0;
+  std::map<std::string, int> kills_by_victim;
   const auto end = Clock::now() + std::chrono::seconds(seconds);
   while (Clock::now() < end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500 + rng() % 2500));
     const std::string& victim = victims[rng() % victims.size()];
     const auto [pid, healthy] = service_state(victim);
-    if (pid > 0 && healthy && kill(pid, SIGKILL) == 0) ++kills;
+    if (pid > 0 && healthy && kill(pid, SIGKILL) == 0) {
+      ++kills;
+      ++kills_by_victim[victim];
+    }
   }
   stop = true;
   for (auto& th : clients) th.join();
-  std::string codes;
+  std::string codes, killed;
   for (const auto& [code, n] : errors_by_code) codes += " " + code + "=" + std::to_string(n);
+  for (const auto& [victim, n] : kills_by_victim) killed += " " + victim + "=" + std::to_string(n);
   std::printf(
-      "[chaos] %d s: requests %d, kills %d, completed %d, failed with error %d (timeouts "
+      "[chaos] %d s: requests %d, kills %d (%s), completed %d, failed with error %d (timeouts "
       "%d;%s), lost %d\n",
-      seconds, requests.load(), kills, completed.load(), failed.load(), timed_out.load(),
-      codes.c_str(), lost.load());
+      seconds, requests.load(), kills, killed.empty() ? "" : killed.c_str() + 1, completed.load(),
+      failed.load(), timed_out.load(), codes.c_str(), lost.load());
   EXPECT_EQ(lost, 0);
   EXPECT_GT(completed, 0);
   EXPECT_EQ(requests, completed + failed + lost);
   ASSERT_TRUE(wait_all_healthy({}));
   EXPECT_EQ(generate(kLongPrompt, 120).ids, expected[kLongPrompt]) << "after the chaos";
+  expect_no_kv_held();
   down_and_expect_nothing_left();
 }
 

@@ -190,6 +190,10 @@ TEST(GpuRunner, CopiesModeMatchesTheReferenceGpuOnlyAndWeightSplit) {
   auto m = LlamaModel::load(model_path("q8_0"));
   expect_matches_reference(*m, Plan::gpu_only(), *dev);
   expect_matches_reference(*m, weight_split_plan(*m), *dev);
+  // Q4_0 too: copies mode packs the matmul weights at upload (weight_pack.h).
+  auto m4 = LlamaModel::load(model_path("q4_0"));
+  expect_matches_reference(*m4, Plan::gpu_only(), *dev);
+  expect_matches_reference(*m4, weight_split_plan(*m4), *dev);
 }
 
 TEST(GpuRunner, ReportsMeasuredAndModelledTimePerOp) {

@@ -52,7 +52,7 @@ struct Fixture {
           ResolvedMemory r;
           r.mem = {arena->at(0),     built.arena.bytes,    kv->at(0),
                    built.kv.bytes(), model->file().data(), model->file().size()};
-          r.make_flags = [this](std::chrono::steady_clock::time_point) {
+          r.make_flags = [this](std::chrono::steady_clock::time_point, uint64_t) {
             return std::make_unique<LocalFlags>(flags);
           };
           return r;

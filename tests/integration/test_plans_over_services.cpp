@@ -186,6 +186,23 @@ TEST_F(PlansOverServices, EveryPlanMatchesTheReferenceTeacherForced) {
   }
 }
 
+// HeteroInfer's other two NPU baselines as plans: prompts of lengths with no standard NPU graph
+// are compiled for on the spot (online-prepare) or run as a chain of standard graphs (pipe).
+TEST_F(PlansOverServices, NpuGraphModePlansMatchTheReferenceTeacherForced) {
+  uint32_t id_base = 2000;
+  for (const char* variant : {"f16", "q8_0", "q4_0"}) {
+    for (const char* name : {"npu-only:online-prepare", "npu-only:pipe"}) {
+      SCOPED_TRACE(std::string(variant) + " " + name);
+      auto e = engine(variant, name, nullptr, id_base);
+      id_base += 100;
+      const Agreement a = teacher_forced(*e, variant);
+      EXPECT_GT(a.clear, 100);
+      EXPECT_EQ(a.agree, a.clear);
+      EXPECT_EQ(e->status()["buckets"][1]["plan"], name);
+    }
+  }
+}
+
 TEST_F(PlansOverServices, KilledDeviceMidDecodeIsRecoveredWithIdenticalTokens) {
   auto greedy = [](Engine& e, int kill_at, const std::function<void()>& kill) {
     const int V = e.model().hp().n_vocab;

@@ -89,6 +89,19 @@ TEST_F(MeasuredProfile, ProfilesBothDevicesSolvesAndCachesTheProfile) {
   // 7 weights x 2 row counts x 4 lengths x 2 devices.
   EXPECT_EQ(profile.at("entries"), 7 * 2 * 4 * 2);
   EXPECT_GT(profile.at("profiling_s").get<double>(), 0.0);
+  // Both devices were also run at once: their contention (they share this machine's cores) is a
+  // measured fraction, and the solver charges it to every split.
+  const double contention = profile.at("contention").get<double>();
+  EXPECT_GE(contention, 0.0);
+  EXPECT_LE(contention, 1.0);
+  for (const nlohmann::json& r : plan.at("rows")) {
+    if (r.at("gpu_part_us").get<double>() <= 0 || r.at("npu_part_us").get<double>() <= 0) continue;
+    EXPECT_NEAR(
+        r.at("contention_us").get<double>(),
+        contention * std::min(r.at("gpu_part_us").get<double>(), r.at("npu_part_us").get<double>()),
+        1e-6)
+        << r.dump();
+  }
   std::printf(
       "measured profile of tiny-fortune: %zu ops in %.2f s; plan %.0f us, best single device %s "
       "%.0f us\n",

@@ -3,18 +3,14 @@
 // llama3-8b --soc sd8gen3 --timing modeled` runs them. Ratios may be one step off the paper's on
 // the solver's grid of small integer ratios (1:4 1:3 1:2 2:3 3:4 1:1 4:3 3:2 2:1 3:1 4:1).
 //
-// Rows where the models disagree with the paper (see the report of issue 6) are checked for
-// what the models give, with the reason:
-//   [4096,4096]x1       paper weight 1:1; here GPU-only: the GPU model's GEMV is derated below
-//                       6144 output rows, so half the rows take as long as all of them.
-//   [4096,4096]x261-272 paper activation dynamic:256; here 257-260 only, then the NPU pads (256+32
-//                       graphs): the GPU model's GEMM for a few tokens costs ~2 mk (n + 130) /
-//                       1.2 TFLOPS (4 ms at 16 tokens) where the paper's GPU-1 line gives ~1.3 ms.
-//   [4096,4096]x193     paper padding; here activation 128+64 (+1 token on the GPU): the plan's
-//                       one NPU graph mode is pipe at 193, cheaper for the layer by 0.01%.
-//   [4096,14336]x257-384 paper hybrid 2:3 throughout; here hybrid at 2:3 +- one step for ~3/4 of
-//                       the lengths, other ratios or an activation split (still both devices)
-//                       for the rest, as the ragged part and the pipe's padding change.
+// All nine rows are checked. What makes the decode rows come out (core/gpu_timing.h,
+// core/npu_timing.h): the GPU's GEMV draws bandwidth in proportion to the rows it keeps in flight
+// (Memory-1), so giving the NPU half of [4096,4096] saves the GPU real time while the NPU streams
+// its half over its own DMA; spare NPU cores split the streamed rows when a decode graph has one
+// stationary column. The x257-272 rows come from the GPU's few-token GEMV (16 ragged tokens ~1.5
+// ms). One deviation remains and is checked as such: [4096,14336] x369-377 is an activation split
+// 256 + the rest, within 2% of the best hybrid (the GPU's 113 ragged tokens and the pipe's
+// 256+64+32 cover make the two nearly equal).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -78,55 +74,66 @@ class Table3 : public ::testing::Test {
   static inline std::map<std::string, nlohmann::json> rows_;
 };
 
-TEST_F(Table3, DecodeFusedGateUpIsWeightSplitThreeToOne) {
+TEST_F(Table3, Row1DecodeAttentionProjectionIsWeightSplitOneToOne) {
+  expect("q", 1, "weight", "1:1");
+}
+
+TEST_F(Table3, Row2DecodeFusedGateUpIsWeightSplitThreeToOne) {
   expect("gate+up", 1, "weight", "3:1");
 }
 
-TEST_F(Table3, DecodeDownIsGpuOnly) {
+TEST_F(Table3, Row3DecodeDownIsGpuOnly) {
   expect("down", 1, "gpu-only");
 }
 
-TEST_F(Table3, DecodeAttentionProjectionStaysOnTheGpuUnderTheGpuModel) {
-  // Paper: weight 1:1. The GPU model's GEMV costs the same for 2048 and 4096 rows.
-  expect("q", 1, "gpu-only");
+TEST_F(Table3, Row4PrefillAtAStandardLengthIsNpuOnly) {
+  expect("q", 128, "npu-only");
 }
 
-TEST_F(Table3, PrefillAtStandardLengthsIsNpuOnly) {
-  expect("q", 128, "npu-only");
+TEST_F(Table3, Row5PrefillJustUnderAStandardLengthPadsOnTheNpu) {
+  for (int64_t n = 193; n <= 255; ++n) {
+    expect("q", n, "padding");
+    EXPECT_EQ(row("q", n).at("npu_tokens"), 256) << n;
+  }
+}
+
+TEST_F(Table3, Row6PrefillAt256IsNpuOnly) {
   expect("q", 256, "npu-only");
 }
 
-TEST_F(Table3, PrefillJustUnderAStandardLengthPadsOnTheNpu) {
-  for (int64_t n = 194; n <= 255; n += 3) expect("q", n, "padding");
-  expect("q", 255, "padding");
-}
-
-TEST_F(Table3, PrefillJustOverAStandardLengthSplitsTheActivation) {
-  for (int64_t n = 257; n <= 260; ++n) {
+TEST_F(Table3, Row7PrefillJustOverAStandardLengthSplitsTheActivation) {
+  for (int64_t n = 257; n <= 272; ++n) {
     expect("q", n, "activation");
-    EXPECT_EQ(row("q", n).at("ratio"), "dynamic:256");
-    EXPECT_EQ(row("q", n).at("npu_tokens"), 256);
+    EXPECT_EQ(row("q", n).at("ratio"), "dynamic:256") << n;
+    EXPECT_EQ(row("q", n).at("npu_tokens"), 256) << n;
   }
-  // Past 260 the modelled GPU's few-token GEMM outweighs the NPU's padded graph.
-  expect("q", 272, "padding");
 }
 
-TEST_F(Table3, WideDownProjectionAtStandardLengthIsWeightSplitTwoToThree) {
+TEST_F(Table3, Row8WideDownProjectionAtStandardLengthIsWeightSplitTwoToThree) {
   expect("down", 256, "weight", "2:3");
 }
 
-TEST_F(Table3, WideDownProjectionPastAStandardLengthIsMostlyHybridTwoToThree) {
-  for (int64_t n : {257, 264, 272, 300, 320, 352, 384}) expect("down", n, "hybrid", "2:3");
-  int near_two_to_three = 0, lengths = 0;
-  for (int64_t n = 257; n <= 384; n += 4, ++lengths) {
+TEST_F(Table3, Row9WideDownProjectionPastAStandardLengthIsHybridTwoToThree) {
+  int hybrid = 0, lengths = 0;
+  for (int64_t n = 257; n <= 384; ++n, ++lengths) {
     const nlohmann::json r = row("down", n);
     const std::string strategy = r.at("strategy").get<std::string>();
-    EXPECT_TRUE(strategy == "hybrid" || strategy == "activation") << n << ": " << r.dump();
-    if (strategy == "hybrid" &&
-        std::abs(ratio_index(r.at("ratio").get<std::string>()) - ratio_index("2:3")) <= 1)
-      ++near_two_to_three;
+    if (strategy == "hybrid") {
+      ++hybrid;
+      EXPECT_LE(std::abs(ratio_index(r.at("ratio").get<std::string>()) - ratio_index("2:3")), 1)
+          << n << ": " << r.dump();
+      continue;
+    }
+    // The one deviation: an activation split, and a hybrid is the runner-up within 2%.
+    EXPECT_EQ(strategy, "activation") << n << ": " << r.dump();
+    const std::string why = r.at("why").get<std::string>();
+    const size_t at = why.find("next best hybrid");
+    ASSERT_NE(at, std::string::npos) << n << ": " << why;
+    const size_t pct = why.find("(+", at);
+    ASSERT_NE(pct, std::string::npos) << why;
+    EXPECT_LT(std::stod(why.substr(pct + 2)), 2.0) << n << ": " << why;
   }
-  EXPECT_GE(near_two_to_three * 10, lengths * 7) << near_two_to_three << " of " << lengths;
+  EXPECT_GE(hybrid * 10, lengths * 9) << hybrid << " of " << lengths;
 }
 
 TEST_F(Table3, LatencyColumnsMatchThePaperWithinThirtyPercent) {

@@ -77,6 +77,48 @@ TEST(Objective, IsMaxOfTheTwoPartsPlusSyncAndCopy) {
   EXPECT_DOUBLE_EQ(p.chosen_us, 100 + 0.2 * 4096 * 8 + 30 + 56.0 * 4096 * 2 / 40e3);
 }
 
+TEST(Objective, ContentionAndSharedBandwidthAddToSplitsOnly) {
+  const FormulaLatency f = paperlike();
+  SolverOptions o = options();
+  o.contention = 0.5;
+  const OpDecision d = evaluate_placement(kSquare, 64, {Strategy::weight_split, 2048, 0}, 1, 1,
+                                          NpuGraphMode::padding, f, o);
+  // GPU 50 + 0.1*2048*64 = 13157, NPU 100 + 0.2*2048*2 = 919: half of the shorter is added.
+  EXPECT_DOUBLE_EQ(d.contention_us, 0.5 * d.npu_part_us);
+  EXPECT_DOUBLE_EQ(d.chosen_us, d.gpu_part_us + d.contention_us + 30);
+  EXPECT_DOUBLE_EQ(
+      evaluate_placement(kSquare, 64, {Strategy::gpu_only, 0, 0}, 0, 0, NpuGraphMode::padding, f, o)
+          .contention_us,
+      0.0);
+  // Shared bandwidth: both parts' weight bytes (4096 x 4096 Q4_0, 18 B per 32) and activations
+  // over 0.5 GB/s is a floor above either part.
+  o.contention = 0;
+  o.shared_gbps = 0.5;
+  const OpDecision b = evaluate_placement(kSquare, 64, {Strategy::weight_split, 2048, 0}, 1, 1,
+                                          NpuGraphMode::padding, f, o);
+  const double bytes = 4096.0 * 4096 * 18 / 32 + (64.0 + 64) * 4096 * 2;
+  EXPECT_NEAR(b.shared_bw_us, bytes / 0.5e3, 1e-6);
+  EXPECT_GT(b.shared_bw_us, b.gpu_part_us);
+  EXPECT_DOUBLE_EQ(b.chosen_us, b.shared_bw_us + 30);
+}
+
+TEST(SolveOp, FullContentionMakesEqualDevicesRunTheOpOnOne) {
+  // Devices that serialise when run together (contention 1): a split costs the sum of its parts
+  // plus a sync, so the whole op on the faster device wins.
+  FormulaLatency f;
+  f.gpu = [](const OpShape& s) {
+    return 0.1 * static_cast<double>(s.m) * static_cast<double>(s.n);
+  };
+  f.npu = f.gpu;
+  SolverOptions o = options();
+  EXPECT_NE(solve_op(kSquare, 64, NpuGraphMode::padding, f, o).placement.strategy,
+            Strategy::gpu_only);  // free overlap: splitting pays
+  o.contention = 1;
+  const OpDecision d = solve_op(kSquare, 64, NpuGraphMode::padding, f, o);
+  EXPECT_EQ(d.placement.strategy, Strategy::gpu_only) << d.why;
+  EXPECT_NE(d.why.find("T_gpu(all)"), std::string::npos) << d.why;
+}
+
 TEST(Objective, RejectsPlacementsThatDoNotFit) {
   const FormulaLatency f = paperlike();
   EXPECT_THROW(evaluate_placement(kSquare, 64, {Strategy::weight_split, 4096, 0}, 1, 1,

@@ -19,6 +19,7 @@
 #include "core/messaging.h"
 #include "core/run_dir.h"
 #include "shm/segment.h"
+#include "tests/support/stack_support.h"
 
 namespace duet {
 namespace {
@@ -26,21 +27,8 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-struct CliResult {
-  int rc;
-  std::string out;  // stdout and stderr
-};
-
-CliResult run_duet(const std::string& args, const std::string& env = "") {
-  std::string cmd = env + " '" DUET_BINARY_DIR "/bin/duet' " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
+using test_support::CliResult;
+using test_support::run_duet;
 
 bool shm_exists(const std::string& stack) {
   return !shm::list_stack_segments(stack).empty();
@@ -49,37 +37,13 @@ bool shm_exists(const std::string& stack) {
 class StackTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    id_ = std::string("t_") + info->name();
-    id_ = id_.substr(0, 24) + "_" + std::to_string(getpid() % 100000);
+    id_ = test_support::unique_stack_id("t_", 22);
     run_dir_ = default_run_dir(id_);
   }
 
-  void TearDown() override {
-    // The verb first; then whatever a failed test left: processes, segments, files.
-    std::vector<int> pids;
-    if (auto s = try_status()) {
-      pids.push_back((*s)["pid"].get<int>());
-      for (const auto& svc : (*s)["services"]) pids.push_back(svc["pid"].get<int>());
-    }
-    if (std::filesystem::exists(run_dir_)) run_duet("stack down --stack " + id_);
-    for (int pid : pids)
-      if (pid > 0 && process_alive(pid)) kill(pid, SIGKILL);  // never kill(0): our own group
-    shm::remove_stack_segments(id_);
-    std::filesystem::remove_all(run_dir_);
-  }
+  void TearDown() override { test_support::tear_down_stack(id_, run_dir_); }
 
-  std::optional<nlohmann::json> try_status() {
-    const std::string sock = supervisor_socket_path(run_dir_);
-    if (!std::filesystem::exists(sock)) return std::nullopt;
-    try {
-      msg::RequestClient c(ipc_endpoint(sock));
-      auto r = c.call([](uint64_t id) { return msg::make_status_request(id); }, 2000ms);
-      return nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
-    } catch (const Error&) {
-      return std::nullopt;
-    }
-  }
+  std::optional<nlohmann::json> try_status() { return test_support::stack_status(run_dir_); }
   nlohmann::json status() {
     auto s = try_status();
     if (!s) ADD_FAILURE() << "stack " << id_ << " does not answer status";

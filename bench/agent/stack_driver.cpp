@@ -1,0 +1,137 @@
+#include "bench/agent/stack_driver.h"
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "core/client.h"
+#include "core/error.h"
+#include "core/run_dir.h"
+#include "shm/segment.h"
+
+namespace duet::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string run_command(const std::string& cmd, int* rc) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) throw Error(Errc::internal, "agent_bench: cannot run " + cmd);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  return out;
+}
+
+// Owns the stack from `up` to `down`: whatever happens in between, nothing is left behind.
+class Stack {
+ public:
+  Stack(const std::string& duet, const std::string& model, const std::string& id, bool agent)
+      : duet_(duet), id_(id) {
+    int rc = 0;
+    const std::string out =
+        run_command(std::string("DUET_AGENT=") + (agent ? "on" : "off") + " '" + duet_ +
+                        "' stack up --stack " + id_ + " --model '" + model + "'",
+                    &rc);
+    if (rc != 0) {
+      down();
+      throw Error(Errc::unavailable, "agent_bench: `duet stack up` failed: " + out);
+    }
+  }
+  ~Stack() { down(); }
+
+ private:
+  void down() {
+    int rc = 0;
+    (void)run_command("'" + duet_ + "' stack down --stack " + id_, &rc);
+    shm::remove_stack_segments(id_);
+  }
+  std::string duet_, id_;
+};
+
+double us_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
+                            const std::string& duet, const std::string& model,
+                            const std::string& stack_id, double timeout_s) {
+  Stack stack(duet, model, stack_id, agent);
+  client::Client c(client::stack_endpoint(stack_id));
+  // Warm-up outside the trace: the engines are built by their first request (programs
+  // registered, the solver asked), which is not what the trace measures.
+  for (const client::Priority p : {client::Priority::reactive, client::Priority::proactive}) {
+    client::GenerateRequest w;
+    w.prompt_ids = {1, 3, 4, 5};
+    w.max_tokens = 2;
+    w.priority = agent ? p : client::Priority::reactive;
+    (void)c.generate(w, {}, std::chrono::seconds(120));
+  }
+  StackRun out;
+  out.timings.resize(trace.size());
+  std::map<uint64_t, size_t> item_of;  // client request id -> trace item
+  size_t next = 0, done = 0;
+  const auto t0 = Clock::now();
+  const auto give_up =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  while (done < trace.size()) {
+    if (Clock::now() > give_up)
+      throw Error(Errc::timeout, "agent_bench: the trace did not finish within " +
+                                     std::to_string(timeout_s) + " s (" + std::to_string(done) +
+                                     " of " + std::to_string(trace.size()) + " done)");
+    while (next < trace.size() && trace[next].arrival_us <= us_since(t0)) {
+      const TraceItem& it = trace[next];
+      client::GenerateRequest r;
+      r.prompt_ids = it.prompt;
+      r.max_tokens = it.out_len;
+      r.ignore_eos = true;  // every request runs to its length, as in the trace
+      r.stream = false;
+      r.heartbeat_ms = 0;  // this loop sends no KeepAlive
+      // FCFS: no priorities, every request in the one class.
+      r.priority = agent && !it.reactive ? client::Priority::proactive : client::Priority::reactive;
+      item_of[c.submit(r)] = next++;
+    }
+    const double wait_us =
+        next < trace.size() ? std::max(0.0, trace[next].arrival_us - us_since(t0)) : 100000.0;
+    auto ev = c.next_event(
+        std::chrono::milliseconds(static_cast<int64_t>(std::min(wait_us, 100000.0) / 1000.0)));
+    if (!ev) continue;
+    auto it = item_of.find(ev->request_id);
+    if (it == item_of.end()) continue;
+    if (ev->kind == client::Event::Kind::error)
+      throw Error(ev->code, "agent_bench: request failed on the stack: " + ev->message);
+    if (ev->kind != client::Event::Kind::done) continue;
+    ItemTiming& t = out.timings[it->second];
+    t.done_us = us_since(t0);
+    t.first_token_us = trace[it->second].arrival_us + ev->done.stats.ttft_ms * 1000.0;
+    if (ev->done.ids.size() != static_cast<size_t>(trace[it->second].out_len))
+      throw Error(Errc::internal, "agent_bench: a request returned " +
+                                      std::to_string(ev->done.ids.size()) + " tokens, not " +
+                                      std::to_string(trace[it->second].out_len));
+    ++done;
+  }
+  out.makespan_us = us_since(t0);
+  out.agent_status = c.status()["agent"];
+  if (agent)
+    for (const TraceItem& it : trace) {
+      if (!it.reactive) continue;
+      client::GenerateRequest r;
+      r.prompt_ids = it.prompt;
+      r.max_tokens = it.out_len;
+      r.ignore_eos = true;
+      r.stream = false;
+      const auto t1 = Clock::now();
+      (void)c.generate(r, {}, std::chrono::seconds(120));
+      out.isolated_reactive_us.push_back(us_since(t1));
+    }
+  return out;
+}
+
+}  // namespace duet::bench

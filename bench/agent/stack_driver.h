@@ -1,0 +1,42 @@
+#pragma once
+// The trace through the real serving loop (agent_bench --mode stack): `duet stack up` (supervisor,
+// frontend, gpu_svc, npu_svc, solver_svc as processes), each request submitted over the client
+// socket at its arrival time (wall clock), its latency taken when its Done comes back.
+//   Agent: the stack as it serves (DUET_AGENT on): proactive requests on the preemptible
+//          proactive engine, reactive first, contention gating, aging.
+//   FCFS:  the same stack with DUET_AGENT=off and every request sent as reactive: one engine,
+//          continuous batching, prefill chunks in arrival order, no priorities.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace duet::bench {
+
+struct TraceItem {
+  bool reactive = true;
+  double arrival_us = 0;  // from the trace's start
+  std::vector<int32_t> prompt;
+  int out_len = 0;
+};
+
+struct ItemTiming {
+  double first_token_us = 0;  // from the trace's start (the frontend's TTFT after arrival)
+  double done_us = 0;         // from the trace's start, when the Done reached the client
+};
+
+struct StackRun {
+  std::vector<ItemTiming> timings;  // per trace item
+  nlohmann::json agent_status;      // the frontend's status()["agent"] at the end
+  double makespan_us = 0;
+  // After the trace (agent runs only): each reactive request alone on the idle stack, submit to
+  // Done: the floor of the reactive latency.
+  std::vector<double> isolated_reactive_us;
+};
+
+// `duet` is the CLI binary; the stack is torn down (processes, segments, run dir) before return.
+StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
+                            const std::string& duet, const std::string& model,
+                            const std::string& stack_id, double timeout_s);
+
+}  // namespace duet::bench

@@ -1,0 +1,162 @@
+// solver_svc unreachable, through real processes (`duet stack up`: supervisor, frontend, gpu_svc,
+// npu_svc, solver_svc): the frontend keeps serving with the gpu-only plan and its status says so;
+// once the solver answers again the frontend re-plans and serves the solver's plans.
+//
+// "Down" is SIGSTOP: the process lives (the supervisor reports it unresponsive and does not
+// restart it behind the test's back) but answers nothing, which is what a hung or overloaded
+// solver looks like to the frontend. Every wait polls against a deadline; no fixed sleeps.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/client.h"
+#include "core/error.h"
+#include "core/messaging.h"
+#include "core/run_dir.h"
+#include "shm/segment.h"
+
+namespace duet {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct CliResult {
+  int rc;
+  std::string out;
+};
+
+CliResult run_duet(const std::string& args) {
+  const std::string cmd = "'" DUET_BINARY_DIR "/bin/duet' " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+class SolverFallback : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    id_ = "sfb_" + std::to_string(getpid());
+    run_dir_ = default_run_dir(id_);
+    char tmpl[] = "/tmp/duet-solver-fallback-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    cache_ = tmpl;
+    setenv("DUET_CACHE_DIR", cache_.c_str(), 1);  // the stack's solver_svc inherits it
+  }
+
+  void TearDown() override {
+    if (stopped_pid_ > 0) kill(stopped_pid_, SIGCONT);  // a stopped process ignores SIGTERM
+    std::vector<int> pids;
+    if (auto s = supervisor_status()) {
+      pids.push_back((*s)["pid"].get<int>());
+      for (const auto& svc : (*s)["services"]) pids.push_back(svc["pid"].get<int>());
+    }
+    if (std::filesystem::exists(run_dir_)) run_duet("stack down --stack " + id_);
+    for (int pid : pids)
+      if (pid > 0 && process_alive(pid)) kill(pid, SIGKILL);  // never kill(0)
+    shm::remove_stack_segments(id_);
+    std::filesystem::remove_all(run_dir_);
+    std::filesystem::remove_all(cache_);
+  }
+
+  std::optional<nlohmann::json> supervisor_status() {
+    const std::string sock = supervisor_socket_path(run_dir_);
+    if (!std::filesystem::exists(sock)) return std::nullopt;
+    try {
+      msg::RequestClient c(ipc_endpoint(sock));
+      auto r = c.call([](uint64_t id) { return msg::make_status_request(id); }, 2000ms);
+      return nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  }
+
+  int service_pid(const std::string& name) {
+    if (auto s = supervisor_status())
+      for (const auto& svc : (*s)["services"])
+        if (svc["name"] == name) return svc["pid"].get<int>();
+    return 0;
+  }
+
+  client::GenerateResult generate(int max_tokens) {
+    client::Client c(client::stack_endpoint(id_));
+    client::GenerateRequest req;
+    req.prompt = "Q: Why";
+    req.max_tokens = max_tokens;
+    return c.generate(req, {}, 120s);
+  }
+
+  // The main engine's status (plan_sources, solver_fallback, note).
+  nlohmann::json engine_status() {
+    client::Client c(client::stack_endpoint(id_));
+    return c.status(10s).value("engine", nlohmann::json::object());
+  }
+
+  static bool all_sources_start_with(const nlohmann::json& engine, const std::string& prefix) {
+    const nlohmann::json sources = engine.value("plan_sources", nlohmann::json::object());
+    if (sources.empty()) return false;
+    for (const auto& [bucket, source] : sources.items())
+      if (source.get<std::string>().rfind(prefix, 0) != 0) return false;
+    return true;
+  }
+
+  std::string id_, run_dir_, cache_;
+  int stopped_pid_ = 0;
+};
+
+TEST_F(SolverFallback, ServesGpuOnlyWhileTheSolverIsDownAndItsPlansOnceItIsBack) {
+  const CliResult up = run_duet("stack up --plan tensor --timeout 60 --stack " + id_);
+  ASSERT_EQ(up.rc, 0) << up.out;
+  const int solver = service_pid("solver_svc");
+  ASSERT_GT(solver, 0);
+  ASSERT_EQ(kill(solver, SIGSTOP), 0);
+  stopped_pid_ = solver;
+
+  // The first request builds the engine while the solver answers nothing: every bucket falls back
+  // to gpu-only after the frontend's solver deadline, and the request is still served.
+  const client::GenerateResult down_run = generate(6);
+  EXPECT_EQ(down_run.stats.generated_tokens, 6u);
+  const nlohmann::json down = engine_status();
+  EXPECT_TRUE(down.value("solver_fallback", false)) << down.dump();
+  EXPECT_NE(down.value("note", "").find("solver_svc was unreachable"), std::string::npos)
+      << down.dump();
+  EXPECT_TRUE(all_sources_start_with(down, "gpu-only fallback")) << down.dump();
+
+  // Solver back: requests keep coming; once the fallback engine is idle and old enough the
+  // frontend asks again and serves the solver's plans.
+  ASSERT_EQ(kill(solver, SIGCONT), 0);
+  stopped_pid_ = 0;
+  const auto deadline = Clock::now() + 90s;
+  nlohmann::json back;
+  bool replanned = false;
+  int served = 0;
+  while (!replanned && Clock::now() < deadline) {
+    const client::GenerateResult r = generate(2);
+    EXPECT_EQ(r.stats.generated_tokens, 2u);
+    ++served;
+    back = engine_status();
+    replanned = !back.value("solver_fallback", true) && all_sources_start_with(back, "solver_svc");
+    if (!replanned) std::this_thread::sleep_for(100ms);  // poll interval, not a wait for an event
+  }
+  EXPECT_TRUE(replanned) << "after " << served << " requests: " << back.dump();
+  EXPECT_EQ(back.value("note", ""), "") << back.dump();
+  EXPECT_EQ(service_pid("solver_svc"), solver) << "the solver came back, it was not replaced";
+}
+
+}  // namespace
+}  // namespace duet

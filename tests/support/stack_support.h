@@ -1,0 +1,87 @@
+#pragma once
+// What the real-process stack tests (tests/stack, tests/chaos) share: running the built `duet`
+// CLI, a stack id unique to the running test, the supervisor's status, and a teardown that leaves
+// no process, segment or run directory behind even when a test failed half way.
+// Header-only: DUET_BINARY_DIR is defined per test executable (tests/CMakeLists.txt).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/messaging.h"
+#include "core/run_dir.h"
+#include "shm/segment.h"
+
+namespace duet::test_support {
+
+struct CliResult {
+  int rc;
+  std::string out;  // stdout and stderr
+};
+
+// Runs build/bin/duet with `args` (shell words) and `env` ("NAME=value ..." put before it).
+inline CliResult run_duet(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " '" DUET_BINARY_DIR "/bin/duet' " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+// "<prefix><test name, first name_chars, [A-Za-z0-9_] only>_<pid>": tests running at once (ctest
+// -j, several engineers) never share a stack.
+inline std::string unique_stack_id(const std::string& prefix, size_t name_chars) {
+  std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return prefix + name.substr(0, name_chars) + "_" + std::to_string(getpid() % 100000);
+}
+
+// The supervisor's status (nullopt when it does not answer within 2 s).
+inline std::optional<nlohmann::json> stack_status(const std::string& run_dir) {
+  const std::string sock = supervisor_socket_path(run_dir);
+  if (!std::filesystem::exists(sock)) return std::nullopt;
+  try {
+    msg::RequestClient c(ipc_endpoint(sock));
+    auto r = c.call([](uint64_t id) { return msg::make_status_request(id); },
+                    std::chrono::milliseconds(2000));
+    return nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// The supervisor's pid and its services' pids, as its status gives them (empty: no answer).
+inline std::vector<int> stack_pids(const std::string& run_dir) {
+  std::vector<int> pids;
+  if (auto s = stack_status(run_dir)) {
+    pids.push_back((*s)["pid"].get<int>());
+    for (const auto& svc : (*s)["services"]) pids.push_back(svc["pid"].get<int>());
+  }
+  return pids;
+}
+
+// `stack down` first; then whatever a failed test left: processes, segments, files.
+inline void tear_down_stack(const std::string& id, const std::string& run_dir) {
+  const std::vector<int> pids = stack_pids(run_dir);
+  if (std::filesystem::exists(run_dir)) run_duet("stack down --stack " + id);
+  for (int pid : pids)
+    if (pid > 0 && process_alive(pid)) kill(pid, SIGKILL);  // never kill(0): our own group
+  shm::remove_stack_segments(id);
+  std::filesystem::remove_all(run_dir);
+}
+
+}  // namespace duet::test_support
