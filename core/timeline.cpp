@@ -220,9 +220,10 @@ struct OpCost {
 
 class OpCoster {
  public:
-  OpCoster(const Schedule& s, const SocProfile& soc, const SolverOptions& o,
-           const TimelineOptions& t)
-      : s_(s), soc_(soc), o_(o), t_(t) {
+  // Each op carries its own NPU graph mode (a padding placement pads under any plan mode), so
+  // the coster needs no schedule-wide state.
+  OpCoster(const SocProfile& soc, const SolverOptions& o, const TimelineOptions& t)
+      : soc_(soc), o_(o), t_(t) {
     graph_sizes_.insert(o.npu_graph_tokens.begin(), o.npu_graph_tokens.end());
   }
 
@@ -298,7 +299,6 @@ class OpCoster {
     }
   }
 
-  const Schedule& s_;
   const SocProfile& soc_;
   const SolverOptions& o_;
   const TimelineOptions& t_;
@@ -375,7 +375,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
     throw Error(Errc::invalid_argument,
                 "timeline: n_tokens and logits_rows must be >= 1 and context >= 0");
   Timeline tl;
-  OpCoster coster(s, soc, o, t);
+  OpCoster coster(soc, o, t);
   const bool contend = t.contention && soc.mem.dual_gbps > 0;
   size_t next[2] = {0, 0};
   auto placed = [&](Device d) -> std::vector<TimedOp>& {
