@@ -25,6 +25,7 @@
 #include "core/messaging.h"
 #include "core/run_dir.h"
 #include "shm/segment.h"
+#include "tests/support/stack_support.h"
 
 namespace duet {
 namespace {
@@ -32,21 +33,8 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-struct CliResult {
-  int rc;
-  std::string out;
-};
-
-CliResult run_duet(const std::string& args) {
-  const std::string cmd = "'" DUET_BINARY_DIR "/bin/duet' " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
+using test_support::CliResult;
+using test_support::run_duet;
 
 class SolverFallback : public ::testing::Test {
  protected:
@@ -61,33 +49,12 @@ class SolverFallback : public ::testing::Test {
 
   void TearDown() override {
     if (stopped_pid_ > 0) kill(stopped_pid_, SIGCONT);  // a stopped process ignores SIGTERM
-    std::vector<int> pids;
-    if (auto s = supervisor_status()) {
-      pids.push_back((*s)["pid"].get<int>());
-      for (const auto& svc : (*s)["services"]) pids.push_back(svc["pid"].get<int>());
-    }
-    if (std::filesystem::exists(run_dir_)) run_duet("stack down --stack " + id_);
-    for (int pid : pids)
-      if (pid > 0 && process_alive(pid)) kill(pid, SIGKILL);  // never kill(0)
-    shm::remove_stack_segments(id_);
-    std::filesystem::remove_all(run_dir_);
+    test_support::tear_down_stack(id_, run_dir_);
     std::filesystem::remove_all(cache_);
   }
 
-  std::optional<nlohmann::json> supervisor_status() {
-    const std::string sock = supervisor_socket_path(run_dir_);
-    if (!std::filesystem::exists(sock)) return std::nullopt;
-    try {
-      msg::RequestClient c(ipc_endpoint(sock));
-      auto r = c.call([](uint64_t id) { return msg::make_status_request(id); }, 2000ms);
-      return nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
-    } catch (const Error&) {
-      return std::nullopt;
-    }
-  }
-
   int service_pid(const std::string& name) {
-    if (auto s = supervisor_status())
+    if (auto s = test_support::stack_status(run_dir_))
       for (const auto& svc : (*s)["services"])
         if (svc["name"] == name) return svc["pid"].get<int>();
     return 0;

@@ -1,5 +1,5 @@
 #pragma once
-// What the real-process stack tests (tests/stack, tests/chaos) share: running the built `duet`
+// What the real-process stack tests (tests/stack, tests/chaos, tests/solver) share: running the built `duet`
 // CLI, a stack id unique to the running test, the supervisor's status, and a teardown that leaves
 // no process, segment or run directory behind even when a test failed half way.
 // Header-only: DUET_BINARY_DIR is defined per test executable (tests/CMakeLists.txt).
