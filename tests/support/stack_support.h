@@ -1,7 +1,7 @@
 #pragma once
-// What the real-process stack tests (tests/stack, tests/chaos, tests/solver) share: running the built `duet`
-// CLI, a stack id unique to the running test, the supervisor's status, and a teardown that leaves
-// no process, segment or run directory behind even when a test failed half way.
+// What the real-process stack tests (tests/stack, tests/chaos, tests/solver) share: running the
+// built `duet` CLI, a stack id unique to the running test, the supervisor's status, and a teardown
+// that leaves no process, segment or run directory behind even when a test failed half way.
 // Header-only: DUET_BINARY_DIR is defined per test executable (tests/CMakeLists.txt).
 #include <gtest/gtest.h>
 #include <signal.h>
