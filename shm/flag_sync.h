@@ -3,6 +3,7 @@
 // process waits for the other device's tensors and publishes its own. Header-only so that shm
 // does not depend on the program schema.
 #include <chrono>
+#include <memory>
 #include <string>
 
 #include "core/error.h"
@@ -10,6 +11,24 @@
 #include "shm/completion_flag.h"
 
 namespace duet::shm {
+
+// One wait on `flag` reaching `seq` until `until`, ended early by a move past stack epoch `epoch`.
+inline WaitResult wait_under_epoch(const FlagTable& table, uint32_t flag, uint64_t seq,
+                                   float predicted_us, std::chrono::steady_clock::time_point until,
+                                   uint64_t epoch) {
+  WaitOptions o;
+  o.deadline = until;
+  o.predicted_ns = static_cast<int64_t>(predicted_us * 1000.0f);
+  o.expected_epoch = epoch;
+  return table.wait(flag, seq, o);
+}
+
+// A wait that ended on an epoch change: a service restarted and the step must be re-run.
+inline void throw_if_epoch_changed(const WaitResult& r, uint32_t flag) {
+  if (r.status == WaitStatus::epoch_changed)
+    throw Error(Errc::unavailable,
+                "stack epoch changed while waiting on flag " + std::to_string(flag));
+}
 
 class ShmFlagSync : public FlagSync {
  public:
@@ -19,18 +38,12 @@ class ShmFlagSync : public FlagSync {
       : table_(table), deadline_(deadline), epoch_(epoch) {}
 
   void wait(uint32_t flag, uint64_t seq, float predicted_us) override {
-    WaitOptions o;
-    o.deadline = deadline_;
-    o.predicted_ns = static_cast<int64_t>(predicted_us * 1000.0f);
-    o.expected_epoch = epoch_;
-    const WaitResult r = table_.wait(flag, seq, o);
+    const WaitResult r = wait_under_epoch(table_, flag, seq, predicted_us, deadline_, epoch_);
     stats.add(r);
     if (r.status == WaitStatus::timeout)
       throw Error(Errc::timeout, "flag " + std::to_string(flag) + " did not reach step " +
                                      std::to_string(seq) + " before the deadline");
-    if (r.status == WaitStatus::epoch_changed)
-      throw Error(Errc::unavailable,
-                  "stack epoch changed while waiting on flag " + std::to_string(flag));
+    throw_if_epoch_changed(r, flag);
   }
   void publish(uint32_t flag, uint64_t seq) override { table_.publish(flag, seq); }
 
@@ -53,6 +66,27 @@ inline uint64_t epoch_for_step(const FlagTable& table, uint64_t issued_epoch) {
                                        " but the stack is at " + std::to_string(now) +
                                        " (a service restarted): not run");
   return issued_epoch;
+}
+
+// A step's flags wrapped for a preemptible RunStep: its preempt flag (named by the frontend, past
+// the programs' own flags) is read from `table`, and every wait also ends on an epoch change.
+// `table` must outlive the returned object (the caller's mappings keep it).
+inline std::unique_ptr<FlagSync> make_preemptible_flags(
+    const FlagTable& table, FlagSync& inner, const StepArgs& step,
+    std::chrono::steady_clock::time_point deadline, const std::string& service) {
+  if (static_cast<uint32_t>(step.preempt_flag) >= table.size())
+    throw Error(Errc::out_of_range, service + ": preempt flag " +
+                                        std::to_string(step.preempt_flag) +
+                                        " outside the flag table");
+  const uint64_t epoch = epoch_for_step(table, step.epoch);
+  return std::make_unique<PreemptibleFlagSync>(
+      inner, step, deadline, [&table](uint32_t f) { return table.load(f); },
+      [&table, epoch](uint32_t f, uint64_t seq, float predicted_us,
+                      std::chrono::steady_clock::time_point until) {
+        const WaitResult w = wait_under_epoch(table, f, seq, predicted_us, until, epoch);
+        throw_if_epoch_changed(w, f);
+        return w.status == WaitStatus::ready;
+      });
 }
 
 }  // namespace duet::shm

@@ -104,23 +104,7 @@ MemoryResolver shm_memory_resolver() {
     r.make_preemptible = [table](FlagSync& inner, const StepArgs& step,
                                  Clock::time_point deadline) -> std::unique_ptr<FlagSync> {
       if (!table) throw Error(Errc::invalid_argument, "program names no flags segment");
-      if (static_cast<uint32_t>(step.preempt_flag) >= table->size())
-        throw Error(Errc::out_of_range, "npu: preempt flag " + std::to_string(step.preempt_flag) +
-                                            " outside the flag table");
-      const uint64_t epoch = shm::epoch_for_step(*table, step.epoch);
-      return std::make_unique<PreemptibleFlagSync>(
-          inner, step, deadline, [table](uint32_t f) { return table->load(f); },
-          [table, epoch](uint32_t f, uint64_t seq, float predicted_us, Clock::time_point until) {
-            shm::WaitOptions o;
-            o.deadline = until;
-            o.predicted_ns = static_cast<int64_t>(predicted_us * 1000.0f);
-            o.expected_epoch = epoch;
-            const shm::WaitResult w = table->wait(f, seq, o);
-            if (w.status == shm::WaitStatus::epoch_changed)
-              throw Error(Errc::unavailable,
-                          "stack epoch changed while waiting on flag " + std::to_string(f));
-            return w.status == shm::WaitStatus::ready;
-          });
+      return shm::make_preemptible_flags(*table, inner, step, deadline, "npu");
     };
     r.keep_alive = mapped;
     r.n_flags = table ? table->size() : 0;
