@@ -1,21 +1,21 @@
 #include "services/npu_svc/npu_gemm.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <string>
 #include <thread>
 
 #include "core/error.h"
 #include "core/fp16.h"
-#include "core/ops_dot.h"
 #include "core/quant.h"
+#include "services/npu_svc/npu_dot.h"
 
 namespace duet::npu {
 namespace {
 
-// Below this many tokens rows are dotted directly instead of dequantised into a tile for sgemm.
-constexpr int64_t kDotMaxTokens = 4;
+// Below this many tokens rows are dotted in their stored type; from it on, a tile of rows is
+// dequantised once and reused by every token. Both give the same bits (npu_dot.h), so a
+// token's outputs do not depend on how many tokens share the call.
+constexpr int64_t kDequantiseMinTokens = 4;
 
 float round_fp16(float v) {
   return fp16_to_fp32(fp32_to_fp16(v));
@@ -32,12 +32,11 @@ std::vector<float>& tile_buffer() {
 NpuGemm::NpuGemm(int n_threads) {
   if (n_threads <= 0)
     n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  openblas_set_num_threads(1);
   pool_ = std::make_unique<ThreadPool>(n_threads);
 }
 
 int64_t NpuGemm::tile_rows(int64_t k) {
-  constexpr int64_t kTileFloats = 1 << 20;  // 4 MiB of fp32 per thread
+  constexpr int64_t kTileFloats = 1 << 18;  // 1 MiB of fp32 per thread: the K blocks stay in L2
   return std::clamp<int64_t>(kTileFloats / std::max<int64_t>(k, 1), 8, 256);
 }
 
@@ -64,18 +63,26 @@ void NpuGemm::matmul(const ops::Matrix& w, const float* x, int64_t x_stride, int
       for (int64_t i = 0; i < k; ++i) x16_[t * k + i] = round_fp16(x[t * x_stride + i]);
   });
 
-  if (n_tokens < kDotMaxTokens) {
-    // Decode: each weight row is read once in its stored type and dotted with the few tokens
-    // (dequantised on the fly inside the dot product, fp32 accumulation); a GEMM call per
-    // tile would only add the cost of writing the dequantised tile.
+  if (n_tokens < kDequantiseMinTokens) {
+    // Decode: each weight row is read once in its stored type, a few rows at a time so their
+    // dependency chains interleave.
     pool_->parallel_for(row_end - row_begin, 16, [&](int64_t i0, int64_t i1) {
-      for (int64_t r = row_begin + i0; r < row_begin + i1; ++r)
-        for (int64_t t = 0; t < n_tokens; ++t)
-          y[t * y_stride + r] = round_fp16(ops::dot_row(w.type, w.row(r), x16_.data() + t * k, k));
+      for (int64_t r = row_begin + i0; r < row_begin + i1; r += kDotStreams) {
+        const int count = static_cast<int>(std::min<int64_t>(kDotStreams, row_begin + i1 - r));
+        const void* rows[kDotStreams];
+        for (int s = 0; s < count; ++s) rows[s] = w.row(r + s);
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          float out[kDotStreams];
+          dot_stored_rows(w.type, rows, count, x16_.data() + t * k, k, out);
+          for (int s = 0; s < count; ++s) y[t * y_stride + r + s] = round_fp16(out[s]);
+        }
+      }
     });
     return;
   }
 
+  // Prefill: a tile of rows is dequantised once into the thread's buffer and multiplied with
+  // every token (register tiles over K blocks).
   const int64_t tile = tile_rows(k);
   const int64_t n_tiles = (row_end - row_begin + tile - 1) / tile;
   pool_->parallel_for(n_tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
@@ -92,12 +99,8 @@ void NpuGemm::matmul(const ops::Matrix& w, const float* x, int64_t x_stride, int
           dequantize_row(w.type, w.row(r0 + r), buf.data() + r * k, k);
         wt = buf.data();
       }
-      // y[:, r0:r0+rows] = x16 . wt^T, accumulated in fp32 by sgemm, then rounded to fp16.
       float* yt = y + r0;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tokens),
-                  static_cast<int>(rows), static_cast<int>(k), 1.0f, x16_.data(),
-                  static_cast<int>(k), wt, static_cast<int>(k), 0.0f, yt,
-                  static_cast<int>(y_stride));
+      dot_dequantised(wt, k, rows, x16_.data(), k, n_tokens, k, yt, y_stride);
       for (int64_t t = 0; t < n_tokens; ++t)
         for (int64_t r = 0; r < rows; ++r) yt[t * y_stride + r] = round_fp16(yt[t * y_stride + r]);
     }

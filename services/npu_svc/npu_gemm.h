@@ -2,8 +2,9 @@
 // Functional NPU matmul on host threads with the NPU's numerics:
 //   activations are rounded to fp16 on the way in and the results to fp16 on the way out,
 //   products accumulate in fp32, and the weights (F32, F16, Q8_0 or Q4_0: W4A16/W8A16/W16A16)
-//   are dequantised on the fly, one tile of rows at a time, into a bounded per-thread buffer
-//   (never a full dequantised copy), then multiplied with OpenBLAS sgemm.
+//   are dequantised on the fly: in registers for decode, one tile of rows at a time into a
+//   bounded per-thread buffer for prefill (never a full dequantised copy), then multiplied by
+//   the dot products of npu_dot.h, which give a token the same bits whatever the token count.
 // Results equal ops::matmul within fp16 tolerance (|rel err| ~ 1e-3).
 #include <cstdint>
 #include <memory>
@@ -16,8 +17,7 @@ namespace duet::npu {
 
 class NpuGemm {
  public:
-  // n_threads <= 0: hardware concurrency. OpenBLAS is switched to one thread per call so that
-  // each of our threads runs its own sgemm (the process's BLAS is the emulator's alone).
+  // n_threads <= 0: hardware concurrency.
   explicit NpuGemm(int n_threads = 0);
 
   int threads() const { return pool_->size(); }

@@ -98,6 +98,32 @@ TEST(NpuGemm, LargeShapesSpanSeveralTilesAndThreads) {
   expect_close(w, x, 40, got, want, 0, 600);
 }
 
+// Batch invariance: a token's outputs are the same bits whether it is alone in the call (the
+// decode path, rows read in their stored type), one of a few, or one of many (the prefill path,
+// dequantised tiles), at any position. Without it a request's greedy tokens change with what the
+// serving loop batches it with (near ties flip).
+TEST(NpuGemm, ATokensOutputsDoNotDependOnTheOtherTokensInTheCall) {
+  npu::NpuGemm gemm(2);
+  uint32_t seed = 100;
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::F16, DType::F32}) {
+    // 2100 columns: several K blocks; F16/F32 also get a tail that is not a whole lane group.
+    const int64_t m = 37, k = type == DType::F16 || type == DType::F32 ? 2100 : 2112;
+    const Weights w = make_weights(type, m, k, seed++);
+    const std::vector<float> x = make_activations(70, k, seed++);
+    std::vector<float> alone(70 * m);
+    for (int64_t t = 0; t < 70; ++t)
+      gemm.matmul(w.matrix(), x.data() + t * k, k, 1, alone.data() + t * m, m);
+    for (int64_t n : {2, 3, 4, 5, 7, 17, 25, 49, 70}) {
+      std::vector<float> batched(n * m);
+      gemm.matmul(w.matrix(), x.data(), k, n, batched.data(), m);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < m; ++r)
+          ASSERT_EQ(batched[t * m + r], alone[t * m + r])
+              << dtype_name(type) << " n=" << n << " t=" << t << " r=" << r;
+    }
+  }
+}
+
 // Weight-centric split: a device computes output rows [begin, end) into the full-width output
 // and leaves the other rows alone. Activation-centric: token rows via pointers and strides.
 TEST(NpuGemm, RowRangesAndTokenRangesWriteOnlyTheirPart) {
