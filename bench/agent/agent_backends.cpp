@@ -56,8 +56,11 @@ class MeasuredBackend : public Backend {
   static constexpr int kMaxSeqs = 32;
   MeasuredBackend(const std::string& model_path, bool two_engines) {
     const std::string stack = "agentbench" + std::to_string(getpid());
-    reactive_ = make(model_path, stack, "re", 0);
-    if (two_engines) proactive_ = make(model_path, stack, "pro", 100);
+    // The two engines share one KV pool (kv_share.h), as the serving loop's do: proactive
+    // decoders ride in the reactive engine's steps.
+    auto share = two_engines ? std::make_shared<frontend::KvShare>() : nullptr;
+    reactive_ = make(model_path, stack, "re", 0, share);
+    if (two_engines) proactive_ = make(model_path, stack, "pro", 100, share);
   }
 
   void open(Flow e, uint64_t seq, int max_positions) override {
@@ -67,7 +70,7 @@ class MeasuredBackend : public Backend {
   int max_step_tokens() const override { return reactive_->max_step_tokens(); }
   int max_seqs() const override { return kMaxSeqs; }
   bool parked() const override { return proactive_ && proactive_->parked(); }
-  bool co_batches() const override { return false; }
+  bool co_batches() const override { return proactive_ != nullptr; }
 
   StepOutcome step(Flow e, const std::vector<SeqWork>& batch, bool,
                    double preempt_after_us) override {
@@ -99,7 +102,8 @@ class MeasuredBackend : public Backend {
 
  private:
   static std::unique_ptr<ProgramEngine> make(const std::string& path, const std::string& stack,
-                                             const std::string& tag, uint32_t id_base) {
+                                             const std::string& tag, uint32_t id_base,
+                                             std::shared_ptr<frontend::KvShare> share) {
     frontend::ProgramEngineOptions o;
     o.model_path = path;
     o.stack_id = stack;
@@ -118,6 +122,10 @@ class MeasuredBackend : public Backend {
     o.buckets = {16, 64};
     o.max_seqs = kMaxSeqs;
     o.max_ctx = 512;
+    if (share) {
+      o.kv_share = std::move(share);
+      o.kv_pages = 2 * o.max_seqs * (o.max_ctx / o.page_tokens);
+    }
     return std::make_unique<ProgramEngine>(o, LlamaModel::load(path),
                                            frontend::make_interpreter_link("gpu"),
                                            frontend::make_interpreter_link("npu"));

@@ -1,8 +1,9 @@
 #pragma once
 // What the trace driver runs steps on (agent_bench.cpp):
 //   MeasuredBackend  ProgramEngines in this process (interpreter device links): one per class for
-//                    the Agent.xpu policy (the proactive one preemptible), one for FCFS. Times are
-//                    wall clock; preemption is real (request_preempt from a timer thread).
+//                    the Agent.xpu policy (the proactive one preemptible; both over one shared KV
+//                    pool), one for FCFS. Times are wall clock; preemption is real
+//                    (request_preempt from a timer thread).
 //   ModeledBackend   no computation: each step costs what the SoC profile's timing models say for
 //                    a named model shape (the matmuls; attention and element-wise ops left out),
 //                    prefill chunks bound by Algorithm 1; preemption stops at the op boundary.
@@ -50,8 +51,7 @@ class Backend {
   virtual int max_step_tokens() const = 0;
   virtual int max_seqs() const = 0;  // entries one step may carry
   // Whether decode entries of both classes may share one step (one KV space). The measured
-  // backend keeps each class on its own engine, so piggybacked proactive decoders take a step of
-  // their own there.
+  // backend's two engines share one KV pool, so its reactive engine steps proactive decoders.
   virtual bool co_batches() const = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -410,7 +411,14 @@ nlohmann::json summarize(const std::vector<Req>& reqs, uint64_t preemptions,
       last = std::max(last, r.done_us);
     }
   }
+  // Per request, in arrival order: where a mean comes from (one slow request or all of them).
+  auto rounded = [](std::vector<double> v) {
+    for (double& x : v) x = std::round(x * 10.0) / 10.0;
+    return v;
+  };
   return {{"reactive_requests", re_lat.size()},
+          {"reactive_latencies_ms", rounded(re_lat)},
+          {"reactive_ttfts_ms", rounded(re_ttft)},
           {"reactive_mean_ms", mean(re_lat)},
           {"reactive_p90_ms", p90(re_lat)},
           {"reactive_ttft_mean_ms", mean(re_ttft)},
@@ -436,11 +444,11 @@ nlohmann::json summarize(const Run& run, double compress) {
 // preemptions and their latency from the frontend's status.
 nlohmann::json run_stack(const std::vector<Req>& trace, bool agent, const std::string& duet,
                          const std::string& model, const std::string& stack_id, double compress,
-                         double timeout_s) {
+                         double timeout_s, const AgentKnobs& knobs) {
   std::vector<TraceItem> items;
   for (const Req& r : trace)
     items.push_back({r.flow == Flow::reactive, r.arrival_us, r.prompt, r.out_len});
-  const StackRun run = run_trace_on_stack(items, agent, duet, model, stack_id, timeout_s);
+  const StackRun run = run_trace_on_stack(items, agent, duet, model, stack_id, timeout_s, knobs);
   std::vector<Req> done = trace;
   for (size_t i = 0; i < done.size(); ++i) {
     done[i].done_us = run.timings[i].done_us;
@@ -540,10 +548,11 @@ int main(int argc, char** argv) {
     if (mode == "stack") {
       const std::vector<Req> trace = make_trace(t);
       const std::string id = "agentb" + std::to_string(getpid());
+      const AgentKnobs knobs{cfg.decode_cap, cfg.aging_ms};
       const nlohmann::json f =
-          run_stack(trace, false, duet, model, id + "f", t.compress, stack_timeout_s);
+          run_stack(trace, false, duet, model, id + "f", t.compress, stack_timeout_s, knobs);
       const nlohmann::json a =
-          run_stack(trace, true, duet, model, id + "a", t.compress, stack_timeout_s);
+          run_stack(trace, true, duet, model, id + "a", t.compress, stack_timeout_s, knobs);
       out["stack"] = {{"model", model},
                       {"fcfs", f},
                       {"agent", a},

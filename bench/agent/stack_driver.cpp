@@ -31,11 +31,14 @@ std::string run_command(const std::string& cmd, int* rc) {
 // Owns the stack from `up` to `down`: whatever happens in between, nothing is left behind.
 class Stack {
  public:
-  Stack(const std::string& duet, const std::string& model, const std::string& id, bool agent)
+  Stack(const std::string& duet, const std::string& model, const std::string& id, bool agent,
+        const AgentKnobs& knobs)
       : duet_(duet), id_(id) {
     int rc = 0;
     const std::string out =
-        run_command(std::string("DUET_AGENT=") + (agent ? "on" : "off") + " '" + duet_ +
+        run_command(std::string("DUET_AGENT=") + (agent ? "on" : "off") +
+                        " DUET_AGENT_DECODE_CAP=" + std::to_string(knobs.decode_cap) +
+                        " DUET_AGENT_AGING_MS=" + std::to_string(knobs.aging_ms) + " '" + duet_ +
                         "' stack up --stack " + id_ + " --model '" + model + "'",
                     &rc);
     if (rc != 0) {
@@ -62,8 +65,9 @@ double us_since(Clock::time_point t0) {
 
 StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
                             const std::string& duet, const std::string& model,
-                            const std::string& stack_id, double timeout_s) {
-  Stack stack(duet, model, stack_id, agent);
+                            const std::string& stack_id, double timeout_s,
+                            const AgentKnobs& knobs) {
+  Stack stack(duet, model, stack_id, agent, knobs);
   client::Client c(client::stack_endpoint(stack_id));
   // Warm-up outside the trace: the engines are built by their first request (programs
   // registered, the solver asked), which is not what the trace measures.

@@ -35,8 +35,14 @@ struct StackRun {
 };
 
 // `duet` is the CLI binary; the stack is torn down (processes, segments, run dir) before return.
+// The Agent's knobs reach its frontend as DUET_AGENT_DECODE_CAP and DUET_AGENT_AGING_MS.
+struct AgentKnobs {
+  int decode_cap = 3;
+  double aging_ms = 30000;
+};
 StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
                             const std::string& duet, const std::string& model,
-                            const std::string& stack_id, double timeout_s);
+                            const std::string& stack_id, double timeout_s,
+                            const AgentKnobs& knobs = {});
 
 }  // namespace duet::bench

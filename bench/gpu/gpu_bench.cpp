@@ -5,6 +5,10 @@
 //         shape in fp32 (the host's cores; on PoCL the very cores the kernels run on).
 //   --rounds N repeats copy, GEMVs, GEMM and OpenBLAS in turn N times (best of each; "rounds"
 //   has each round's own ratios): on a loaded machine both sides of a ratio see the same load.
+//   --paths T1,T2,..: CPU devices' matmul paths side by side (fp32 kernels of matmul.cl, the
+//         integer kernels of matmul_int8.cl: portable and VNNI with 16-bit activations, VNNI
+//         with 8-bit ones) on Q4_0 and Q8_0
+//         [gemm-rows, gemm-cols] x T tokens, host wall clock per call (quantisation included).
 #include <CL/cl.h>
 #include <cblas.h>
 
@@ -17,7 +21,9 @@
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "core/op_shape.h"
+#include "core/quant.h"
 #include "services/gpu_svc/gpu_profiler.h"
 
 namespace {
@@ -75,6 +81,85 @@ double blas_gflops(int m, int k, int n, int reps) {
   return 2.0 * m * k * n / best / 1e9;
 }
 
+// Best host wall-clock time of one matmul call (enqueue to finish) per path, in us.
+nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
+                             const std::vector<int>& token_counts, int reps) {
+  auto& dev = kernels.device();
+  nlohmann::json out;
+  const int max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> x(size_t(max_tokens) * cols), wf(static_cast<size_t>(cols));
+  for (auto& v : x) v = d(rng);
+  cl_int err = CL_SUCCESS;
+  const size_t arena_bytes = (size_t(max_tokens) * (cols + rows) + 1024) * 4;
+  cl_mem arena = clCreateBuffer(dev.context(), CL_MEM_READ_WRITE, arena_bytes, nullptr, &err);
+  check_cl(err, "clCreateBuffer");
+  check_cl(clEnqueueWriteBuffer(dev.queue(), arena, CL_TRUE, 4096, x.size() * 4, x.data(), 0,
+                                nullptr, nullptr),
+           "write");
+  for (const auto type : {duet::DType::Q4_0, duet::DType::Q8_0}) {
+    const size_t row_bytes = duet::dtype_row_bytes(type, cols);
+    std::vector<uint8_t> w(row_bytes * rows);
+    for (int r = 0; r < rows; ++r) {
+      for (auto& v : wf) v = d(rng);
+      duet::quantize_row(type, wf.data(), w.data() + row_bytes * r, cols);
+    }
+    cl_mem wbuf = clCreateBuffer(dev.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, w.size(),
+                                 w.data(), &err);
+    check_cl(err, "clCreateBuffer");
+    struct Path {
+      const char* name;
+      bool int8, vnni;
+      int bits;
+    };
+    for (const Path p :
+         {Path{"fp32", false, false, 0}, Path{"int8_portable_a16", true, false, 16},
+          Path{"int8_vnni_a16", true, true, 16}, Path{"int8_vnni_a8", true, true, 8}}) {
+      try {
+        kernels.set_int8_matmul(p.int8);
+        if (p.int8) {
+          kernels.set_int8_vnni(p.vnni);
+          kernels.set_int8_act_bits(p.bits);
+        }
+      } catch (const duet::Error& e) {
+        out[duet::dtype_name(type)][p.name] = e.what();
+        continue;
+      }
+      for (const int n : token_counts) {
+        duet::gpu::MatmulArgs a{type,
+                                wbuf,
+                                0,
+                                static_cast<uint32_t>(cols),
+                                4096,
+                                static_cast<uint32_t>(cols),
+                                4096 + uint64_t(max_tokens) * cols * 4,
+                                static_cast<uint32_t>(rows),
+                                0,
+                                static_cast<uint32_t>(rows),
+                                {0, static_cast<uint32_t>(n)}};
+        double best = 1e30;
+        for (int r = 0; r <= reps; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          cl_event e = kernels.matmul(arena, a);
+          check_cl(clWaitForEvents(1, &e), "wait");
+          clReleaseEvent(e);
+          const double us =
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                  .count();
+          if (r > 0) best = std::min(best, us);  // the first call compiles the kernel
+        }
+        out[duet::dtype_name(type)][p.name][std::to_string(n)] = {
+            {"us", best}, {"gflops", 2.0 * rows * cols * n / (best * 1e3)}};
+      }
+    }
+    clReleaseMemObject(wbuf);
+  }
+  clReleaseMemObject(arena);
+  kernels.set_int8_matmul(false);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,10 +180,20 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   std::vector<std::string> gemv_variants;  // GPU GEMV shapes to compare (GpuKernels::kGemvVariants)
   app.add_option("--gemv-variants", gemv_variants)->delimiter(',');
+  std::vector<int> path_tokens;  // --paths: token counts for the CPU paths' comparison
+  app.add_option("--paths", path_tokens)->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
     auto& dev = duet::gpu::shared_device();
     duet::gpu::GpuKernels kernels(dev);
+    if (!path_tokens.empty()) {
+      nlohmann::json out;
+      out["device"] = dev.info().name;
+      out["shape"] = {gemm_rows, gemm_cols};
+      out["paths"] = compare_paths(kernels, gemm_rows, gemm_cols, path_tokens, reps);
+      std::cout << out.dump(2) << "\n";
+      return 0;
+    }
     nlohmann::json out;
     out["device"] = dev.info().name;
     out["platform"] = dev.info().platform;

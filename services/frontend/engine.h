@@ -18,6 +18,8 @@
 
 namespace duet::frontend {
 
+struct KvShare;  // kv_share.h
+
 // One sequence's part of a step: `tokens` are appended at positions pos0, pos0+1, ...
 struct SeqStep {
   uint64_t seq_id = 0;
@@ -52,6 +54,9 @@ class Engine {
   // The most tokens one step may carry (prefill longer than this is chunked by the caller).
   virtual int max_step_tokens() const = 0;
   virtual nlohmann::json status() const = 0;
+  // The KV pool this engine's sequences live in when it shares one with other engines
+  // (kv_share.h): engines with the same non-null share can step each other's sequences.
+  virtual const KvShare* kv_share() const { return nullptr; }
 
   // Preemptible steps (Agent.xpu, issue 9; the contract is ProgramEngine's). An engine that can
   // stop a step at an op boundary says preemptible(); the serving loop then runs proactive work

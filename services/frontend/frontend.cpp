@@ -97,6 +97,7 @@ Frontend::Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
       tokenizer_(Vocab::from_gguf(engine_->model().file())),
       socket_path_(client_socket_path(run_dir)),
       scheduler_(options.max_running, options.max_queue) {
+  scheduler_.set_agent_config(options_.agent);
   const int n_ctx = engine_->model().hp().n_ctx;
   if (options_.max_context <= 0 || options_.max_context > n_ctx) options_.max_context = n_ctx;
   if (options_.max_running <= 0 || options_.max_queue < 0)

@@ -53,6 +53,8 @@ struct FrontendOptions {
   // proactive step stops that step at the next op boundary; the step is parked and resumed once
   // no reactive work is left. Null: every request runs on the main engine.
   std::function<std::unique_ptr<Engine>()> make_proactive_engine;
+  // Agent.xpu's knobs (agent_policy.h): the decode cap B_cap and the aging threshold.
+  agent::AgentConfig agent;
 };
 
 // Aggregates over every finished request (per stack).
@@ -168,6 +170,10 @@ class Frontend {
   StepWatch watch_;
   struct AgentMetrics {
     uint64_t preemptions = 0, resumes = 0, proactive_steps = 0, held_messages = 0;
+    // Algorithm 2 riding: main-engine steps carrying proactive-lane decoders, those of them
+    // that also carry reactive work (shared), and the proactive decode tokens in each kind.
+    uint64_t ride_steps = 0, ride_tokens = 0, shared_steps = 0, shared_tokens = 0;
+    uint64_t max_proactive_in_reactive_step = 0;  // proactive decoders in one step with reactive
     double preempt_latency_us_sum = 0, preempt_latency_us_max = 0;
   } agent_metrics_;
 };

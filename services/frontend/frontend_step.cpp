@@ -64,6 +64,11 @@ void Frontend::step() {
   } catch (const Error&) {
   }
   for (auto& [r, e] : refused) fail(*r, e.code(), e.what());
+  // Algorithm 2 for real: when the proactive engine shares the main engine's KV pool, proactive
+  // decoders decode in the main engine's steps and the proactive engine runs prefill only.
+  scheduler_.set_riding(proactive_engine_ && engine_->kv_share() &&
+                            engine_->kv_share() == proactive_engine_->kv_share(),
+                        options_.max_running);
   const double now = now_ms();
   StepBatch main = scheduler_.build(engine_->max_step_tokens(), now, Lane::main);
   if (!proactive_engine_) {
@@ -84,8 +89,8 @@ void Frontend::step() {
     fresh = scheduler_.build(proactive_engine_->max_step_tokens(), now, Lane::proactive);
     proactive_ready = !fresh->empty();
   }
-  // Both lanes ready (only when no reactive work is left, or aged proactive work is due): they
-  // take turns, so neither starves.
+  // Both lanes ready (only when no reactive work is left, or aged proactive work is due; with
+  // riding, the main lane is then the proactive decoders): they take turns, so neither starves.
   if (!main.empty() && (!proactive_ready || last_lane_ == Lane::proactive)) {
     last_lane_ = Lane::main;
     run_main_step(main);
@@ -97,6 +102,25 @@ void Frontend::step() {
 
 void Frontend::run_main_step(const StepBatch& batch) {
   if (batch.empty()) return;
+  uint64_t riders = 0, proactive_decoders = 0;
+  bool reactive = false;
+  for (const StepPart& p : batch.parts) {
+    reactive = reactive || p.request->priority == Priority::reactive;
+    if (p.decode && p.request->priority == Priority::proactive) ++proactive_decoders;
+    if (p.decode && p.request->proactive_lane) ++riders;
+  }
+  AgentMetrics& m = agent_metrics_;
+  if (riders > 0) {
+    ++m.ride_steps;
+    m.ride_tokens += riders;
+    if (reactive) {
+      ++m.shared_steps;
+      m.shared_tokens += riders;
+    }
+  }
+  if (reactive)
+    m.max_proactive_in_reactive_step =
+        std::max(m.max_proactive_in_reactive_step, proactive_decoders);
   StepStats stats;
   std::vector<float> logits;
   try {
@@ -150,6 +174,8 @@ void Frontend::run_proactive_step(std::optional<StepBatch> fresh) {
         dynamic_cast<const Error*>(&e) ? static_cast<const Error&>(e).code() : Errc::internal;
     StepBatch batch = resuming ? std::move(*parked_batch_) : std::move(*fresh);
     parked_batch_.reset();
+    for (const StepPart& p : batch.parts)
+      if (p.request) p.request->in_parked_step = false;
     for (uint64_t seq : std::exchange(deferred_close_, {})) engine.close_seq(seq);
     for (const StepPart& p : batch.parts)
       if (p.request) fail(*p.request, code, e.what());
@@ -166,11 +192,16 @@ void Frontend::run_proactive_step(std::optional<StepBatch> fresh) {
     agent_metrics_.preempt_latency_us_sum += latency;
     agent_metrics_.preempt_latency_us_max =
         std::max(agent_metrics_.preempt_latency_us_max, latency);
-    if (!resuming) parked_batch_ = std::move(*fresh);
+    if (!resuming) {
+      parked_batch_ = std::move(*fresh);
+      for (const StepPart& p : parked_batch_->parts) p.request->in_parked_step = true;
+    }
   } else {
     if (resuming) ++agent_metrics_.resumes;
     StepBatch batch = resuming ? std::move(*parked_batch_) : std::move(*fresh);
     parked_batch_.reset();
+    for (const StepPart& p : batch.parts)
+      if (p.request) p.request->in_parked_step = false;
     for (uint64_t seq : std::exchange(deferred_close_, {})) engine.close_seq(seq);
     apply_batch(batch, *logits, stats);
   }
@@ -238,6 +269,12 @@ nlohmann::json Frontend::agent_status() const {
       {"messages_held_during_steps", m.held_messages},
       {"preempt_latency_mean_us", m.preemptions ? m.preempt_latency_us_sum / m.preemptions : 0.0},
       {"preempt_latency_max_us", m.preempt_latency_us_max},
+      {"riding", scheduler_.riding()},
+      {"ride_steps", m.ride_steps},
+      {"ride_tokens", m.ride_tokens},
+      {"shared_steps", m.shared_steps},
+      {"shared_tokens", m.shared_tokens},
+      {"max_proactive_in_reactive_step", m.max_proactive_in_reactive_step},
       {"decode_cap", scheduler_.agent_config().decode_cap},
       {"aging_ms", scheduler_.agent_config().aging_ms}};
   if (proactive_engine_) j["engine"] = proactive_engine_->status();

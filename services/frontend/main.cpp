@@ -27,6 +27,19 @@ std::string env_or(const char* name, const char* fallback) {
   return v && *v ? v : fallback;
 }
 
+// A number from the environment within [lo, hi]; anything else is refused by name.
+double env_number(const char* name, double fallback, double lo, double hi) {
+  const std::string v = env_or(name, "");
+  if (v.empty()) return fallback;
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || *end != '\0' || !(x >= lo && x <= hi))
+    throw duet::Error(duet::Errc::invalid_argument,
+                      std::string("frontend: ") + name + "='" + v + "' is not a number in [" +
+                          std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,12 +64,21 @@ int main(int argc, char** argv) {
         };
         // Agent.xpu (issue 9): proactive requests run on an engine of their own whose steps a
         // reactive arrival preempts. DUET_AGENT=off serves every request on the one engine.
-        if (plan != "reference" && env_or("DUET_AGENT", "on") != std::string("off"))
-          options.make_proactive_engine = [config, plan] {
-            return frontend::make_stack_engine(config, plan, kProactiveInstance);
+        // Algorithm 2's cap and the aging threshold (agent_bench --cap in stack mode).
+        options.agent.decode_cap =
+            static_cast<int>(env_number("DUET_AGENT_DECODE_CAP", 3, 0, 1024));
+        options.agent.aging_ms = env_number("DUET_AGENT_AGING_MS", 30000, 1, 1e9);
+        // The two share one KV pool: a proactive request's decode rides in the main engine's
+        // steps (Algorithm 2) with no KV byte copied.
+        frontend::StackEngineConfig lanes = config;
+        if (plan != "reference" && env_or("DUET_AGENT", "on") != std::string("off")) {
+          lanes.kv_share = std::make_shared<frontend::KvShare>();
+          options.make_proactive_engine = [lanes, plan] {
+            return frontend::make_stack_engine(lanes, plan, kProactiveInstance);
           };
-        frontend = std::make_unique<frontend::Frontend>(
-            frontend::make_stack_engine(config, plan, 0), loop.run_dir(), options);
+        }
+        frontend = std::make_unique<frontend::Frontend>(frontend::make_stack_engine(lanes, plan, 0),
+                                                        loop.run_dir(), options);
         loop.log().info("serving {} with plan {} on {}", config.model_path, plan,
                         frontend->socket_path());
         // Steps run from the loop's hooks with a short time budget, so the control socket

@@ -75,9 +75,11 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
 
   // A frontend that crashed left its segments behind: this engine owns those names, so it removes
   // them (services holding the old mappings re-map when the programs are registered again).
+  // (A shared KV pool is removed by whoever makes it anew: attach_kv.)
   for (const std::string& name : {arena_name(options_.stack_id, options_.segment_tag),
                                   kv_name(options_.stack_id, options_.segment_tag),
                                   flags_name(options_.stack_id, options_.segment_tag)}) {
+    if (options_.kv_share && name == kv_name(options_.stack_id, options_.segment_tag)) continue;
     try {
       shm::Segment::open(name).unlink();
     } catch (const Error&) {
@@ -87,9 +89,7 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
   // The segments this constructor creates are its to remove if it fails half way (a device
   // refused a program, say): a throwing constructor runs no destructor.
   try {
-    kv_seg_ = shm::Segment::create(kv_name(options_.stack_id, options_.segment_tag),
-                                   shm::KvPages::bytes_for(n_pages, page_bytes));
-    kv_pages_.emplace(shm::KvPages::format(kv_seg_, n_pages, page_bytes));
+    attach_kv(n_pages, page_bytes);
 
     uint64_t arena_bytes = 0;
     uint32_t n_flags = 0;
@@ -103,10 +103,10 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
       spec.max_ctx = max_ctx;
       spec.kv_pages = n_pages;
       spec.page_tokens = options_.page_tokens;
-      spec.kv_pages_offset = kv_pages_->page_offset(0);
+      spec.kv_pages_offset = kv_->pages->page_offset(0);
       spec.name = options_.plan_name + "/" + std::to_string(b);
       spec.arena_segment = arena_name(options_.stack_id, options_.segment_tag);
-      spec.kv_segment = kv_name(options_.stack_id, options_.segment_tag);
+      spec.kv_segment = kv_->name;
       spec.flags_segment = flags_name(options_.stack_id, options_.segment_tag);
       Bucket bucket{b, spec.plan, build_programs(spec)};
       arena_bytes = std::max(arena_bytes, bucket.programs.arena.bytes);
@@ -120,14 +120,35 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
         shm::Segment::create(arena_name(options_.stack_id, options_.segment_tag), arena_bytes);
     // One flag past the programs' own: the preempt word (see request_preempt).
     preempt_flag_ = n_flags;
+    // Past it, each device's step doorbell: two flags (ring, report) and a slot of the doorbell
+    // region after the table (shm/doorbell.h: RunStep through shm, not ZeroMQ).
+    const uint32_t doorbell_flag = n_flags + 1, n_table_flags = n_flags + 5;
+    const uint64_t region_offset = (shm::FlagTable::bytes_for(n_table_flags) + 63) / 64 * 64;
     flags_seg_ = shm::Segment::create(flags_name(options_.stack_id, options_.segment_tag),
-                                      shm::FlagTable::bytes_for(n_flags + 1));
-    flags_ = shm::FlagTable::format(flags_seg_, n_flags + 1);
+                                      region_offset + shm::DoorbellRegion::bytes_for(2));
+    flags_ = shm::FlagTable::format(flags_seg_.data(), region_offset, n_table_flags);
+    const shm::DoorbellRegion doorbells = shm::DoorbellRegion::format(
+        flags_seg_.data() + region_offset, flags_seg_.size() - region_offset, 2,
+        shm::new_doorbell_instance());
+    for (uint32_t slot = 0; slot < 2; ++slot) {
+      DeviceLink* link = slot == 0 ? gpu_.get() : npu_.get();
+      if (!link || !link->wants_doorbell()) continue;
+      const shm::DoorbellRef ref{doorbell_flag + 2 * slot, doorbell_flag + 2 * slot + 1,
+                                 region_offset, slot, doorbells.instance()};
+      link->attach_doorbell(shm::DoorbellBell(flags_, doorbells, ref));
+      for (Bucket& b : buckets_) {
+        fb::ProgramT& mine = slot == 0 ? b.programs.gpu : b.programs.npu;
+        mine.doorbell = std::make_unique<fb::DoorbellRef>(
+            ref.ring_flag, ref.report_flag, ref.region_offset, ref.slot, ref.instance,
+            doorbell_hold_flag(mine, slot == 0 ? b.programs.npu : b.programs.gpu));
+      }
+    }
 
     reregister(*gpu_);
     if (npu_) reregister(*npu_);
   } catch (...) {
-    for (shm::Segment* seg : {&arena_seg_, &kv_seg_, &flags_seg_}) {
+    // (The KV pool, if this engine made it, goes with kv_: its last holder removes it.)
+    for (shm::Segment* seg : {&arena_seg_, &flags_seg_}) {
       try {
         if (seg->valid()) seg->unlink();
       } catch (...) {
@@ -138,13 +159,21 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
 }
 
 ProgramEngine::~ProgramEngine() {
-  // This engine created the data plane; it removes it. Mappings held elsewhere stay valid.
-  for (shm::Segment* s : {&arena_seg_, &kv_seg_, &flags_seg_}) {
+  // This engine created the data plane; it removes it (the KV pool: its last holder). Mappings
+  // held elsewhere stay valid.
+  for (shm::Segment* s : {&arena_seg_, &flags_seg_}) {
     try {
       if (s->valid()) s->unlink();
     } catch (...) {
     }
   }
+}
+
+void ProgramEngine::attach_kv(uint32_t n_pages, uint64_t page_bytes) {
+  kv_ = options_.kv_share
+            ? join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, "shared"), n_pages,
+                           page_bytes)
+            : KvPool::create(kv_name(options_.stack_id, options_.segment_tag), n_pages, page_bytes);
 }
 
 void ProgramEngine::reregister(DeviceLink& device) {
@@ -156,8 +185,8 @@ void ProgramEngine::reregister(DeviceLink& device) {
 }
 
 ProgramMemory ProgramEngine::memory() const {
-  return {arena_seg_.data(), arena_seg_.size(),     kv_seg_.data(),
-          kv_seg_.size(),    model_->file().data(), model_->file().size()};
+  return {arena_seg_.data(),   arena_seg_.size(),     kv_->segment.data(),
+          kv_->segment.size(), model_->file().data(), model_->file().size()};
 }
 
 const ProgramEngine::Bucket& ProgramEngine::bucket_for(uint32_t n_tokens) const {
@@ -175,9 +204,10 @@ void ProgramEngine::open_seq(uint64_t seq_id, int max_positions) {
     throw Error(Errc::out_of_range, "a sequence of " + std::to_string(max_positions) +
                                         " positions exceeds the context of " +
                                         std::to_string(options_.max_ctx));
-  if (seqs_.count(seq_id))
+  std::lock_guard lock(kv_->mu);
+  if (kv_->seqs.count(seq_id))
     throw Error(Errc::invalid_argument, "sequence " + std::to_string(seq_id) + " is open");
-  seqs_[seq_id] = Sequence{max_positions, 0};
+  kv_->seqs[seq_id] = KvPool::Sequence{max_positions, 0};
 }
 
 void ProgramEngine::check_not_parked(const char* what) const {
@@ -187,26 +217,24 @@ void ProgramEngine::check_not_parked(const char* what) const {
 }
 
 void ProgramEngine::close_seq(uint64_t seq_id) {
-  if (parked_)
-    for (const auto& [id, n] : parked_->n_past)
-      if (id == seq_id) check_not_parked("close_seq");
-  if (seqs_.erase(seq_id)) kv_pages_->free_owner(seq_id);
+  std::lock_guard lock(kv_->mu);
+  kv_->check_not_held(seq_id, "close_seq");
+  if (kv_->seqs.erase(seq_id)) kv_->pages->free_owner(seq_id);
 }
 
 void ProgramEngine::truncate_seq(uint64_t seq_id, int n_past) {
-  if (parked_)
-    for (const auto& [id, n] : parked_->n_past)
-      if (id == seq_id) check_not_parked("truncate_seq");
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end()) return;
+  std::lock_guard lock(kv_->mu);
+  kv_->check_not_held(seq_id, "truncate_seq");
+  auto it = kv_->seqs.find(seq_id);
+  if (it == kv_->seqs.end()) return;
   it->second.n_past = std::clamp(n_past, 0, it->second.n_past);
 }
 
 void ProgramEngine::ensure_pages(uint64_t seq_id, int positions) {
   const uint32_t need =
       (static_cast<uint32_t>(positions) + options_.page_tokens - 1) / options_.page_tokens;
-  const uint32_t have = static_cast<uint32_t>(kv_pages_->pages_of(seq_id).size());
-  if (need > have) kv_pages_->alloc(need - have, seq_id);  // Error(busy) when the cache is full
+  const uint32_t have = static_cast<uint32_t>(kv_->pages->pages_of(seq_id).size());
+  if (need > have) kv_->pages->alloc(need - have, seq_id);  // Error(busy) when the cache is full
 }
 
 std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepStats* stats) {
@@ -236,6 +264,11 @@ std::optional<std::vector<float>> ProgramEngine::resume(StepStats* stats) {
   if (!parked_) throw Error(Errc::invalid_argument, "resume: no step is parked");
   Parked work = std::move(*parked_);
   parked_.reset();
+  {
+    // Its sequences are this step's again (held again if it is preempted again).
+    std::lock_guard lock(kv_->mu);
+    for (const auto& [id, n] : work.n_past) kv_->held.erase(id);
+  }
   ++pstats_.resumes;
   return execute(std::move(work), true, true, stats);
 }
@@ -267,14 +300,16 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
     throw Error(Errc::invalid_argument, "a step of " + std::to_string(batch.size()) +
                                             " sequences exceeds " +
                                             std::to_string(options_.max_seqs));
+  std::lock_guard lock(kv_->mu);
   uint32_t n_tokens = 0;
   // Several consecutive entries of one sequence are applied in order (eval asks for every
   // position's logits that way): each may start at most where the previous one ended.
   std::map<uint64_t, int> n_past_in_step;
   for (const SeqStep& s : batch) {
-    auto it = seqs_.find(s.seq_id);
-    if (it == seqs_.end())
+    auto it = kv_->seqs.find(s.seq_id);
+    if (it == kv_->seqs.end())
       throw Error(Errc::not_found, "sequence " + std::to_string(s.seq_id) + " is not open");
+    kv_->check_not_held(s.seq_id, "step");
     if (s.tokens.empty()) throw Error(Errc::invalid_argument, "a step entry with no tokens");
     auto past = n_past_in_step.try_emplace(s.seq_id, it->second.n_past).first;
     if (s.pos0 < 0 || s.pos0 > past->second)
@@ -312,7 +347,7 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
       rows[t] = {s.tokens[j], s.pos0 + static_cast<int32_t>(j), static_cast<int32_t>(i),
                  last && s.want_logits ? n_logits++ : -1};
     }
-    const std::vector<uint32_t> pages = kv_pages_->pages_of(s.seq_id);
+    const std::vector<uint32_t> pages = kv_->pages->pages_of(s.seq_id);
     int32_t* row = tables + i * built.max_pages_per_seq;
     for (uint32_t p = 0; p < built.max_pages_per_seq; ++p)
       row[p] = p < pages.size() ? static_cast<int32_t>(pages[p]) : -1;
@@ -379,12 +414,22 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
     work.args = args;
     work.gpu_next = attempt.gpu_next;
     work.npu_next = attempt.npu_next;
+    {
+      std::lock_guard lock(kv_->mu);
+      for (const auto& [id, n] : work.n_past) kv_->held.insert(id);
+    }
     parked_ = std::move(work);
     ++pstats_.preemptions;
     return std::nullopt;
   }
 
-  for (const auto& [seq_id, n_past] : work.n_past) seqs_[seq_id].n_past = n_past;
+  {
+    std::lock_guard lock(kv_->mu);
+    for (const auto& [seq_id, n_past] : work.n_past) {
+      auto it = kv_->seqs.find(seq_id);
+      if (it != kv_->seqs.end()) it->second.n_past = n_past;
+    }
+  }
   ++steps_;
   phases_.device_us += std::max(gpu_report.measured_us, npu_report.measured_us);
   const auto copy_start = Clock::now();
@@ -529,12 +574,16 @@ nlohmann::json ProgramEngine::status() const {
                        {"plan", b.plan.name},
                        {"gpu_ops", b.programs.gpu.ops.size()},
                        {"npu_ops", b.programs.npu.ops.size()}});
+  std::lock_guard lock(kv_->mu);
   return {{"engine", "programs"},
           {"plan", options_.plan_name},
           {"buckets", buckets},
-          {"kv_pages_total", kv_pages_->n_pages()},
-          {"kv_pages_free", kv_pages_->free_count()},
-          {"open_sequences", seqs_.size()},
+          {"kv_segment", kv_->name},
+          {"kv_shared", options_.kv_share != nullptr},
+          {"kv_pages_total", kv_->pages->n_pages()},
+          {"kv_pages_free", kv_->pages->free_count()},
+          {"open_sequences", kv_->seqs.size()},
+          {"parked_sequences", kv_->held.size()},
           {"steps", steps_},
           {"flag_wait_ms", flag_wait_us_ / 1000.0},
           {"phase_ms",

@@ -4,7 +4,8 @@
 // O_EXCL and removed by its destructor (and by the supervisor's cleanup if it dies).
 //
 // Per step it writes the token table and page tables into the arena, starts the step on each
-// device that has ops (RunStep over ZeroMQ, or an in-process runner), and waits for each
+// device that has ops (a device service: its step doorbell in the flags segment, shm/doorbell.h;
+// in-process: RunStep handed to the service object or the interpreter), and waits for each
 // device's done flag with the shm waiter (predicted sleep, spin, futex). KV rows are written in
 // place by the KvWrite op: no KV byte is ever copied.
 //
@@ -23,7 +24,9 @@
 #include "core/model.h"
 #include "core/program.h"
 #include "services/frontend/engine.h"
+#include "services/frontend/kv_share.h"
 #include "shm/completion_flag.h"
+#include "shm/doorbell.h"
 #include "shm/kv_pages.h"
 #include "shm/segment.h"
 
@@ -52,6 +55,11 @@ class DeviceLink {
   // Whether the device honours StepArgs.first_op / preempt_flag (stops at an op boundary and
   // waits preemptibly). Only then does the engine run preemptible steps on it.
   virtual bool supports_preemption() const { return false; }
+  // Step doorbell (shm/doorbell.h): a link to a device service starts steps and reads their
+  // reports through the flags segment instead of RunStep/StepDone messages. The engine gives one
+  // to every link that wants it, before registering programs that name it.
+  virtual bool wants_doorbell() const { return false; }
+  virtual void attach_doorbell(const shm::DoorbellBell& /*bell*/) {}
 };
 
 struct ProgramEngineOptions {
@@ -71,6 +79,10 @@ struct ProgramEngineOptions {
   // program ids on the services.
   std::string segment_tag;  // appended to the segment names ("arena.<tag>"); letters, digits, _
   uint32_t program_id_base = 0;  // program ids are program_id_base + bucket * 2 + device
+  // Engines of one stack that step each other's sequences (kv_share.h): the first one built
+  // makes the pool ("kv.shared", kv_pages pages), the others use it (same geometry, or an
+  // error). Null: this engine has a KV segment of its own.
+  std::shared_ptr<KvShare> kv_share;
 };
 
 class ProgramEngine : public Engine {
@@ -89,6 +101,7 @@ class ProgramEngine : public Engine {
   std::vector<float> step(const std::vector<SeqStep>& batch, StepStats* stats) override;
   int max_step_tokens() const override { return static_cast<int>(options_.buckets.back()); }
   nlohmann::json status() const override;
+  const KvShare* kv_share() const override { return options_.kv_share.get(); }
 
   // Preemptible steps (Agent.xpu, issue 9). Give the proactive class its own engine (its own
   // segment_tag and program_id_base: arena, KV pages and flags), so that steps of another engine
@@ -135,10 +148,6 @@ class ProgramEngine : public Engine {
     Plan plan;
     BuiltPrograms programs;
   };
-  struct Sequence {
-    int max_positions = 0;
-    int n_past = 0;
-  };
   struct Attempt {
     DeviceLink::Report gpu, npu;
     double wait_us = 0;
@@ -172,15 +181,17 @@ class ProgramEngine : public Engine {
   // Waits for every device to take its programs again (it restarted), until give_up.
   void recover(std::chrono::steady_clock::time_point give_up);
   void ensure_pages(uint64_t seq_id, int positions);
+  // Makes or joins the KV pool (constructor).
+  void attach_kv(uint32_t n_pages, uint64_t page_bytes);
 
   ProgramEngineOptions options_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<DeviceLink> gpu_, npu_;
   std::vector<Bucket> buckets_;
-  shm::Segment arena_seg_, kv_seg_, flags_seg_;
-  std::optional<shm::KvPages> kv_pages_;  // set once the KV segment exists
+  shm::Segment arena_seg_, flags_seg_;
+  // KV pages and the sequence table: this engine's own, or shared (options_.kv_share).
+  std::shared_ptr<KvPool> kv_;
   shm::FlagTable flags_;
-  std::map<uint64_t, Sequence> seqs_;
   uint32_t max_pages_per_seq_ = 0;
   uint64_t step_seq_ = 0;
   // Preemption: flag preempt_flag_ of this engine's table; each preemptible start gets a fresh
@@ -217,6 +228,9 @@ std::unique_ptr<DeviceLink> make_interpreter_link(std::string name);
 
 // A device service reached over ZeroMQ at `endpoint` (ipc://<run-dir>/gpu.sock, ...).
 std::unique_ptr<DeviceLink> make_service_link(std::string name, std::string endpoint);
+// The flag a device publishes only after its doorbell report (DoorbellRef.hold_flag): its last
+// op's, unless an op of `other` (the other device's program of the step) waits on it; -1: none.
+int32_t doorbell_hold_flag(const fb::ProgramT& program, const fb::ProgramT& other);
 
 // A device service object living in this process (the in-process mode: all four roles in one
 // process, for the stack-overhead benchmark): the same control messages, handed to its handlers

@@ -30,6 +30,9 @@ struct Request {
   // Its KV lives on the proactive engine (Agent.xpu): its steps are preemptible there, apart
   // from the reactive ones. Set at admission; a request never changes engines.
   bool proactive_lane = false;
+  // Part of the proactive step parked at an op boundary: no other step may touch its sequence
+  // until that step resumes and ends.
+  bool in_parked_step = false;
   int max_positions = 0;  // what open_seq reserved
 
   std::vector<int32_t> prompt;  // tokens still to be appended before decoding starts

@@ -87,21 +87,42 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   auto in_lane = [&](const Request* r) {
     return r->proactive_lane == proactive_lane && (!gated || promoted(r));
   };
+  // Riding (scheduler.h): every decoder decodes in the main lane, never while its step is parked.
+  auto decodes_here = [&](const Request* r) {
+    if (!riding_) return in_lane(r);
+    return !proactive_lane && !r->in_parked_step;
+  };
+  auto is_rider = [&](const Request* r) { return riding_ && r->proactive_lane && !promoted(r); };
   std::vector<agent::Job> candidates;
   for (size_t i = 0; i < running_.size(); ++i) {
     const Request* r = running_[i];
-    if (in_lane(r) && r->decoding())
+    if (decodes_here(r) && r->decoding())
       candidates.push_back(
           {i, r->priority == Priority::reactive ? agent::Flow::reactive : agent::Flow::proactive,
            std::max(r->arrived_ms, r->last_token_ms), r->pos, promoted(r)});
   }
-  std::vector<Request*> decoders;
+  std::vector<Request*> decoders, riders;
+  auto pick = [&](Request* r) { (is_rider(r) ? riders : decoders).push_back(r); };
   if (reactive_running && !proactive_lane) {
     for (const agent::Job& j :
          agent::reactive_first_batch(candidates, {}, {}, agent_.decode_cap, true).batch)
-      decoders.push_back(running_[j.id]);
+      pick(running_[j.id]);
   } else {
-    for (const agent::Job& j : candidates) decoders.push_back(running_[j.id]);  // admission order
+    for (const agent::Job& j : candidates) pick(running_[j.id]);  // admission order
+  }
+  if (!riders.empty()) {
+    // The main engine takes max_step_seqs sequences a step; each request of the main lane may
+    const int main_lane = static_cast<int>(std::count_if(
+        running_.begin(), running_.end(), [](const Request* r) { return !r->proactive_lane; }));
+    // bring one. Without room for all, a cursor rotates who waits (as for the decoders).
+    const size_t room = static_cast<size_t>(std::max(0, max_step_seqs_ - main_lane));
+    if (riders.size() > room) {
+      std::rotate(riders.begin(),
+                  riders.begin() + static_cast<std::ptrdiff_t>(rider_cursor_ % riders.size()),
+                  riders.end());
+      riders.resize(room);
+      rider_cursor_ += room;
+    }
   }
   if (!decoders.empty()) {
     const size_t n = decoders.size();
@@ -122,6 +143,10 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   for (Request* r : urgent_prefill) {
     if (budget == 0) return b;
     add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);
+  }
+  for (Request* r : riders) {
+    if (budget == 0) return b;
+    add(r, 1, true);
   }
   for (Request* r : running_) {
     if (budget == 0) return b;

@@ -58,10 +58,17 @@ class Scheduler {
   // along only up to decode_cap (the longest contexts wait first); a proactive request waiting
   // past aging_ms (for its first or next token) is promoted: it bypasses the cap and its
   // prefill goes with the reactive ones, in arrival order.
-  // The proactive lane cannot ride along: its KV is on the other engine, so a proactive step is
-  // a step of its own between reactive ones. Contention gating (may_overlap: memory-bound decode
-  // of different classes does not overlap; a proactive prefill would be preempted at once) holds
-  // the whole lane while reactive work is present, promoted requests excepted.
+  // Without riding, the proactive lane's KV is on the other engine, so a proactive step is a step
+  // of its own between reactive ones. Contention gating (may_overlap: memory-bound decode of
+  // different classes does not overlap; a proactive prefill would be preempted at once) holds the
+  // whole lane while reactive work is present, promoted requests excepted.
+  // Riding (set_riding: the two engines share one KV pool, kv_share.h): the proactive lane's
+  // decoders decode in the MAIN lane's steps, picked by Algorithm 2 like any proactive decoder
+  // (all of them when no reactive request runs, else up to the cap), and the proactive lane
+  // runs prefill only (its preemptible steps): a decoder is never parked with a preempted
+  // prefill, so it can ride in the reactive steps that follow. Riders go after the reactive (and
+  // promoted) prefill, so they never push a reactive prompt's chunk into another step. At most
+  // max_step_seqs sequences a step.
   void set_agent_config(const agent::AgentConfig& c) { agent_ = c; }
   const agent::AgentConfig& agent_config() const { return agent_; }
   // Which lane (engine) a request will run on. Each lane's engine holds max_running sequences,
@@ -69,6 +76,11 @@ class Scheduler {
   // engine never keep a reactive one from a slot on the main engine. Unset: one lane.
   void set_lane_of(std::function<Lane(const Request&)> lane_of) { lane_of_ = std::move(lane_of); }
   Lane lane_of(const Request& r) const { return lane_of_ ? lane_of_(r) : Lane::main; }
+  void set_riding(bool on, int max_step_seqs) {
+    riding_ = on;
+    max_step_seqs_ = max_step_seqs;
+  }
+  bool riding() const { return riding_; }
   // A queued request (the first of either class) has a free slot in its lane.
   bool can_admit() const;
 
@@ -98,6 +110,9 @@ class Scheduler {
   size_t decode_cursor_ = 0;       // rotates which decoders go first when the budget is short
   agent::AgentConfig agent_;
   std::function<Lane(const Request&)> lane_of_;
+  bool riding_ = false;
+  size_t rider_cursor_ = 0;
+  int max_step_seqs_ = 0;
 };
 
 template <class Open>

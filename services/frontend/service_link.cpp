@@ -1,17 +1,29 @@
-// A device service (gpu_svc, npu_svc) as a DeviceLink: RegisterProgram and RunStep over a
-// ZeroMQ DEALER. RunStep is sent without waiting, so both devices start the step at once; the
-// StepDone (or StepFailed) reply is read by finish_step. Replies carry the request id (the
-// step's seq for RunStep) and a reply to an abandoned request is dropped.
+// A device service (gpu_svc, npu_svc) as a DeviceLink. RegisterProgram goes over a ZeroMQ
+// DEALER (the control plane). Steps go through the step doorbell the engine attaches
+// (shm/doorbell.h): start_step writes the request into the flags segment and publishes the ring
+// flag, the device's listener thread wakes on it, and finish_step reads the report the device
+// wrote before its done flag. That is one futex wake each way where a RunStep/StepDone pair
+// crossed both processes' ZeroMQ I/O threads and the service loop (issue 7, stack overhead).
+// Without a doorbell (no engine attached one) steps fall back to RunStep messages: sent without
+// waiting, so both devices start at once; replies carry the request id (the step's seq) and a
+// reply to an abandoned request is dropped.
 #include <zmq.hpp>
 
 #include "core/error.h"
 #include "core/messaging.h"
 #include "services/frontend/program_engine.h"
+#include "shm/doorbell_step.h"
 
 namespace duet::frontend {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The device's own deadline for the step's cross-device waits: as long as the engine waits for
+// the step (ProgramEngineOptions::step_timeout_ms). A 64-token step of a 1B model on a loaded
+// 2-core machine takes over 10 s; a device that died is noticed through the stack epoch, not
+// through this deadline.
+constexpr uint32_t kDeviceStepDeadlineMs = 30000;
 
 }  // namespace
 
@@ -28,11 +40,6 @@ msg::Bytes build_run_step(uint32_t program_id, const StepArgs& step) {
                              step.n_tokens, 4);
   const fb::TensorRef tables(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.page_tables_offset,
                              step.n_seqs, step.page_table_cols);
-  // The device's own deadline for the step's cross-device waits: as long as the engine waits for
-  // the step (ProgramEngineOptions::step_timeout_ms). A 64-token step of a 1B model on a loaded
-  // 2-core machine takes over 10 s; a device that died is noticed through the stack epoch, not
-  // through this deadline.
-  constexpr uint32_t kDeviceStepDeadlineMs = 30000;
   auto body = fb::CreateRunStep(fbb, program_id, step.seq, step.n_tokens, step.n_seqs, &tokens,
                                 &tables, kDeviceStepDeadlineMs, step.first_op, step.preempt_flag,
                                 step.preempt_token, step.epoch);
@@ -72,23 +79,53 @@ class ServiceLink : public DeviceLink {
   // gpu_svc and npu_svc honour RunStep.first_op and the preempt flag.
   bool supports_preemption() const override { return true; }
 
+  bool wants_doorbell() const override { return true; }
+  void attach_doorbell(const shm::DoorbellBell& bell) override { bell_ = bell; }
+
   void register_program(uint32_t program_id, const fb::ProgramT& program) override {
     flatbuffers::FlatBufferBuilder fbb(1 << 16);
     const uint64_t id = next_id_++;
     auto body = fb::CreateRegisterProgram(fbb, program_id, fb::Program::Pack(fbb, &program));
+    const uint64_t epoch = bell_.valid() ? bell_.epoch() : 0;  // before: a restart after it shows
     send(msg::finish_message(fbb, id, body));
     const msg::Bytes reply = receive(id, Clock::now() + std::chrono::seconds(10));
     const fb::Message* m = msg::verify_control(reply);
     msg::throw_if_error(*m);
-    if (m->body_type() != fb::Body::ProgramRegistered)
-      throw Error(Errc::bad_format, name_ + ": unexpected reply to RegisterProgram");
+    const auto* registered = m->body_as_ProgramRegistered();
+    if (!registered) throw Error(Errc::bad_format, name_ + ": unexpected reply to RegisterProgram");
+    // Every service of this repo serves doorbells: one that does not would never start a step.
+    if (program.doorbell && !registered->doorbell())
+      throw Error(Errc::unsupported, name_ + ": registered program " + std::to_string(program_id) +
+                                         " but does not serve its step doorbell");
+    registered_epoch_ = epoch;
   }
 
   void start_step(uint32_t program_id, const StepArgs& step) override {
-    send(build_run_step(program_id, step));
+    if (!bell_.valid()) {
+      send(build_run_step(program_id, step));
+      return;
+    }
+    // A service restarted since the programs were registered (every restart moves the stack
+    // epoch): a restarted one has neither the programs nor a listener on this doorbell, and a
+    // ring would go unanswered until the step deadline. Fail now; the engine registers the
+    // programs again (recover) and re-runs the step. The engine starts the GPU first and
+    // registers it first, so it never rings one device and then fails on the other.
+    if (step.epoch != 0 && step.epoch != registered_epoch_)
+      throw Error(Errc::unavailable, name_ + ": the stack epoch moved from " +
+                                         std::to_string(registered_epoch_) + " to " +
+                                         std::to_string(step.epoch) +
+                                         " since its programs were registered (a restart)");
+    ring_ = bell_.ring(shm::doorbell_request_of(program_id, step, kDeviceStepDeadlineMs));
+    ring_seq_ = step.seq;
+    ring_epoch_ = step.epoch;
   }
 
   bool failed_early(uint64_t step_seq) override {
+    if (bell_.valid()) {
+      if (step_seq != ring_seq_) return false;
+      const std::optional<shm::DoorbellReport> r = bell_.report(ring_);
+      return r && r->code != 0;
+    }
     // A reply already taken is a failure only if it is not a StepDone: a device that finished its
     // part while the engine still waits on the other one has not failed (issue 9 fix: this read
     // as a failure, and the step was re-run as after a device crash).
@@ -112,6 +149,7 @@ class ServiceLink : public DeviceLink {
   }
 
   Report finish_step(uint64_t step_seq, Clock::time_point deadline) override {
+    if (bell_.valid()) return finish_rung_step(step_seq, deadline);
     msg::Bytes reply;
     if (!early_.empty() && msg::verify_control(early_)->request_id() == step_seq)
       reply = std::move(early_);
@@ -122,6 +160,29 @@ class ServiceLink : public DeviceLink {
   }
 
  private:
+  Report finish_rung_step(uint64_t step_seq, Clock::time_point deadline) {
+    if (step_seq != ring_seq_)
+      throw Error(Errc::internal, name_ + ": step " + std::to_string(step_seq) +
+                                      " was not started (the last rung was " +
+                                      std::to_string(ring_seq_) + ")");
+    bool epoch_changed = false;
+    const std::optional<shm::DoorbellReport> r =
+        bell_.wait_report(ring_, deadline, ring_epoch_, &epoch_changed);
+    if (!r) {
+      // A device that died mid-step never reports; the supervisor's epoch bump says so at once.
+      if (epoch_changed)
+        throw Error(Errc::unavailable, name_ + ": the stack epoch changed before step " +
+                                           std::to_string(step_seq) + " reported");
+      throw Error(Errc::timeout,
+                  name_ + ": no report for step " + std::to_string(step_seq) + " in time");
+    }
+    if (r->seq != step_seq)
+      throw Error(Errc::internal, name_ + ": report of step " + std::to_string(r->seq) +
+                                      " for step " + std::to_string(step_seq));
+    if (r->code != 0) throw Error(static_cast<Errc>(r->code), name_ + ": " + r->message);
+    return Report{r->measured_us, r->modeled_us, r->wait_us, r->preempted, r->next_op, r->ops_run};
+  }
+
   void reset() {  // Queue until connected: a device that is (re)starting gets the request once it
                   // binds; every
     // wait below has a deadline, so a device that never comes back still fails the step.
@@ -159,11 +220,24 @@ class ServiceLink : public DeviceLink {
   std::string name_;
   std::string endpoint_;
   std::unique_ptr<zmq::socket_t> socket_;
-  msg::Bytes early_;  // a reply failed_early() read before finish_step asked for it
+  msg::Bytes early_;        // a reply failed_early() read before finish_step asked for it
+  shm::DoorbellBell bell_;  // the step doorbell (invalid: RunStep messages)
+  uint64_t ring_ = 0, ring_seq_ = 0, ring_epoch_ = 0;  // the step last started
+  uint64_t registered_epoch_ = 0;         // the stack epoch when programs were last registered
   uint64_t next_id_ = uint64_t{1} << 62;  // never collides with step seqs
 };
 
 }  // namespace
+
+int32_t doorbell_hold_flag(const fb::ProgramT& program, const fb::ProgramT& other) {
+  if (program.ops.empty() || program.ops.back()->publish_flag < 0) return -1;
+  const auto flag = static_cast<uint32_t>(program.ops.back()->publish_flag);
+  // Holding a flag the other device waits on would put the report on that device's path.
+  for (const auto& op : other.ops)
+    for (uint32_t waited : op->wait_flags)
+      if (waited == flag) return -1;
+  return static_cast<int32_t>(flag);
+}
 
 std::unique_ptr<DeviceLink> make_service_link(std::string name, std::string endpoint) {
   return std::make_unique<ServiceLink>(std::move(name), std::move(endpoint));

@@ -39,6 +39,7 @@ class AnnotatedEngine : public Engine {
     return inner_->step(b, s);
   }
   int max_step_tokens() const override { return inner_->max_step_tokens(); }
+  const KvShare* kv_share() const override { return inner_->kv_share(); }
   bool preemptible() const override { return inner_->preemptible(); }
   std::optional<std::vector<float>> step_preemptible(const std::vector<SeqStep>& b,
                                                      StepStats* s) override {
@@ -72,11 +73,13 @@ Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket);
 class LazyEngine : public Engine {
  public:
   LazyEngine(const std::string& model_path, std::string plan,
-             std::function<std::unique_ptr<Engine>()> build, int replan_after_ms)
+             std::function<std::unique_ptr<Engine>()> build, int replan_after_ms,
+             std::shared_ptr<KvShare> kv_share)
       : model_(LlamaModel::load(model_path)),
         plan_(std::move(plan)),
         build_(std::move(build)),
-        replan_after_(replan_after_ms) {}
+        replan_after_(replan_after_ms),
+        kv_share_(std::move(kv_share)) {}
   const LlamaModel& model() const override { return inner_ ? inner_->model() : *model_; }
   std::string plan_name() const override { return plan_; }
   void open_seq(uint64_t id, int n) override {
@@ -97,6 +100,8 @@ class LazyEngine : public Engine {
   int max_step_tokens() const override {
     return inner_ ? inner_->max_step_tokens() : kMaxStepTokens;
   }
+  // Known before the engine is built: the build joins this share.
+  const KvShare* kv_share() const override { return kv_share_.get(); }
   // Before the first request builds it, the engine parks nothing and cannot say whether it could.
   bool preemptible() const override { return inner_ && inner_->preemptible(); }
   std::optional<std::vector<float>> step_preemptible(const std::vector<SeqStep>& b,
@@ -122,10 +127,24 @@ class LazyEngine : public Engine {
   // (no open sequence) and a while has passed, drop it: the next build asks the solver again, so
   // a returning solver's plans are used again.
   void replan_if_solver_returned() {
-    if (!inner_ || open_ > 0) return;
+    if (!inner_ || open_ > 0 || shared_kv_in_use()) return;
     if (std::chrono::steady_clock::now() - built_at_ < replan_after_) return;
     if (!inner_->status().value("solver_fallback", false)) return;
     inner_.reset();
+  }
+
+  // Sequences another engine opened in the shared KV pool may be riding in this engine's steps
+  // (Algorithm 2): the engine is not swapped under them.
+  bool shared_kv_in_use() const {
+    if (!kv_share_) return false;
+    std::shared_ptr<KvPool> pool;
+    {
+      std::lock_guard lock(kv_share_->mu);
+      pool = kv_share_->pool.lock();
+    }
+    if (!pool) return false;
+    std::lock_guard lock(pool->mu);
+    return !pool->seqs.empty();
   }
 
   Engine& ready() {
@@ -151,6 +170,7 @@ class LazyEngine : public Engine {
   std::chrono::milliseconds replan_after_;
   std::unique_ptr<Engine> inner_;
   std::string last_error_;
+  std::shared_ptr<KvShare> kv_share_;
 };
 
 // Asks solver_svc for the plan of one token bucket, retrying while it starts (the stack starts
@@ -227,7 +247,7 @@ std::unique_ptr<Engine> make_stack_engine(const StackEngineConfig& c, const std:
   if (plan != "reference")
     return std::make_unique<LazyEngine>(
         c.model_path, plan, [c, plan, instance] { return build_engine(c, plan, instance); },
-        c.replan_after_ms);
+        c.replan_after_ms, c.kv_share);
   return build_engine(c, plan, instance);
 }
 
@@ -247,10 +267,19 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   o.model_path = c.model_path;
   o.stack_id = c.stack_id;
   o.plan_name = plan;
-  o.buckets = {1, 16, static_cast<uint32_t>(LazyEngine::kMaxStepTokens)};
+  // 4: a reactive-first decode step (Algorithm 2: one reactive decoder and up to 3 proactive
+  // riders) runs a program sized for it, not the 16-token one.
+  o.buckets = {1, 4, 16, static_cast<uint32_t>(LazyEngine::kMaxStepTokens)};
   o.max_seqs = static_cast<uint32_t>(std::max(1, c.max_seqs));
   o.max_ctx = static_cast<uint32_t>(c.max_ctx);
   o.segment_tag = tag_of(plan, instance);
+  if (c.kv_share) {
+    const uint32_t ctx =
+        c.max_ctx > 0 ? static_cast<uint32_t>(c.max_ctx) : static_cast<uint32_t>(model->hp().n_ctx);
+    o.kv_share = c.kv_share;
+    o.kv_pages =
+        StackEngineConfig::kKvSharers * o.max_seqs * ((ctx + o.page_tokens - 1) / o.page_tokens);
+  }
   o.program_id_base =
       1000 * (instance + 1) + 100 * static_cast<uint32_t>(std::hash<std::string>{}(plan) % 10);
   if (plan == "tensor" || plan == "auto") {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "services/frontend/engine.h"
+#include "services/frontend/kv_share.h"
 
 namespace duet::frontend {
 
@@ -29,6 +30,11 @@ struct StackEngineConfig {
   int solver_timeout_ms = 5000;
   // An engine running gpu-only fallbacks (solver down) is rebuilt, once idle, after this long.
   int replan_after_ms = 5000;
+  // Agent.xpu: the main and the proactive engine share one KV pool (kv_share.h), so a proactive
+  // request's decode rides in the main engine's steps. The pool then holds KV for max_seqs
+  // sequences per sharing engine (kKvSharers). Null: each engine has a KV segment of its own.
+  std::shared_ptr<KvShare> kv_share;
+  static constexpr uint32_t kKvSharers = 2;
 };
 
 // Every plan a stack serves, and the same list for error messages ("reference, gpu-only, ...").

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "core/error.h"
@@ -31,7 +33,71 @@ size_t round_up(size_t v, size_t m) {
   return (v + m - 1) / m * m;
 }
 
+bool host_has_vnni() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+bool env_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == "0";
+}
+
 }  // namespace
+
+GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type == "gpu") {
+  int8_matmul_ = !env_off("DUET_GPU_INT8_MATMUL") && int8_kernels_available();
+  int8_vnni_ = int8_matmul_ && !env_off("DUET_GPU_INT8_VNNI") && host_has_vnni();
+  if (const char* e = std::getenv("DUET_GPU_INT8_ACT_BITS"); e && *e) {
+    try {
+      set_int8_act_bits(std::stoi(e));
+    } catch (const std::logic_error&) {  // stoi's invalid_argument / out_of_range
+      throw Error(Errc::invalid_argument,
+                  std::string("DUET_GPU_INT8_ACT_BITS must be 8 or 16, not '") + e + "'");
+    }
+  }
+}
+
+GpuKernels::~GpuKernels() {
+  if (int8_rows_) clReleaseMemObject(int8_rows_);
+}
+
+// matmul_int8.cl is built for clang's x86 targets only, and only a CPU device shares the
+// host's instruction set (the VNNI kernels are chosen by the host's CPU).
+bool GpuKernels::int8_kernels_available() {
+  if (dev_.info().type != "cpu") return false;
+  try {
+    dev_.kernel("quantize_q8_act");
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+void GpuKernels::set_int8_matmul(bool on) {
+  if (on && !int8_kernels_available())
+    throw Error(Errc::unsupported, "gpu_svc: no integer matmul path on device " + dev_.info().name +
+                                       " (CPU devices on x86 only)");
+  int8_matmul_ = on;
+}
+
+void GpuKernels::set_int8_act_bits(int bits) {
+  if (bits != 8 && bits != 16)
+    throw Error(
+        Errc::invalid_argument,
+        "gpu_svc: integer matmul activation bits must be 8 or 16, not " + std::to_string(bits));
+  int8_act_bits_ = bits;
+}
+
+void GpuKernels::set_int8_vnni(bool on) {
+  if (on && !host_has_vnni())
+    throw Error(Errc::unsupported, "gpu_svc: this CPU has no AVX-512 VNNI");
+  int8_vnni_ = on;
+}
 
 const char* kernel_type_suffix(DType t) {
   switch (t) {
@@ -96,6 +162,13 @@ cl_event GpuKernels::rmsnorm(cl_mem arena, uint64_t x_off, uint32_t x_stride, ui
 
 cl_event GpuKernels::rope(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t n_heads,
                           uint32_t head_dim, float freq_base, uint64_t tok_off, TokenRange t) {
+  if (dev_.info().type == "cpu") {  // the angle once per pair and token (rope_heads)
+    cl_kernel k = dev_.kernel("rope_heads");
+    set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{head_dim}, cl_float{freq_base},
+             cl_ulong{tok_off}, cl_uint{t.begin}, cl_uint{n_heads});
+    const size_t global[2] = {head_dim / 2u, t.count()};
+    return launch("rope_heads", k, 2, global, nullptr);
+  }
   cl_kernel k = dev_.kernel("rope");
   set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{head_dim}, cl_float{freq_base},
            cl_ulong{tok_off}, cl_uint{t.begin});
@@ -126,6 +199,8 @@ cl_event GpuKernels::add(cl_mem arena, uint64_t a_off, uint32_t a_stride, uint64
 // CPU devices (PoCL): the GEMV runs one row per work-item (matmul_t1_*), the GEMM tiles of
 // kCpuGemmRows rows x kCpuGemmTokens tokens per work-item (matmul_cpu_gemm_*, matmul.cl).
 cl_event GpuKernels::matmul_cpu(cl_mem arena, const MatmulArgs& a) {
+  if (int8_matmul_ && (a.wtype == DType::Q4_0 || a.wtype == DType::Q8_0))
+    return matmul_int8(arena, a);
   constexpr size_t kCpuGemmRows = 3, kCpuGemmTokens = 6;  // CPU_GEMM_ROWS/_TOKENS in matmul.cl
   constexpr size_t kRowGroup = 16;  // work-items per work-group: PoCL runs a group per thread
   const bool gemm = a.tokens.count() > 2;
@@ -141,6 +216,55 @@ cl_event GpuKernels::matmul_cpu(cl_mem arena, const MatmulArgs& a) {
   const size_t global[2] = {round_up(items, kRowGroup),
                             (a.tokens.count() + tokens_per_item - 1) / tokens_per_item};
   const size_t local[2] = {kRowGroup, 1};
+  return launch(name.c_str(), k, 2, global, local);
+}
+
+// Two launches: quantize_q8_act writes the token rows' quantised blocks into int8_rows_ (grown on
+// demand), then matmul_i8_* reads them. The returned event is the matmul's (profiling then
+// counts the matmul only; the quantisation reads k floats per token, ~1/rows of the matmul).
+// One token takes the T = 1 kernel (no tile to fill), more the 8-token tile: the same bits.
+cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
+  const uint32_t n = a.tokens.count();
+  const size_t row_bytes = int8_row_bytes(a.k);
+  if (n == 0 || a.row_end <= a.row_begin) {
+    const size_t none[1] = {0};
+    return launch("matmul_i8", nullptr, 1, none, nullptr);
+  }
+  if (row_bytes * n > int8_rows_bytes_) {
+    if (int8_rows_) clReleaseMemObject(int8_rows_);  // queued users keep it alive
+    int8_rows_ = nullptr;
+    int8_rows_bytes_ = 0;
+    cl_int err = CL_SUCCESS;
+    const size_t bytes = row_bytes * std::max<uint32_t>(n, 64);
+    int8_rows_ = clCreateBuffer(dev_.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    check_cl(err, "clCreateBuffer(int8 rows)");
+    int8_rows_bytes_ = bytes;
+  }
+  const int bits = int8_act_bits_;
+  cl_kernel qk = dev_.kernel("quantize_q8_act");
+  set_args(qk, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.k}, cl_uint{a.tokens.begin},
+           cl_uint{a.tokens.end}, int8_rows_, cl_uint{static_cast<uint32_t>(row_bytes)},
+           cl_uint{static_cast<uint32_t>(bits)});
+  const size_t qglobal[2] = {a.k / static_cast<size_t>(kQK), n};
+  clReleaseEvent(launch("quantize_q8_act", qk, 2, qglobal, nullptr));
+
+  // 8-token tiles measured best of 8, 12 and 16 (bench/gpu/RESULTS.md).
+  constexpr size_t kRowsPerItem = 16, kTileTokens = 8;  // matmul_int8.cl
+  const size_t tokens_per_item = n == 1 ? 1 : kTileTokens;
+  const std::string name = std::string("matmul_i8_") + kernel_type_suffix(a.wtype) + "_t" +
+                           std::to_string(tokens_per_item) + (int8_vnni_ ? "_vnni" : "_portable") +
+                           "_a" + std::to_string(bits);
+  cl_kernel k = dev_.kernel(name);
+  set_args(k, a.w, cl_ulong{a.w_off}, cl_uint{a.k}, arena, cl_ulong{a.y_off}, cl_uint{a.y_stride},
+           cl_uint{a.row_begin}, cl_uint{a.row_end}, cl_uint{a.tokens.begin}, cl_uint{a.tokens.end},
+           cl_ulong{a.tok_off}, cl_int{a.rows_from_table ? 1 : 0}, int8_rows_,
+           cl_uint{static_cast<uint32_t>(row_bytes)});
+  // PoCL runs a work-group per thread: groups of 4 items (64 rows) spread a K/V projection's
+  // 512 rows over 8 groups.
+  constexpr size_t kGroup = 4;
+  const size_t items = (a.row_end - a.row_begin + kRowsPerItem - 1) / kRowsPerItem;
+  const size_t global[2] = {round_up(items, kGroup), (n + tokens_per_item - 1) / tokens_per_item};
+  const size_t local[2] = {kGroup, 1};
   return launch(name.c_str(), k, 2, global, local);
 }
 
@@ -245,7 +369,10 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
                                uint32_t out_stride, const KvArgs& kv, uint64_t tok_off,
                                uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
                                TokenRange t) {
-  cl_kernel k = dev_.kernel("attention");
+  // CPU devices: the vectorised kernel (head_dim a multiple of 16, up to ATTN_CPU_VECS * 16).
+  const bool cpu_vec = dev_.info().type == "cpu" && head_dim % 16 == 0 && head_dim <= 128;
+  const char* name = cpu_vec ? "attention_cpu" : "attention";
+  cl_kernel k = dev_.kernel(name);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   set_args(k, arena, cl_ulong{q_off}, cl_uint{q_stride}, cl_ulong{out_off}, cl_uint{out_stride},
            kv.kv, cl_ulong{kv.pages_offset}, cl_ulong{kv.page_bytes}, cl_uint{kv.page_tokens},
@@ -253,7 +380,7 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
            cl_uint{kv.page_table_cols}, cl_uint{n_heads}, cl_uint{n_kv_heads}, cl_uint{head_dim},
            cl_float{scale}, cl_uint{t.begin});
   const size_t global[2] = {n_heads, t.count()};
-  return launch("attention", k, 2, global, nullptr);
+  return launch(name, k, 2, global, nullptr);
 }
 
 }  // namespace duet::gpu

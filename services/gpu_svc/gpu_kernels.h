@@ -48,9 +48,22 @@ struct KvArgs {
   uint32_t page_table_cols = 0;
 };
 
+// Q4_0/Q8_0 matmuls on CPU devices (PoCL on x86) quantise their input rows per 32-value block
+// and run integer block dot products (kernels/matmul_int8.cl; llama.cpp's scheme): faster, and
+// batch-invariant (a token's output bits do not depend on the other tokens of the launch). On
+// by default there; the environment variable DUET_GPU_INT8_MATMUL=0 turns it off (the fp32
+// kernels of matmul.cl then run, as on every other device), DUET_GPU_INT8_VNNI=0 keeps it on
+// but uses the portable kernels instead of AVX-512 VNNI (the same bits, slower).
+// DUET_GPU_INT8_ACT_BITS: 16 (default) quantises activations to 16 bits per 32-value block
+// (two 8-bit planes, twice the dot instructions; tiny-fortune's teacher-forced top-1 agrees
+// with the reference at every clear position), 8 to llama.cpp's 8 bits (faster GEMMs; 3-6 of
+// ~285 clear positions flip there, perplexity within 1%: tests/gpu_svc/gpu_int8_model_test).
 class GpuKernels {
  public:
-  explicit GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type == "gpu") {}
+  explicit GpuKernels(ClDevice& dev);
+  ~GpuKernels();
+  GpuKernels(const GpuKernels&) = delete;
+  GpuKernels& operator=(const GpuKernels&) = delete;
   // The cooperative GEMV for up to 4 tokens (default on GPUs; tests force it on PoCL too).
   void set_coop_gemv(bool on) { coop_gemv_ = on; }
   // The shape of the fast GPU GEMV (packed Q4_0/Q8_0, aligned F16/F32): "l<lanes>r<rows>[p|x]",
@@ -61,6 +74,15 @@ class GpuKernels {
                                                   "l128r4", "l16r4p", "l16r8p", "l32r4p", "l32r8p",
                                                   "l64r4p", "l16r4x", "l16r8x", "l32r4x", "l64r4x"};
   ClDevice& device() { return dev_; }
+  // The integer matmul path (see above). Turning it on where the device has no such kernels
+  // (not a CPU device, or not x86) throws unsupported; set_int8_vnni(true) likewise where the
+  // host CPU lacks AVX-512 VNNI.
+  void set_int8_matmul(bool on);
+  bool int8_matmul() const { return int8_matmul_; }
+  void set_int8_vnni(bool on);
+  bool int8_vnni() const { return int8_vnni_; }
+  void set_int8_act_bits(int bits);  // 8 or 16; invalid_argument otherwise
+  int int8_act_bits() const { return int8_act_bits_; }
 
   // packed_rows: as MatmulArgs::packed_rows (a tied table the runner packed for Logits).
   cl_event embed(cl_mem arena, DType wtype, cl_mem w, uint64_t w_off, uint32_t cols,
@@ -89,6 +111,10 @@ class GpuKernels {
   // dst = src, 64 bytes per work-item (bytes a multiple of 64): bench/gpu's bandwidth yardstick.
   cl_event copy(cl_mem src, cl_mem dst, size_t bytes);
 
+  // Bytes of one quantised input row of k values (matmul_int8.cl: 2 planes, scales, 2 sums).
+  static size_t int8_row_bytes(uint32_t k) {
+    return (2 * size_t{k} + 12 * (k / 32) + 63) / 64 * 64;
+  }
   static constexpr uint32_t kMatmulTokensPerItem = 8;  // the prefill variant's MM_TN in matmul.cl
   static constexpr uint32_t kGemvLanes = 16;           // GEMV_LWS in matmul_gpu.cl
   static constexpr uint32_t kGemvRows = 16;            // GEMV_ROWS in matmul_gpu.cl
@@ -99,10 +125,17 @@ class GpuKernels {
   cl_event launch(const char* name, cl_kernel k, cl_uint dims, const size_t* global,
                   const size_t* local);
   cl_event gemv_gpu(cl_mem arena, const MatmulArgs& a);
-  cl_event matmul_cpu(cl_mem arena, const MatmulArgs& a);  // CPU devices (PoCL)
+  cl_event matmul_cpu(cl_mem arena, const MatmulArgs& a);   // CPU devices (PoCL)
+  cl_event matmul_int8(cl_mem arena, const MatmulArgs& a);  // their integer path
+  bool int8_kernels_available();
   ClDevice& dev_;
   bool coop_gemv_;
   std::string gemv_variant_;  // "": by shape
+  bool int8_matmul_ = false, int8_vnni_ = false;
+  int int8_act_bits_ = 16;
+  // The quantised input rows of the running matmul (one at a time: the queue is in order).
+  cl_mem int8_rows_ = nullptr;
+  size_t int8_rows_bytes_ = 0;
 };
 
 // A kernel-name suffix per weight type ("q4_0", ...); throws unsupported for others.

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/gpu_timing.h"
 #include "services/gpu_svc/gpu_profiler.h"
+#include "shm/doorbell_step.h"
 
 namespace duet::gpu {
 
@@ -15,19 +16,77 @@ GpuService::GpuService(ClDevice& dev, SocProfile soc, MemoryResolver resolver)
       runner_(dev, &soc_),
       kernels_(dev) {}
 
+GpuService::~GpuService() {
+  doorbells_.clear();  // stop serving rings before anything a step uses goes
+}
+
 msg::Bytes GpuService::register_program(const fb::Message& request) {
   const auto* body = request.body_as_RegisterProgram();
   if (!body || !body->program())
     throw Error(Errc::invalid_argument, "RegisterProgram without a program");
   fb::ProgramT program;
   body->program()->UnPackTo(&program);
-  ResolvedMemory resolved = resolver_(program);
   const auto n_ops = static_cast<uint32_t>(program.ops.size());
-  runner_.register_program(body->program_id(), std::move(program), resolved.mem);
-  memory_[body->program_id()] = std::move(resolved);
+  const bool doorbell = program.doorbell != nullptr;
+  std::unique_ptr<shm::DoorbellListener> replaced;
+  {
+    std::lock_guard lock(mu_);
+    ResolvedMemory resolved = resolver_(program);
+    replaced = attach_doorbell(program);
+    hold_flag_[body->program_id()] = program.doorbell ? program.doorbell->hold_flag() : -1;
+    runner_.register_program(body->program_id(), std::move(program), resolved.mem);
+    memory_[body->program_id()] = std::move(resolved);
+  }
+  replaced.reset();  // outside mu_: its thread may be waiting for it
   flatbuffers::FlatBufferBuilder fbb;
   return msg::finish_message(fbb, request.request_id(),
-                             fb::CreateProgramRegistered(fbb, body->program_id(), n_ops));
+                             fb::CreateProgramRegistered(fbb, body->program_id(), n_ops, doorbell));
+}
+
+std::unique_ptr<shm::DoorbellListener> GpuService::attach_doorbell(const fb::ProgramT& program) {
+  if (!program.doorbell) return nullptr;
+  if (program.flags_segment.empty())
+    throw Error(Errc::invalid_argument, "gpu_svc: a doorbell needs the program's flags segment");
+  const fb::DoorbellRef& d = *program.doorbell;
+  const shm::DoorbellRef ref{d.ring_flag(), d.report_flag(), d.region_offset(), d.slot(),
+                             d.instance()};
+  std::unique_ptr<shm::DoorbellListener>& current = doorbells_[program.flags_segment];
+  // The engine's programs share one doorbell; a new instance is a new engine (a frontend that
+  // restarted made the segment again): serve that one from now on.
+  if (current && current->instance() == ref.instance) return nullptr;
+  auto listener = std::make_unique<shm::DoorbellListener>(
+      program.flags_segment, ref,
+      [this](const shm::DoorbellRequest& r, shm::DoorbellListener::Deferred& after) {
+        return run_rung(r, after);
+      });
+  current.swap(listener);
+  return listener;
+}
+
+StepReport GpuService::execute(uint32_t program_id, const StepArgs& step,
+                               std::chrono::milliseconds deadline_ms, HeldFlag* held) {
+  auto mem = memory_.find(program_id);
+  if (mem == memory_.end())
+    throw Error(Errc::not_found, "gpu_svc: no program " + std::to_string(program_id));
+  const auto deadline = std::chrono::steady_clock::now() + deadline_ms;
+  std::unique_ptr<FlagSync> flags, preemptible;
+  if (mem->second.make_flags) flags = mem->second.make_flags(deadline, step.epoch);
+  if (step.preempt_flag >= 0) {
+    if (!flags || !mem->second.make_preemptible)
+      throw Error(Errc::unsupported,
+                  "gpu_svc: this program's memory does not support preemptible steps");
+    preemptible = mem->second.make_preemptible(*flags, step, deadline);
+  }
+  FlagSync* sync = preemptible ? preemptible.get() : flags.get();
+  std::optional<shm::HoldDoneFlag> hold;
+  if (held && sync) {
+    hold.emplace(*sync, hold_flag_[program_id]);
+    sync = &*hold;
+  }
+  StepReport r = runner_.run_step(program_id, step, deadline_ms, sync);
+  ++steps_;
+  if (held && hold) *held = hold->held();
+  return r;
 }
 
 msg::Bytes GpuService::run_step(const fb::Message& request) {
@@ -36,22 +95,9 @@ msg::Bytes GpuService::run_step(const fb::Message& request) {
   flatbuffers::FlatBufferBuilder fbb;
   try {
     const StepArgs step = msg::step_args_of(*body);
-    auto mem = memory_.find(body->program_id());
-    if (mem == memory_.end())
-      throw Error(Errc::not_found, "gpu_svc: no program " + std::to_string(body->program_id()));
-    const auto deadline_ms = std::chrono::milliseconds(body->deadline_ms());
-    const auto deadline = std::chrono::steady_clock::now() + deadline_ms;
-    std::unique_ptr<FlagSync> flags, preemptible;
-    if (mem->second.make_flags) flags = mem->second.make_flags(deadline, step.epoch);
-    if (step.preempt_flag >= 0) {
-      if (!flags || !mem->second.make_preemptible)
-        throw Error(Errc::unsupported,
-                    "gpu_svc: this program's memory does not support preemptible steps");
-      preemptible = mem->second.make_preemptible(*flags, step, deadline);
-    }
-    const StepReport r = runner_.run_step(body->program_id(), step, deadline_ms,
-                                          preemptible ? preemptible.get() : flags.get());
-    ++steps_;
+    std::lock_guard lock(mu_);
+    const StepReport r =
+        execute(body->program_id(), step, std::chrono::milliseconds(body->deadline_ms()), nullptr);
     std::vector<flatbuffers::Offset<fb::OpTime>> times;
     times.reserve(r.ops.size());
     for (const OpTiming& t : r.ops)
@@ -71,6 +117,25 @@ msg::Bytes GpuService::run_step(const fb::Message& request) {
   }
 }
 
+shm::DoorbellReport GpuService::run_rung(const shm::DoorbellRequest& request,
+                                         shm::DoorbellListener::Deferred& publish_after) {
+  // Errors are the listener's to report (code and message), as StepFailed carries them.
+  std::lock_guard lock(mu_);
+  HeldFlag held;
+  const StepReport r = execute(request.program_id, shm::step_args_of(request),
+                               std::chrono::milliseconds(request.deadline_ms), &held);
+  ++doorbell_steps_;
+  if (held) publish_after.push_back(*held);
+  shm::DoorbellReport report;
+  report.measured_us = r.measured_us;
+  report.modeled_us = r.modeled_us;
+  report.wait_us = r.wait_us;
+  report.next_op = r.next_op;
+  report.ops_run = r.ops_run;
+  report.preempted = r.preempted;
+  return report;
+}
+
 msg::Bytes GpuService::profile_op(const fb::Message& request) {
   const auto* body = request.body_as_ProfileOp();
   if (!body) throw Error(Errc::invalid_argument, "ProfileOp without a body");
@@ -88,7 +153,10 @@ msg::Bytes GpuService::profile_op(const fb::Message& request) {
   shape.n = body->n_tokens();
   const double modeled = gpu_modeled_us(soc_, shape);
   OpMeasurement measured;
-  if (!body->modeled_only()) measured = measure_op(kernels_, shape, body->reps());
+  if (!body->modeled_only()) {
+    std::lock_guard lock(mu_);  // the device's queue: never beside a step
+    measured = measure_op(kernels_, shape, body->reps());
+  }
   flatbuffers::FlatBufferBuilder fbb;
   return msg::finish_message(fbb, request.request_id(),
                              fb::CreateProfileResult(fbb, static_cast<float>(measured.median_us),
@@ -100,6 +168,7 @@ msg::Bytes GpuService::status(const fb::Message& request) {
 }
 
 nlohmann::json GpuService::status_json() const {
+  std::lock_guard lock(mu_);
   const DeviceInfo& d = dev_.info();
   nlohmann::json programs = nlohmann::json::array();
   for (const auto& [id, mem] : memory_)
@@ -122,7 +191,9 @@ nlohmann::json GpuService::status_json() const {
           {"program_cache_path", dev_.cache_path()},
           {"soc", soc_.name},
           {"programs", programs},
-          {"steps", steps_}};
+          {"steps", steps_},
+          {"doorbell_steps", doorbell_steps_},
+          {"doorbells", doorbells_.size()}};
 }
 
 }  // namespace duet::gpu

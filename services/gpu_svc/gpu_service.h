@@ -10,12 +10,17 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "core/messaging.h"
 #include "core/program.h"
 #include "core/soc_profile.h"
 #include "services/gpu_svc/gpu_runner.h"
+#include "shm/doorbell.h"
 
 namespace duet::gpu {
 
@@ -34,9 +39,13 @@ struct ResolvedMemory {
 };
 using MemoryResolver = std::function<ResolvedMemory(const fb::ProgramT&)>;
 
+// Steps arrive two ways and run one at a time: RunStep messages on the service loop (tests, the
+// in-process mode) and the step doorbell (shm/doorbell.h) of a program registered with one, on
+// the doorbell's listener thread (the stack's frontend: no ZeroMQ hop per step).
 class GpuService {
  public:
   GpuService(ClDevice& dev, SocProfile soc, MemoryResolver resolver);
+  ~GpuService();
 
   msg::Bytes register_program(const fb::Message& request);
   msg::Bytes run_step(const fb::Message& request);
@@ -48,13 +57,30 @@ class GpuService {
   GpuRunner& runner() { return runner_; }
 
  private:
+  using HeldFlag = std::optional<std::pair<uint32_t, uint64_t>>;
+  // Runs one step; with `held`, the program's hold flag (its done flag, when only the frontend
+  // waits on it) is not published but handed back there (the doorbell publishes it after the
+  // report). The caller holds mu_.
+  StepReport execute(uint32_t program_id, const StepArgs& step,
+                     std::chrono::milliseconds deadline_ms, HeldFlag* held);
+  shm::DoorbellReport run_rung(const shm::DoorbellRequest& request,
+                               shm::DoorbellListener::Deferred& publish_after);
+  // Starts the listener of a program's doorbell unless one serves it already; returns the
+  // listener it replaced (the caller destroys it once mu_ is released: it may be waiting for it).
+  std::unique_ptr<shm::DoorbellListener> attach_doorbell(const fb::ProgramT& program);
+
   ClDevice& dev_;
   SocProfile soc_;
   MemoryResolver resolver_;
   GpuRunner runner_;
   GpuKernels kernels_;
   std::map<uint32_t, ResolvedMemory> memory_;
-  uint64_t steps_ = 0;
+  std::map<uint32_t, int32_t> hold_flag_;  // each program's DoorbellRef.hold_flag (-1: none)
+  uint64_t steps_ = 0, doorbell_steps_ = 0;
+  // One step, registration or profile at a time: the loop thread and the doorbell threads.
+  mutable std::mutex mu_;
+  // By flags segment name. Last: its threads stop before anything they use goes.
+  std::map<std::string, std::unique_ptr<shm::DoorbellListener>> doorbells_;
 };
 
 }  // namespace duet::gpu

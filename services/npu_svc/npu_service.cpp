@@ -13,6 +13,7 @@
 #include "core/npu_timing.h"
 #include "core/service.h"
 #include "shm/completion_flag.h"
+#include "shm/doorbell_step.h"
 #include "shm/flag_sync.h"
 #include "shm/segment.h"
 
@@ -123,6 +124,10 @@ NpuService::NpuService(SocProfile soc, int threads, MemoryResolver resolver,
   std::sort(standard_tokens_.begin(), standard_tokens_.end());
 }
 
+NpuService::~NpuService() {
+  doorbells_.clear();  // stop serving rings before anything a step uses goes
+}
+
 msg::Bytes NpuService::register_program(const fb::Message& request) {
   const auto* body = request.body_as_RegisterProgram();
   if (!body || !body->program())
@@ -148,42 +153,106 @@ msg::Bytes NpuService::register_program(const fb::Message& request) {
     }
   }
   const uint32_t max_tokens = program.max_tokens;
-  runner_.register_program(body->program_id(), std::move(program), resolved.mem);
-  memory_[body->program_id()] = std::move(resolved);
-  for (int64_t n : standard_tokens_) {
-    if (n <= 0 || n > std::numeric_limits<uint32_t>::max()) continue;
-    const auto tokens = static_cast<uint32_t>(n);
-    for (const OpShape& shape : runner_.graph_shapes(body->program_id(), tokens, tokens))
-      graphs_.compile(shape);
-    if (n >= max_tokens) break;
+  const bool doorbell = program.doorbell != nullptr;
+  std::unique_ptr<shm::DoorbellListener> replaced;
+  {
+    std::lock_guard lock(mu_);
+    replaced = attach_doorbell(program);
+    hold_flag_[body->program_id()] = program.doorbell ? program.doorbell->hold_flag() : -1;
+    runner_.register_program(body->program_id(), std::move(program), resolved.mem);
+    memory_[body->program_id()] = std::move(resolved);
+    for (int64_t n : standard_tokens_) {
+      if (n <= 0 || n > std::numeric_limits<uint32_t>::max()) continue;
+      const auto tokens = static_cast<uint32_t>(n);
+      for (const OpShape& shape : runner_.graph_shapes(body->program_id(), tokens, tokens))
+        graphs_.compile(shape);
+      if (n >= max_tokens) break;
+    }
   }
+  replaced.reset();  // outside mu_: its thread may be waiting for it
   flatbuffers::FlatBufferBuilder fbb;
   return msg::finish_message(fbb, request.request_id(),
-                             fb::CreateProgramRegistered(fbb, body->program_id(), n_ops));
+                             fb::CreateProgramRegistered(fbb, body->program_id(), n_ops, doorbell));
+}
+
+std::unique_ptr<shm::DoorbellListener> NpuService::attach_doorbell(const fb::ProgramT& program) {
+  if (!program.doorbell) return nullptr;
+  if (program.flags_segment.empty())
+    throw Error(Errc::invalid_argument, "npu_svc: a doorbell needs the program's flags segment");
+  const fb::DoorbellRef& d = *program.doorbell;
+  const shm::DoorbellRef ref{d.ring_flag(), d.report_flag(), d.region_offset(), d.slot(),
+                             d.instance()};
+  std::unique_ptr<shm::DoorbellListener>& current = doorbells_[program.flags_segment];
+  // The engine's programs share one doorbell; a new instance is a new engine (a frontend that
+  // restarted made the segment again): serve that one from now on.
+  if (current && current->instance() == ref.instance) return nullptr;
+  auto listener = std::make_unique<shm::DoorbellListener>(
+      program.flags_segment, ref,
+      [this](const shm::DoorbellRequest& r, shm::DoorbellListener::Deferred& after) {
+        return run_rung(r, after);
+      });
+  current.swap(listener);
+  return listener;
+}
+
+StepReport NpuService::execute(uint32_t program_id, const StepArgs& step, uint32_t deadline_ms,
+                               HeldFlag* held) {
+  auto mem = memory_.find(program_id);
+  if (mem == memory_.end())
+    throw Error(Errc::not_found,
+                "npu_svc: no program " + std::to_string(program_id) + " is registered");
+  const auto deadline = Clock::now() + std::chrono::milliseconds(deadline_ms);
+  std::unique_ptr<FlagSync> flags = mem->second.make_flags(deadline, step.epoch);
+  std::unique_ptr<FlagSync> preemptible;
+  if (step.preempt_flag >= 0) {
+    if (!mem->second.make_preemptible)
+      throw Error(Errc::unsupported,
+                  "npu_svc: this program's memory does not support preemptible steps");
+    preemptible = mem->second.make_preemptible(*flags, step, deadline);
+  }
+  FlagSync* sync = preemptible ? preemptible.get() : flags.get();
+  std::optional<shm::HoldDoneFlag> hold;
+  if (held) {
+    hold.emplace(*sync, hold_flag_[program_id]);
+    sync = &*hold;
+  }
+  StepReport r = runner_.run_step(program_id, step, *sync);
+  ++steps_;
+  if (hold) *held = hold->held();
+  return r;
+}
+
+shm::DoorbellReport NpuService::run_rung(const shm::DoorbellRequest& request,
+                                         shm::DoorbellListener::Deferred& publish_after) {
+  std::lock_guard lock(mu_);
+  HeldFlag held;
+  StepReport r;
+  try {
+    r = execute(request.program_id, shm::step_args_of(request), request.deadline_ms, &held);
+  } catch (const Error&) {
+    ++failed_steps_;
+    throw;  // the listener reports its code and message, as StepFailed carries them
+  }
+  ++doorbell_steps_;
+  if (held) publish_after.push_back(*held);
+  shm::DoorbellReport report;
+  report.measured_us = r.measured_us;
+  report.modeled_us = r.modeled_us;
+  report.wait_us = r.wait_us;
+  report.next_op = r.next_op;
+  report.ops_run = r.ops_run;
+  report.preempted = r.preempted;
+  return report;
 }
 
 msg::Bytes NpuService::run_step(const fb::Message& request) {
   const auto* body = request.body_as_RunStep();
   if (!body) throw Error(Errc::invalid_argument, "RunStep without a body");
   flatbuffers::FlatBufferBuilder fbb;
+  std::lock_guard lock(mu_);
   try {
     const StepArgs step = msg::step_args_of(*body);
-    auto mem = memory_.find(body->program_id());
-    if (mem == memory_.end())
-      throw Error(Errc::not_found,
-                  "npu_svc: no program " + std::to_string(body->program_id()) + " is registered");
-    const auto deadline = Clock::now() + std::chrono::milliseconds(body->deadline_ms());
-    std::unique_ptr<FlagSync> flags = mem->second.make_flags(deadline, step.epoch);
-    std::unique_ptr<FlagSync> preemptible;
-    if (step.preempt_flag >= 0) {
-      if (!mem->second.make_preemptible)
-        throw Error(Errc::unsupported,
-                    "npu_svc: this program's memory does not support preemptible steps");
-      preemptible = mem->second.make_preemptible(*flags, step, deadline);
-    }
-    const StepReport r =
-        runner_.run_step(body->program_id(), step, preemptible ? *preemptible : *flags);
-    ++steps_;
+    const StepReport r = execute(body->program_id(), step, body->deadline_ms(), nullptr);
     std::vector<flatbuffers::Offset<fb::OpTime>> times;
     times.reserve(r.ops.size());
     for (const OpTiming& t : r.ops)
@@ -209,6 +278,7 @@ msg::Bytes NpuService::compile_graph(const fb::Message& request) {
   if (!body) throw Error(Errc::invalid_argument, "CompileGraph without a body");
   const OpShape shape = shape_of(body->kind(), body->dtype(), body->rows(), body->cols(),
                                  body->n_tokens(), "CompileGraph");
+  std::lock_guard lock(mu_);  // the graph cache: never beside a step
   const GraphCache::Compiled c = graphs_.compile(shape);
   flatbuffers::FlatBufferBuilder fbb;
   return msg::finish_message(
@@ -227,6 +297,7 @@ msg::Bytes NpuService::profile_op(const fb::Message& request) {
     throw Error(Errc::out_of_range, "ProfileOp: reps " + std::to_string(reps) + " > " +
                                         std::to_string(kMaxProfileReps));
   double measured = 0;
+  std::lock_guard lock(mu_);  // the NPU's thread pool and weights: never beside a step
   if (reps > 0) {
     const uint64_t weight_bytes = uint64_t(shape.m) * dtype_row_bytes(shape.wtype, shape.k);
     const uint64_t act_floats = uint64_t(shape.n) * uint64_t(shape.k + shape.m);
@@ -256,6 +327,7 @@ msg::Bytes NpuService::status(const fb::Message& request) {
 }
 
 nlohmann::json NpuService::status_json() const {
+  std::lock_guard lock(mu_);
   nlohmann::json graphs = nlohmann::json::array();
   for (const OpShape& s : graphs_.shapes()) graphs.push_back(op_shape_name(s));
   nlohmann::json programs = nlohmann::json::array();
@@ -274,6 +346,8 @@ nlohmann::json NpuService::status_json() const {
       {"threads", gemm_.threads()},
       {"programs", programs},
       {"steps", steps_},
+      {"doorbell_steps", doorbell_steps_},
+      {"doorbells", doorbells_.size()},
       {"failed_steps", failed_steps_}};
 }
 

@@ -11,7 +11,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/messaging.h"
@@ -20,6 +24,7 @@
 #include "services/npu_svc/graph_cache.h"
 #include "services/npu_svc/npu_gemm.h"
 #include "services/npu_svc/npu_runner.h"
+#include "shm/doorbell.h"
 
 namespace duet {
 class ServiceLoop;
@@ -50,6 +55,9 @@ MemoryResolver shm_memory_resolver();
 // HeteroInfer's standard sequence lengths: the graphs a deployment prepares offline.
 inline const std::vector<int64_t> kStandardGraphTokens = {1, 32, 64, 128, 256, 512, 1024};
 
+// Steps arrive two ways and run one at a time: RunStep messages on the service loop (tests, the
+// in-process mode) and the step doorbell (shm/doorbell.h) of a program registered with one, on
+// the doorbell's listener thread (the stack's frontend: no ZeroMQ hop per step).
 class NpuService {
  public:
   // At RegisterProgram the graphs of every op are compiled for each standard token count up to
@@ -57,6 +65,7 @@ class NpuService {
   // never in a step); steps then find them under the padding and pipe modes. Empty: none.
   NpuService(SocProfile soc, int threads, MemoryResolver resolver,
              std::vector<int64_t> standard_graph_tokens = kStandardGraphTokens);
+  ~NpuService();
 
   msg::Bytes register_program(const fb::Message& request);
   msg::Bytes run_step(const fb::Message& request);
@@ -78,9 +87,26 @@ class NpuService {
   MemoryResolver resolver_;
   std::vector<int64_t> standard_tokens_;
   std::map<uint32_t, ResolvedMemory> memory_;
-  uint64_t steps_ = 0, failed_steps_ = 0;
+  std::map<uint32_t, int32_t> hold_flag_;  // each program's DoorbellRef.hold_flag (-1: none)
+  uint64_t steps_ = 0, failed_steps_ = 0, doorbell_steps_ = 0;
   // ProfileOp's synthetic weights, kept for the next profile of the same shape.
   std::vector<uint8_t> profile_weights_;
+
+  using HeldFlag = std::optional<std::pair<uint32_t, uint64_t>>;
+  // Runs one step; with `held`, the program's hold flag (its done flag, when only the frontend
+  // waits on it) is not published but handed back there (the doorbell publishes it after the
+  // report). The caller holds mu_.
+  StepReport execute(uint32_t program_id, const StepArgs& step, uint32_t deadline_ms,
+                     HeldFlag* held);
+  shm::DoorbellReport run_rung(const shm::DoorbellRequest& request,
+                               shm::DoorbellListener::Deferred& publish_after);
+  // Starts the listener of a program's doorbell unless one serves it already; returns the
+  // listener it replaced (the caller destroys it once mu_ is released: it may be waiting for it).
+  std::unique_ptr<shm::DoorbellListener> attach_doorbell(const fb::ProgramT& program);
+  // One step, registration, compile or profile at a time: the loop thread and doorbell threads.
+  mutable std::mutex mu_;
+  // By flags segment name. Last: its threads stop before anything they use goes.
+  std::map<std::string, std::unique_ptr<shm::DoorbellListener>> doorbells_;
 };
 
 // Registers the service's handlers and status on a ServiceLoop (what npu_svc's main does).

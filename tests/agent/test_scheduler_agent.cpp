@@ -3,6 +3,7 @@
 // (longest contexts wait), aging.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 
 #include "services/frontend/scheduler.h"
@@ -118,6 +119,66 @@ TEST(AgentScheduler, ProactiveLaneIsGatedWhileReactiveRunsAgedWorkExcepted) {
   EXPECT_FALSE(s.reactive_present());
   EXPECT_EQ(seqs(s.build(64, 1002, Lane::proactive)), (std::vector<uint64_t>{2, 4, 3}));
   EXPECT_TRUE(s.build(64, 1002, Lane::main).empty());
+}
+
+// Algorithm 2 for real: with the two engines sharing one KV pool, the proactive lane's decoders
+// decode in the main lane's steps (riding): with a reactive request, up to the cap (the longest
+// context evicted) and after the reactive prefill; without one, all of them. The proactive lane
+// then runs prefill only, and a request of a parked step never rides.
+TEST(AgentScheduler, RidingProactiveDecodersJoinTheMainStepsUnderTheCap) {
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(decoding(1, Priority::reactive, 10, 1000));
+  rs.push_back(decoding(2, Priority::proactive, 400, 1000));
+  rs.push_back(decoding(3, Priority::proactive, 50, 1000));
+  rs.push_back(decoding(4, Priority::proactive, 90, 1000));
+  rs.push_back(prefilling(5, Priority::reactive, 500));
+  rs.push_back(prefilling(6, Priority::proactive, 600));
+  for (Request* r : {rs[1].get(), rs[2].get(), rs[3].get(), rs[5].get()}) r->proactive_lane = true;
+  Scheduler s(8, 8);
+  s.set_riding(true, 8);
+  admit_all(s, rs);
+  // Reactive decoder 1, reactive prefill 5, then the riders: the batch (1, 3, 4) reaches the
+  // cap of 3 and 2 (the longest context) waits. Proactive prefill 6 is not on this engine.
+  EXPECT_EQ(seqs(s.build(64, 1001, Lane::main)), (std::vector<uint64_t>{1, 5, 3, 4}));
+  // The proactive lane is gated and carries no decoder.
+  EXPECT_TRUE(s.build(64, 1001, Lane::proactive).empty());
+  // A short budget goes to the reactive work first: riders take what is left.
+  EXPECT_EQ(seqs(s.build(9, 1001, Lane::main)), (std::vector<uint64_t>{1, 5}));
+  EXPECT_EQ(seqs(s.build(10, 1001, Lane::main)), (std::vector<uint64_t>{1, 5, 3}));
+  // Reactive work done: every proactive decoder rides (no cap), the lane prefills alone.
+  for (Request* r : {rs[0].get(), rs[4].get()}) {
+    r->finish_reason = "stop";
+    s.remove(r);
+  }
+  EXPECT_EQ(seqs(s.build(64, 1002, Lane::main)), (std::vector<uint64_t>{2, 3, 4}));
+  EXPECT_EQ(seqs(s.build(64, 1002, Lane::proactive)), (std::vector<uint64_t>{6}));
+  // A decoder whose step is parked waits for that step.
+  rs[2]->in_parked_step = true;
+  EXPECT_EQ(seqs(s.build(64, 1003, Lane::main)), (std::vector<uint64_t>{2, 4}));
+}
+
+TEST(AgentScheduler, RidersNeverExceedTheMainEnginesSequencesAndTakeTurns) {
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(decoding(1, Priority::reactive, 10, 1000));  // the main lane's one request
+  for (uint64_t i = 2; i <= 4; ++i) {
+    rs.push_back(decoding(i, Priority::proactive, 20, 1000));
+    rs.back()->proactive_lane = true;
+  }
+  Scheduler s(8, 8);
+  agent::AgentConfig cfg;
+  cfg.decode_cap = 8;  // the cap is not what limits here
+  s.set_agent_config(cfg);
+  s.set_riding(true, 3);  // the main engine takes 3 sequences a step
+  admit_all(s, rs);
+  std::map<uint64_t, int> rode;
+  for (int step = 0; step < 6; ++step) {
+    const StepBatch b = s.build(64, 1001, Lane::main);
+    ASSERT_LE(b.entries.size(), 3u);
+    ASSERT_EQ(b.entries.front().seq_id, 1u);
+    for (size_t i = 1; i < b.entries.size(); ++i) ++rode[b.entries[i].seq_id];
+  }
+  // Two riders a step over six steps: each of the three rode four times.
+  EXPECT_EQ(rode, (std::map<uint64_t, int>{{2, 4}, {3, 4}, {4, 4}}));
 }
 
 TEST(AgentScheduler, QueuedReactiveWithoutASlotDoesNotStallTheProactiveLane) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include "tests/chaos/chaos_fixture.h"
 
@@ -119,8 +120,108 @@ TEST_F(AgentServingStack, ReactiveArrivalPreemptsProactivePrefillWhichResumesBit
   EXPECT_GT(preemptions, 0u) << "no reactive arrival ever landed inside a proactive step";
 }
 
+// Algorithm 2 in the serving loop: the main and the proactive engine share one KV pool, so
+// proactive requests that finished their prefill (on the proactive engine) decode in the main
+// engine's steps, with the reactive requests while those run: they keep decoding (the frontend
+// counts the shared steps, and their tokens arrive while a reactive request is in flight), never
+// more than the cap of them in a step with reactive work, their tokens equal undisturbed runs
+// and no KV byte is copied.
+TEST_F(AgentServingStack, ProactiveDecodeRidesInReactiveStepsUnderTheCap) {
+  up();
+  const int pro_tokens = 80, re_tokens = 16;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(prompt(24 + 9 * i, 20 + i));
+  const std::vector<int32_t> re_prompt = prompt(40, 30);
+  client::Client c(endpoint());
+  std::vector<std::vector<int32_t>> clean;
+  for (const auto& p : prompts) {
+    const client::GenerateResult r =
+        c.generate(request(client::Priority::proactive, p, pro_tokens), {}, 120s);
+    ASSERT_EQ(r.ids.size(), size_t(pro_tokens));
+    clean.push_back(r.ids);
+  }
+  const client::GenerateResult re_clean =
+      c.generate(request(client::Priority::reactive, re_prompt, re_tokens), {}, 60s);
+  const nlohmann::json a0 = agent_status();
+  ASSERT_TRUE(a0["riding"].get<bool>()) << "the engines do not share their KV: " << a0.dump();
+  EXPECT_GT(a0["ride_tokens"].get<uint64_t>(), 0u) << "proactive decode runs on the main engine";
+  EXPECT_EQ(a0["shared_steps"], 0) << "no proactive request ran beside a reactive one yet";
+
+  client::Client pro(endpoint()), re(endpoint());
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    index[pro.submit(request(client::Priority::proactive, prompts[i], pro_tokens))] = i;
+  // Every proactive request decoding (its prefill done on the proactive engine).
+  {
+    client::Client st(endpoint());
+    const auto deadline = Clock::now() + 60s;
+    for (;;) {
+      const nlohmann::json status = st.status();
+      ASSERT_LT(Clock::now(), deadline)
+          << "the proactive requests never all decoded: " << status.dump();
+      size_t decoding = 0;
+      for (const auto& r : status["running"])
+        if (r["priority"] == "proactive" && r["generated"].get<size_t>() > 0) ++decoding;
+      if (decoding == prompts.size()) break;
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  // Reactive requests one after another while they decode; proactive tokens that arrive while
+  // a reactive request is in flight were decoded in its steps (the proactive lane is gated).
+  std::map<size_t, client::GenerateResult> done;
+  size_t tokens_beside_reactive = 0;
+  auto take_proactive = [&](std::chrono::milliseconds wait, bool beside) {
+    auto ev = pro.next_event(wait);
+    if (!ev) return;
+    ASSERT_NE(ev->kind, client::Event::Kind::error) << ev->message;
+    if (ev->kind == client::Event::Kind::chunk && beside)
+      tokens_beside_reactive += ev->chunk.ids.size();
+    if (ev->kind == client::Event::Kind::done) done[index.at(ev->request_id)] = ev->done;
+  };
+  int reactive_sent = 0;
+  for (; reactive_sent < 3 && done.empty(); ++reactive_sent) {
+    const uint64_t id = re.submit(request(client::Priority::reactive, re_prompt, re_tokens));
+    for (;;) {
+      take_proactive(1ms, true);
+      auto ev = re.next_event(1ms);
+      if (!ev || ev->request_id != id) continue;
+      ASSERT_NE(ev->kind, client::Event::Kind::error) << ev->message;
+      if (ev->kind != client::Event::Kind::done) continue;
+      EXPECT_EQ(ev->done.ids, re_clean.ids) << "the reactive request's tokens";
+      break;
+    }
+  }
+  const auto deadline = Clock::now() + 120s;
+  while (done.size() < prompts.size() && Clock::now() < deadline) take_proactive(100ms, false);
+  ASSERT_EQ(done.size(), prompts.size()) << "proactive requests never finished";
+  for (const auto& [i, r] : done) {
+    EXPECT_EQ(r.ids, clean[i]) << "proactive request " << i << " differs from its undisturbed run";
+    EXPECT_EQ(r.stats.kv_bytes_copied, 0u);
+  }
+  const nlohmann::json a = agent_status();
+  std::printf("proactive tokens beside reactive requests: %zu; %s\n", tokens_beside_reactive,
+              a.dump().c_str());
+  // More than the one step per proactive request that may have been in flight at each arrival.
+  EXPECT_GT(tokens_beside_reactive, prompts.size() * static_cast<size_t>(reactive_sent))
+      << "proactive decode stopped while reactive work ran";
+  EXPECT_GT(a["shared_steps"].get<uint64_t>(), 0u);
+  EXPECT_GT(a["shared_tokens"].get<uint64_t>(), 0u);
+  EXPECT_GE(a["max_proactive_in_reactive_step"].get<int>(), 1);
+  EXPECT_LE(a["max_proactive_in_reactive_step"].get<int>(), a["decode_cap"].get<int>())
+      << "more proactive decoders than the cap in a step with reactive work";
+  EXPECT_FALSE(a["parked"].get<bool>());
+  EXPECT_EQ(a["engine"]["open_sequences"], 0) << "the shared pool freed every sequence";
+  EXPECT_EQ(a["engine"]["kv_pages_free"], a["engine"]["kv_pages_total"]);
+}
+
 TEST_F(AgentServingStack, ReactiveRequestsNeverPreemptEachOtherAndRunFifo) {
   up();
+  // The main engine is built by its first request (programs registered, the solver asked): not
+  // what the FIFO check measures, so a first request builds it.
+  {
+    client::Client warm(endpoint());
+    (void)warm.generate(request(client::Priority::reactive, prompt(8, 5), 2), {}, 60s);
+  }
   client::Client first(endpoint()), second(endpoint());
   const uint64_t a = first.submit(request(client::Priority::reactive, prompt(400, 3), 8));
   std::this_thread::sleep_for(5ms);

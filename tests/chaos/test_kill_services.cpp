@@ -131,8 +131,10 @@ TEST_F(FrontendKill, CliGetsClearErrorAndRestartedFrontendServesWithoutLeaks) {
     dup2(out_pipe[1], 1);
     dup2(out_pipe[1], 2);
     close(out_pipe[0]);
+    // --ignore-eos: all 200 tokens, so the stream is still going when the frontend is killed
+    // (a decode step is ~1 ms here: an EOS after ~80 tokens could end it before the kill lands).
     execl(DUET_BINARY_DIR "/bin/duet", "duet", "generate", "--stack", id_.c_str(), "--max-tokens",
-          "200", kLongPrompt.c_str(), static_cast<char*>(nullptr));
+          "200", "--ignore-eos", kLongPrompt.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   close(out_pipe[1]);

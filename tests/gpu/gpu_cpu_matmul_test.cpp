@@ -65,6 +65,8 @@ struct Case {
 TEST(GpuCpuMatmul, ExtremeScalesUnalignedRowsPartialTilesMatchReference) {
   ClDevice& dev = shared_device();
   GpuKernels kernels(dev);
+  // The fp32 kernels (tests/gpu_svc tests the integer ones).
+  kernels.set_int8_matmul(false);
   const uint32_t rows = 37, cols = 160;              // 5 blocks a row: an odd count
   const uint32_t row_begin = 2, row_end = rows - 1;  // 34 rows: not a whole number of tiles
   const uint32_t t_begin = 1;                        // the range starts inside the table

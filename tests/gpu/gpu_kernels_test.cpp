@@ -196,6 +196,7 @@ TEST_F(GpuKernelsTest, MatmulWritesOnlyItsRowAndTokenRanges) {
   std::fill(arena.at<float>(y_off), arena.at<float>(y_off) + n * rows, -7.0f);
   arena.upload();
   MatmulArgs a{DType::Q4_0, w.mem(), 0, k_in, 4096, k_in, y_off, rows, 5, 20, {3, 17}, 0, false};
+  k.set_int8_matmul(false);  // fp32 numerics here; tests/gpu_svc covers the integer kernels
   run(k.matmul(arena.mem(), a));
   k.set_coop_gemv(true);  // and the GPU GEMV on a single token of the range
   a.tokens = {16, 17};
@@ -230,6 +231,7 @@ TEST_F(GpuKernelsTest, LogitsWritesOnlyTokensWithALogitsRow) {
   std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
   arena.upload();
   MatmulArgs a{DType::Q8_0, w.mem(), 0, k_in, x_off, k_in, y_off, vocab, 0, vocab, {0, n}, 0, true};
+  k.set_int8_matmul(false);  // fp32 numerics here; tests/gpu_svc covers the integer kernels
   run(k.matmul(arena.mem(), a));
   arena.download();
   k.set_coop_gemv(true);  // the GPU GEMV: token 32 alone must land in row 0 again

@@ -1,8 +1,8 @@
 // GpuRunner runs the lead's Programs (core/program.h) for the tiny-fortune model: gpu-only, and
 // weight-split with the reference interpreter standing in for the NPU on another thread (real
 // cross-thread completion flags, published from OpenCL event callbacks). Logits match the
-// reference forward pass within 1e-3 for F16, Q8_0 and Q4_0; bad programs and steps get clear
-// errors.
+// reference forward pass within 1e-3 for F16, Q8_0 and Q4_0 (5e-3 with CPU devices' integer
+// matmul); bad programs and steps get clear errors.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -146,12 +146,16 @@ void expect_matches_reference(const LlamaModel& m, Plan plan, ClDevice& dev = sh
   const std::vector<int32_t> decode = {100, 7, 1500};
   GpuProgramRun run(m, plan, 16, std::chrono::seconds(30), dev);
   ReferenceForward ref(m, 128);
-  EXPECT_LT(max_abs_diff(run.step(prompt, 0), ref.forward(prompt, true)), 1e-3f)
+  // CPU devices run Q4_0/Q8_0 matmuls on 16-bit-quantised activations by default (integer
+  // dots, gpu_kernels.h): logits move by up to ~3e-3 there (tests/gpu_svc holds that path to
+  // the reference's top-1 and perplexity).
+  const float tol = GpuKernels(dev).int8_matmul() ? 5e-3f : 1e-3f;
+  EXPECT_LT(max_abs_diff(run.step(prompt, 0), ref.forward(prompt, true)), tol)
       << plan.name << " prefill";
   int pos = static_cast<int>(prompt.size());
   for (int32_t tok : decode) {
     std::vector<float> got = run.step({tok}, pos++);
-    EXPECT_LT(max_abs_diff(got, ref.forward(std::vector<int32_t>{tok}, false)), 1e-3f)
+    EXPECT_LT(max_abs_diff(got, ref.forward(std::vector<int32_t>{tok}, false)), tol)
         << plan.name << " decode at " << pos;
   }
 }

@@ -120,16 +120,8 @@ inline void cpu_block_q8_0(global const uchar* p, float16* lo, float16* hi) {
     const float16 d = cpu_block_scale(p);                                                         \
     return fma(fma(hi, vload16(1, x), lo * vload16(0, x)), d, acc);                               \
   }
-#define DEFINE_CPU_DOT_FLOAT(NAME)                                                            \
-  inline float16 cpu_dot_##NAME(global const uchar* p, global const float* x, float16 acc) { \
-    float16 lo, hi;                                                                           \
-    cpu_block_##NAME(p, &lo, &hi);                                                            \
-    return fma(hi, vload16(1, x), fma(lo, vload16(0, x), acc));                               \
-  }
 DEFINE_CPU_DOT_QUANT(q4_0)
 DEFINE_CPU_DOT_QUANT(q8_0)
-DEFINE_CPU_DOT_FLOAT(f16)
-DEFINE_CPU_DOT_FLOAT(f32)
 
 // GEMV (decode): one weight row and one token per work-item, walking the row's blocks in
 // order (one sequential stream per work-item: several rows per work-item interleave streams
@@ -159,8 +151,33 @@ DEFINE_CPU_DOT_FLOAT(f32)
   }
 DEFINE_MATMUL_GEMV(q4_0)
 DEFINE_MATMUL_GEMV(q8_0)
-DEFINE_MATMUL_GEMV(f16)
-DEFINE_MATMUL_GEMV(f32)
+
+// F16/F32: one accumulator, each block's two FMAs in the GEMM's order (matmul_cpu_gemm_*), so
+// a token's output has the same bits from the GEMV and from any GEMM tile (batch invariance;
+// the Q4_0/Q8_0 fp32 kernels above are not, matmul_int8.cl is).
+#define DEFINE_MATMUL_GEMV_INVARIANT(NAME)                                                         \
+  kernel void matmul_t1_##NAME(global const uchar* w, ulong w_off, uint k, global uchar* arena,      \
+                               ulong x_off, uint x_stride, ulong y_off, uint y_stride, uint row_begin, \
+                               uint row_end, uint t_begin, uint t_end, ulong tok_off,                \
+                               int rows_from_table) {                                                \
+    const uint r = row_begin + get_global_id(0);                                                     \
+    const uint t = t_begin + get_global_id(1);                                                       \
+    if (r >= row_end || t >= t_end) return;                                                          \
+    const int out_row = matmul_out_row((global const int*)(arena + tok_off), rows_from_table, t);    \
+    if (out_row < 0) return;                                                                         \
+    const uint n_blocks = k / QK;                                                                    \
+    global const uchar* wr = w + w_off + (ulong)r * n_blocks * BLOCK_BYTES_##NAME;                   \
+    global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;              \
+    float16 acc = (float16)(0.0f);                                                                   \
+    for (uint b = 0; b < n_blocks; ++b) {                                                            \
+      float16 lo, hi;                                                                                \
+      cpu_block_##NAME(wr + (ulong)b * BLOCK_BYTES_##NAME, &lo, &hi);                                \
+      acc = fma(hi, vload16(1, x + b * QK), fma(lo, vload16(0, x + b * QK), acc));                   \
+    }                                                                                                \
+    ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = sum16(acc);                    \
+  }
+DEFINE_MATMUL_GEMV_INVARIANT(f16)
+DEFINE_MATMUL_GEMV_INVARIANT(f32)
 
 // GEMM (prefill) on CPUs: a work-item owns a tile of CPU_GEMM_ROWS weight rows x
 // CPU_GEMM_TOKENS tokens (18 float16 accumulators of AVX-512's 32 registers), so each

@@ -1,0 +1,82 @@
+#pragma once
+// The step doorbell (shm/doorbell.h) in terms of program steps (core/program.h): what a RunStep
+// carries as a doorbell request and back, and the FlagSync that holds back a step's done flag
+// until the device has written its report. Header-only over core/program.h, like flag_sync.h, so
+// that shm does not depend on the program schema.
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "core/program.h"
+#include "shm/doorbell.h"
+
+namespace duet::shm {
+
+inline DoorbellRequest doorbell_request_of(uint32_t program_id, const StepArgs& s,
+                                           uint32_t deadline_ms) {
+  DoorbellRequest r;
+  r.program_id = program_id;
+  r.seq = s.seq;
+  r.n_tokens = s.n_tokens;
+  r.n_seqs = s.n_seqs;
+  r.tokens_offset = s.tokens_offset;
+  r.page_tables_offset = s.page_tables_offset;
+  r.page_table_cols = s.page_table_cols;
+  r.first_op = s.first_op;
+  r.preempt_flag = s.preempt_flag;
+  r.preempt_token = s.preempt_token;
+  r.epoch = s.epoch;
+  r.deadline_ms = deadline_ms;
+  return r;
+}
+
+inline StepArgs step_args_of(const DoorbellRequest& r) {
+  StepArgs s;
+  s.seq = r.seq;
+  s.n_tokens = r.n_tokens;
+  s.n_seqs = r.n_seqs;
+  s.tokens_offset = r.tokens_offset;
+  s.page_tables_offset = r.page_tables_offset;
+  s.page_table_cols = r.page_table_cols;
+  s.first_op = r.first_op;
+  s.preempt_flag = r.preempt_flag;
+  s.preempt_token = r.preempt_token;
+  s.epoch = r.epoch;
+  return s;
+}
+
+// Forwards to `inner` except the publish of `done_flag` (the program's last op's flag: the step
+// is done when it is published), which it keeps for the caller to publish once the step's report
+// is in shm. A runner may publish from another thread (gpu_svc's OpenCL completion callbacks):
+// held() is read after the runner returned, which waited for those.
+class HoldDoneFlag : public FlagSync {
+ public:
+  HoldDoneFlag(FlagSync& inner, int32_t done_flag) : inner_(inner), done_flag_(done_flag) {}
+  void wait(uint32_t flag, uint64_t seq, float predicted_us) override {
+    inner_.wait(flag, seq, predicted_us);
+  }
+  void publish(uint32_t flag, uint64_t seq) override {
+    if (done_flag_ >= 0 && flag == static_cast<uint32_t>(done_flag_))
+      held_seq_.store(seq + 1, std::memory_order_release);  // 0: nothing held
+    else
+      inner_.publish(flag, seq);
+  }
+  bool preempt_requested() override { return inner_.preempt_requested(); }
+  bool wait_or_preempt(uint32_t flag, uint64_t seq, float predicted_us) override {
+    return inner_.wait_or_preempt(flag, seq, predicted_us);
+  }
+  // The held publish (flag, seq), if the last op ran.
+  std::optional<std::pair<uint32_t, uint64_t>> held() const {
+    const uint64_t v = held_seq_.load(std::memory_order_acquire);
+    if (v == 0) return std::nullopt;
+    return std::make_pair(static_cast<uint32_t>(done_flag_), v - 1);
+  }
+
+ private:
+  FlagSync& inner_;
+  int32_t done_flag_;
+  std::atomic<uint64_t> held_seq_{0};
+};
+
+}  // namespace duet::shm
