@@ -296,10 +296,16 @@ void stack_down(const StackArgs& a) {
   if (!exists(run_dir))
     throw Error(Errc::not_found, "stack '" + a.stack + "' is not up (no run dir " + run_dir + ")");
   // Its supervisor died without cleaning up: let a reclaim-only supervisor remove the leftovers.
+  // The stack lock can outlive a killed supervisor by a moment (seen under load: the reclaim
+  // answers "already up" naming the dead pid), so a failed reclaim is retried until the deadline.
   std::string cmd = "'" + executable_dir() + "/duet-supervisor' --reclaim-only --stack " + a.stack +
                     " --run-dir '" + run_dir + "'";
-  int rc = std::system(cmd.c_str());
-  if (rc != 0) throw Error(Errc::io, "reclaiming stack " + a.stack + " failed: " + cmd);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.timeout_s);
+  while (std::system(cmd.c_str()) != 0) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw Error(Errc::io, "reclaiming stack " + a.stack + " failed: " + cmd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 std::string format_ms(const nlohmann::json& v) {

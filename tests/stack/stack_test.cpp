@@ -283,6 +283,12 @@ TEST_F(StackTest, DownAfterAKilledSupervisorRemovesWhatItLeft) {
   EXPECT_NE(down.out.find("reclaimed 1 segments"), std::string::npos) << down.out;
   EXPECT_FALSE(shm_exists(id_));
   EXPECT_FALSE(std::filesystem::exists(run_dir_));
+  // The services got SIGTERM when their supervisor died (PR_SET_PDEATHSIG) and shut down on their
+  // own, concurrently with `down` (a device service stops its doorbell listeners and OpenCL
+  // first): each must be gone within the deadline.
+  const auto t1 = Clock::now();
+  for (const auto& svc : s["services"])
+    while (process_alive(svc["pid"]) && Clock::now() - t1 < 5s) std::this_thread::sleep_for(10ms);
   for (const auto& svc : s["services"]) EXPECT_FALSE(process_alive(svc["pid"])) << svc["name"];
 }
 
