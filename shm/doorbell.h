@@ -154,6 +154,9 @@ class DoorbellListener {
   // out_of_range: flags or slot outside it) and starts serving rings after the current one.
   DoorbellListener(const std::string& flags_segment, DoorbellRef ref, Handler handler);
   ~DoorbellListener();  // stops the thread (after the request it runs, if any)
+  // Asks the thread to stop without waiting for it: a service closing several listeners asks
+  // them all first, so their idle slices run out together instead of one after another.
+  void request_stop() { stop_.store(true, std::memory_order_release); }
   DoorbellListener(const DoorbellListener&) = delete;
   DoorbellListener& operator=(const DoorbellListener&) = delete;
 

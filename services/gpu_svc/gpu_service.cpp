@@ -17,6 +17,8 @@ GpuService::GpuService(ClDevice& dev, SocProfile soc, MemoryResolver resolver)
       kernels_(dev) {}
 
 GpuService::~GpuService() {
+  for (auto& [segment, listener] : doorbells_)
+    if (listener) listener->request_stop();
   doorbells_.clear();  // stop serving rings before anything a step uses goes
 }
 

@@ -125,6 +125,8 @@ NpuService::NpuService(SocProfile soc, int threads, MemoryResolver resolver,
 }
 
 NpuService::~NpuService() {
+  for (auto& [segment, listener] : doorbells_)
+    if (listener) listener->request_stop();
   doorbells_.clear();  // stop serving rings before anything a step uses goes
 }
 
