@@ -5,9 +5,13 @@
 // that shm does not depend on the program schema.
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 
+#include "core/error.h"
 #include "core/program.h"
 #include "shm/doorbell.h"
 
@@ -77,6 +81,48 @@ class HoldDoneFlag : public FlagSync {
   FlagSync& inner_;
   int32_t done_flag_;
   std::atomic<uint64_t> held_seq_{0};
+};
+
+// A device service's doorbell listeners, one per engine (the engine's flags segment names it).
+class DoorbellListeners {
+ public:
+  DoorbellListeners() = default;
+  DoorbellListeners(const DoorbellListeners&) = delete;
+  DoorbellListeners& operator=(const DoorbellListeners&) = delete;
+  ~DoorbellListeners() { stop_all(); }
+
+  // Serves `program`'s doorbell with `handler` (a program without one: nothing to do). The
+  // engine's programs share one doorbell; a new instance is a new engine (a frontend that
+  // restarted made the segment again): serve that one from now on. Returns the listener it
+  // replaced, for the caller to destroy outside its lock (its thread may be waiting for it).
+  std::unique_ptr<DoorbellListener> attach(const fb::ProgramT& program, const std::string& service,
+                                           DoorbellListener::Handler handler) {
+    if (!program.doorbell) return nullptr;
+    if (program.flags_segment.empty())
+      throw Error(Errc::invalid_argument,
+                  service + ": a doorbell needs the program's flags segment");
+    const fb::DoorbellRef& d = *program.doorbell;
+    const DoorbellRef ref{d.ring_flag(), d.report_flag(), d.region_offset(), d.slot(),
+                          d.instance()};
+    std::unique_ptr<DoorbellListener>& current = listeners_[program.flags_segment];
+    if (current && current->instance() == ref.instance) return nullptr;
+    auto listener =
+        std::make_unique<DoorbellListener>(program.flags_segment, ref, std::move(handler));
+    current.swap(listener);
+    return listener;
+  }
+
+  // Asks every listener to stop before joining any, so their idle slices run out together.
+  void stop_all() {
+    for (auto& entry : listeners_)
+      if (entry.second) entry.second->request_stop();
+    listeners_.clear();
+  }
+
+  size_t size() const { return listeners_.size(); }
+
+ private:
+  std::map<std::string, std::unique_ptr<DoorbellListener>> listeners_;
 };
 
 }  // namespace duet::shm

@@ -20,7 +20,7 @@
 #include "core/program.h"
 #include "core/soc_profile.h"
 #include "services/gpu_svc/gpu_runner.h"
-#include "shm/doorbell.h"
+#include "shm/doorbell_step.h"
 
 namespace duet::gpu {
 
@@ -65,9 +65,6 @@ class GpuService {
                      std::chrono::milliseconds deadline_ms, HeldFlag* held);
   shm::DoorbellReport run_rung(const shm::DoorbellRequest& request,
                                shm::DoorbellListener::Deferred& publish_after);
-  // Starts the listener of a program's doorbell unless one serves it already; returns the
-  // listener it replaced (the caller destroys it once mu_ is released: it may be waiting for it).
-  std::unique_ptr<shm::DoorbellListener> attach_doorbell(const fb::ProgramT& program);
 
   ClDevice& dev_;
   SocProfile soc_;
@@ -80,7 +77,7 @@ class GpuService {
   // One step, registration or profile at a time: the loop thread and the doorbell threads.
   mutable std::mutex mu_;
   // By flags segment name. Last: its threads stop before anything they use goes.
-  std::map<std::string, std::unique_ptr<shm::DoorbellListener>> doorbells_;
+  shm::DoorbellListeners doorbells_;
 };
 
 }  // namespace duet::gpu

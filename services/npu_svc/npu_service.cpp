@@ -125,9 +125,7 @@ NpuService::NpuService(SocProfile soc, int threads, MemoryResolver resolver,
 }
 
 NpuService::~NpuService() {
-  for (auto& [segment, listener] : doorbells_)
-    if (listener) listener->request_stop();
-  doorbells_.clear();  // stop serving rings before anything a step uses goes
+  doorbells_.stop_all();  // stop serving rings before anything a step uses goes
 }
 
 msg::Bytes NpuService::register_program(const fb::Message& request) {
@@ -159,7 +157,11 @@ msg::Bytes NpuService::register_program(const fb::Message& request) {
   std::unique_ptr<shm::DoorbellListener> replaced;
   {
     std::lock_guard lock(mu_);
-    replaced = attach_doorbell(program);
+    replaced = doorbells_.attach(
+        program, "npu_svc",
+        [this](const shm::DoorbellRequest& r, shm::DoorbellListener::Deferred& after) {
+          return run_rung(r, after);
+        });
     hold_flag_[body->program_id()] = program.doorbell ? program.doorbell->hold_flag() : -1;
     runner_.register_program(body->program_id(), std::move(program), resolved.mem);
     memory_[body->program_id()] = std::move(resolved);
@@ -175,26 +177,6 @@ msg::Bytes NpuService::register_program(const fb::Message& request) {
   flatbuffers::FlatBufferBuilder fbb;
   return msg::finish_message(fbb, request.request_id(),
                              fb::CreateProgramRegistered(fbb, body->program_id(), n_ops, doorbell));
-}
-
-std::unique_ptr<shm::DoorbellListener> NpuService::attach_doorbell(const fb::ProgramT& program) {
-  if (!program.doorbell) return nullptr;
-  if (program.flags_segment.empty())
-    throw Error(Errc::invalid_argument, "npu_svc: a doorbell needs the program's flags segment");
-  const fb::DoorbellRef& d = *program.doorbell;
-  const shm::DoorbellRef ref{d.ring_flag(), d.report_flag(), d.region_offset(), d.slot(),
-                             d.instance()};
-  std::unique_ptr<shm::DoorbellListener>& current = doorbells_[program.flags_segment];
-  // The engine's programs share one doorbell; a new instance is a new engine (a frontend that
-  // restarted made the segment again): serve that one from now on.
-  if (current && current->instance() == ref.instance) return nullptr;
-  auto listener = std::make_unique<shm::DoorbellListener>(
-      program.flags_segment, ref,
-      [this](const shm::DoorbellRequest& r, shm::DoorbellListener::Deferred& after) {
-        return run_rung(r, after);
-      });
-  current.swap(listener);
-  return listener;
 }
 
 StepReport NpuService::execute(uint32_t program_id, const StepArgs& step, uint32_t deadline_ms,

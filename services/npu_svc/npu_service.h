@@ -24,7 +24,7 @@
 #include "services/npu_svc/graph_cache.h"
 #include "services/npu_svc/npu_gemm.h"
 #include "services/npu_svc/npu_runner.h"
-#include "shm/doorbell.h"
+#include "shm/doorbell_step.h"
 
 namespace duet {
 class ServiceLoop;
@@ -100,13 +100,10 @@ class NpuService {
                      HeldFlag* held);
   shm::DoorbellReport run_rung(const shm::DoorbellRequest& request,
                                shm::DoorbellListener::Deferred& publish_after);
-  // Starts the listener of a program's doorbell unless one serves it already; returns the
-  // listener it replaced (the caller destroys it once mu_ is released: it may be waiting for it).
-  std::unique_ptr<shm::DoorbellListener> attach_doorbell(const fb::ProgramT& program);
   // One step, registration, compile or profile at a time: the loop thread and doorbell threads.
   mutable std::mutex mu_;
   // By flags segment name. Last: its threads stop before anything they use goes.
-  std::map<std::string, std::unique_ptr<shm::DoorbellListener>> doorbells_;
+  shm::DoorbellListeners doorbells_;
 };
 
 // Registers the service's handlers and status on a ServiceLoop (what npu_svc's main does).
