@@ -177,6 +177,13 @@ StepArgs step_args_of(const fb::RunStep& body) {
   return step;
 }
 
+Bytes make_step_failed(uint64_t request_id, const fb::RunStep& body, const Error& e) {
+  flatbuffers::FlatBufferBuilder fbb;
+  return finish_message(fbb, request_id,
+                        fb::CreateStepFailedDirect(fbb, body.program_id(), body.step_seq(),
+                                                   to_fb_code(e.code()), e.what()));
+}
+
 void throw_if_error(const fb::Message& m) {
   if (const auto* e = m.body_as_ErrorReply()) {
     std::string text = e->message() ? e->message()->str() : "(no message)";

@@ -66,6 +66,25 @@ Bytes make_client_error(uint64_t request_id, Errc code, const std::string& messa
 // when it names no token table or page tables. Every device service reads RunStep this way.
 StepArgs step_args_of(const fb::RunStep& body);
 
+// The StepDone a device service answers a RunStep with, from its runner's report (gpu_svc's and
+// npu_svc's StepReport differ in extra fields, not in these), and the StepFailed for an error.
+template <class Report>
+Bytes make_step_done(uint64_t request_id, const fb::RunStep& body, const Report& r) {
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<fb::OpTime>> times;
+  times.reserve(r.ops.size());
+  for (const auto& t : r.ops)
+    times.push_back(fb::CreateOpTime(fbb, t.op_index, static_cast<float>(t.measured_us),
+                                     static_cast<float>(t.modeled_us)));
+  return finish_message(
+      fbb, request_id,
+      fb::CreateStepDoneDirect(fbb, body.program_id(), body.step_seq(),
+                               static_cast<float>(r.measured_us), static_cast<float>(r.modeled_us),
+                               static_cast<float>(r.wait_us), &times, r.next_op, r.preempted,
+                               r.ops_run));
+}
+Bytes make_step_failed(uint64_t request_id, const fb::RunStep& body, const Error& e);
+
 // Throws the ErrorReply carried by `m` as duet::Error (same code and message); no-op otherwise.
 void throw_if_error(const fb::Message& m);
 

@@ -50,6 +50,20 @@ inline StepArgs step_args_of(const DoorbellRequest& r) {
   return s;
 }
 
+// The doorbell report of a runner's step report (gpu_svc's and npu_svc's StepReport share these
+// fields).
+template <class Report>
+DoorbellReport doorbell_report_of(const Report& r) {
+  DoorbellReport report;
+  report.measured_us = r.measured_us;
+  report.modeled_us = r.modeled_us;
+  report.wait_us = r.wait_us;
+  report.next_op = r.next_op;
+  report.ops_run = r.ops_run;
+  report.preempted = r.preempted;
+  return report;
+}
+
 // Forwards to `inner` except the publish of `done_flag` (the program's last op's flag: the step
 // is done when it is published), which it keeps for the caller to publish once the step's report
 // is in shm. A runner may publish from another thread (gpu_svc's OpenCL completion callbacks):

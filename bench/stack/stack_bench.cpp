@@ -16,9 +16,9 @@
 #include "core/error.h"
 #include "core/model.h"
 #include "core/soc_profile.h"
+#include "services/device/program_memory.h"
 #include "services/frontend/program_engine.h"
 #include "services/gpu_svc/gpu_service.h"
-#include "services/gpu_svc/shm_memory.h"
 #include "services/npu_svc/npu_service.h"
 
 namespace {
@@ -81,8 +81,8 @@ Result run_in_process(const std::string& model_path, const std::string& plan, in
                       const std::vector<int32_t>& prompt, int max_tokens, bool ignore_eos) {
   using namespace duet;
   const SocProfile soc = load_soc_profile("sd8gen3");
-  gpu::GpuService gpu(gpu::shared_device(), soc, gpu::ShmMemoryResolver{});
-  npu::NpuService npu(soc, 0, npu::shm_memory_resolver());
+  gpu::GpuService gpu(gpu::shared_device(), soc, ShmMemoryResolver("gpu_svc"));
+  npu::NpuService npu(soc, 0, ShmMemoryResolver("npu_svc"));
   frontend::ProgramEngineOptions o;
   o.model_path = model_path;
   o.stack_id = "benchinproc" + std::to_string(getpid());

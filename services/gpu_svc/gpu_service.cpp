@@ -76,28 +76,14 @@ StepReport GpuService::execute(uint32_t program_id, const StepArgs& step,
 msg::Bytes GpuService::run_step(const fb::Message& request) {
   const auto* body = request.body_as_RunStep();
   if (!body) throw Error(Errc::invalid_argument, "RunStep without a body");
-  flatbuffers::FlatBufferBuilder fbb;
   try {
     const StepArgs step = msg::step_args_of(*body);
     std::lock_guard lock(mu_);
     const StepReport r =
         execute(body->program_id(), step, std::chrono::milliseconds(body->deadline_ms()), nullptr);
-    std::vector<flatbuffers::Offset<fb::OpTime>> times;
-    times.reserve(r.ops.size());
-    for (const OpTiming& t : r.ops)
-      times.push_back(fb::CreateOpTime(fbb, t.op_index, static_cast<float>(t.measured_us),
-                                       static_cast<float>(t.modeled_us)));
-    return msg::finish_message(
-        fbb, request.request_id(),
-        fb::CreateStepDoneDirect(fbb, body->program_id(), body->step_seq(),
-                                 static_cast<float>(r.measured_us),
-                                 static_cast<float>(r.modeled_us), static_cast<float>(r.wait_us),
-                                 &times, r.next_op, r.preempted, r.ops_run));
+    return msg::make_step_done(request.request_id(), *body, r);
   } catch (const Error& e) {
-    fbb.Clear();
-    return msg::finish_message(fbb, request.request_id(),
-                               fb::CreateStepFailedDirect(fbb, body->program_id(), body->step_seq(),
-                                                          msg::to_fb_code(e.code()), e.what()));
+    return msg::make_step_failed(request.request_id(), *body, e);
   }
 }
 
@@ -110,14 +96,7 @@ shm::DoorbellReport GpuService::run_rung(const shm::DoorbellRequest& request,
                                std::chrono::milliseconds(request.deadline_ms), &held);
   ++doorbell_steps_;
   if (held) publish_after.push_back(*held);
-  shm::DoorbellReport report;
-  report.measured_us = r.measured_us;
-  report.modeled_us = r.modeled_us;
-  report.wait_us = r.wait_us;
-  report.next_op = r.next_op;
-  report.ops_run = r.ops_run;
-  report.preempted = r.preempted;
-  return report;
+  return shm::doorbell_report_of(r);
 }
 
 msg::Bytes GpuService::profile_op(const fb::Message& request) {

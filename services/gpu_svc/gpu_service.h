@@ -19,25 +19,11 @@
 #include "core/messaging.h"
 #include "core/program.h"
 #include "core/soc_profile.h"
+#include "services/device/program_memory.h"
 #include "services/gpu_svc/gpu_runner.h"
 #include "shm/doorbell_step.h"
 
 namespace duet::gpu {
-
-struct ResolvedMemory {
-  ProgramMemory mem;
-  // Flags for one step, waiting at most until the deadline under the epoch the step was issued
-  // under (0: the current one); throws for a step issued under an older epoch.
-  std::function<std::unique_ptr<FlagSync>(std::chrono::steady_clock::time_point deadline,
-                                          uint64_t issued_epoch)>
-      make_flags;
-  // Preemption: wraps a step's flags for a preemptible RunStep (empty: not supported).
-  std::function<std::unique_ptr<FlagSync>(FlagSync& inner, const StepArgs& step,
-                                          std::chrono::steady_clock::time_point deadline)>
-      make_preemptible;
-  std::shared_ptr<void> keep_alive;  // mappings that must outlive the program
-};
-using MemoryResolver = std::function<ResolvedMemory(const fb::ProgramT&)>;
 
 // Steps arrive two ways and run one at a time: RunStep messages on the service loop (tests, the
 // in-process mode) and the step doorbell (shm/doorbell.h) of a program registered with one, on

@@ -4,15 +4,15 @@
 
 #include "core/service.h"
 #include "core/soc_profile.h"
+#include "services/device/program_memory.h"
 #include "services/gpu_svc/gpu_service.h"
-#include "services/gpu_svc/shm_memory.h"
 
 int main(int argc, char** argv) {
   std::unique_ptr<duet::gpu::GpuService> service;
   return duet::service_main(argc, argv, duet::ServiceId::gpu, [&](duet::ServiceLoop& loop) {
     auto& device = duet::gpu::shared_device();
     service = std::make_unique<duet::gpu::GpuService>(
-        device, duet::load_soc_profile(loop.options().soc), duet::gpu::ShmMemoryResolver{});
+        device, duet::load_soc_profile(loop.options().soc), duet::ShmMemoryResolver("gpu_svc"));
     loop.log().info(
         "OpenCL device {} ({}), {} compute units, copies: {}, program binary {} in {:.0f} ms",
         device.info().name, device.info().type, device.info().compute_units, !device.zero_copy(),

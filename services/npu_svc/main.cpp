@@ -11,7 +11,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<duet::npu::NpuService> service;
   return duet::service_main(argc, argv, duet::ServiceId::npu, [&](duet::ServiceLoop& loop) {
     service = std::make_unique<duet::npu::NpuService>(duet::load_soc_profile(loop.options().soc), 0,
-                                                      duet::npu::shm_memory_resolver());
+                                                      duet::ShmMemoryResolver("npu_svc"));
     const duet::SocProfile& soc = service->graphs().soc();
     loop.log().info("NPU emulator: profile {} ({}), {} x {}x{} arrays at {} GHz, {} host threads",
                     soc.name, soc.path, soc.npu.cores, soc.npu.array_rows, soc.npu.array_cols,

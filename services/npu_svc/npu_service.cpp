@@ -1,5 +1,4 @@
 #include "services/npu_svc/npu_service.h"
-#include "core/model_access.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,13 +8,9 @@
 
 #include "core/error.h"
 #include "core/fp16.h"
-#include "core/gguf.h"
 #include "core/npu_timing.h"
 #include "core/service.h"
-#include "shm/completion_flag.h"
 #include "shm/doorbell_step.h"
-#include "shm/flag_sync.h"
-#include "shm/segment.h"
 
 namespace duet::npu {
 namespace {
@@ -73,45 +68,6 @@ void fill_weights(std::vector<uint8_t>& bytes, DType type, int64_t rows, int64_t
 }
 
 }  // namespace
-
-MemoryResolver shm_memory_resolver() {
-  return [](const fb::ProgramT& program) {
-    struct Mapped {
-      shm::Segment arena, kv, flags;
-      shm::FlagTable table;
-      std::unique_ptr<GgufFile> model;
-    };
-    auto mapped = std::make_shared<Mapped>();
-    mapped->arena = shm::Segment::open(program.arena_segment);
-    mapped->kv = shm::Segment::open(program.kv_segment);
-    check_model_path(program.model_path);  // a peer names it: only configured dirs
-    mapped->model = GgufFile::open(program.model_path);
-    if (!program.flags_segment.empty()) {
-      mapped->flags = shm::Segment::open(program.flags_segment);
-      mapped->table = shm::FlagTable::attach(mapped->flags);
-    }
-    ResolvedMemory r;
-    r.mem = {mapped->arena.data(), mapped->arena.size(),  mapped->kv.data(),
-             mapped->kv.size(),    mapped->model->data(), mapped->model->size()};
-    const shm::FlagTable* table = mapped->flags.valid() ? &mapped->table : nullptr;
-    const std::string segment = program.flags_segment;
-    r.make_flags = [table, segment](Clock::time_point deadline,
-                                    uint64_t issued_epoch) -> std::unique_ptr<FlagSync> {
-      if (!table) throw Error(Errc::invalid_argument, "program names no flags segment");
-      return std::make_unique<shm::ShmFlagSync>(*table, deadline,
-                                                shm::epoch_for_step(*table, issued_epoch));
-    };
-    // Preemption: a preempt flag past the programs' own flags may be named by a RunStep.
-    r.make_preemptible = [table](FlagSync& inner, const StepArgs& step,
-                                 Clock::time_point deadline) -> std::unique_ptr<FlagSync> {
-      if (!table) throw Error(Errc::invalid_argument, "program names no flags segment");
-      return shm::make_preemptible_flags(*table, inner, step, deadline, "npu");
-    };
-    r.keep_alive = mapped;
-    r.n_flags = table ? table->size() : 0;
-    return r;
-  };
-}
 
 NpuService::NpuService(SocProfile soc, int threads, MemoryResolver resolver,
                        std::vector<int64_t> standard_graph_tokens)
@@ -186,6 +142,9 @@ StepReport NpuService::execute(uint32_t program_id, const StepArgs& step, uint32
     throw Error(Errc::not_found,
                 "npu_svc: no program " + std::to_string(program_id) + " is registered");
   const auto deadline = Clock::now() + std::chrono::milliseconds(deadline_ms);
+  if (!mem->second.make_flags)
+    throw Error(Errc::invalid_argument,
+                "npu_svc: program " + std::to_string(program_id) + " names no flags segment");
   std::unique_ptr<FlagSync> flags = mem->second.make_flags(deadline, step.epoch);
   std::unique_ptr<FlagSync> preemptible;
   if (step.preempt_flag >= 0) {
@@ -219,41 +178,20 @@ shm::DoorbellReport NpuService::run_rung(const shm::DoorbellRequest& request,
   }
   ++doorbell_steps_;
   if (held) publish_after.push_back(*held);
-  shm::DoorbellReport report;
-  report.measured_us = r.measured_us;
-  report.modeled_us = r.modeled_us;
-  report.wait_us = r.wait_us;
-  report.next_op = r.next_op;
-  report.ops_run = r.ops_run;
-  report.preempted = r.preempted;
-  return report;
+  return shm::doorbell_report_of(r);
 }
 
 msg::Bytes NpuService::run_step(const fb::Message& request) {
   const auto* body = request.body_as_RunStep();
   if (!body) throw Error(Errc::invalid_argument, "RunStep without a body");
-  flatbuffers::FlatBufferBuilder fbb;
   std::lock_guard lock(mu_);
   try {
     const StepArgs step = msg::step_args_of(*body);
     const StepReport r = execute(body->program_id(), step, body->deadline_ms(), nullptr);
-    std::vector<flatbuffers::Offset<fb::OpTime>> times;
-    times.reserve(r.ops.size());
-    for (const OpTiming& t : r.ops)
-      times.push_back(fb::CreateOpTime(fbb, t.op_index, static_cast<float>(t.measured_us),
-                                       static_cast<float>(t.modeled_us)));
-    return msg::finish_message(
-        fbb, request.request_id(),
-        fb::CreateStepDoneDirect(fbb, body->program_id(), body->step_seq(),
-                                 static_cast<float>(r.measured_us),
-                                 static_cast<float>(r.modeled_us), static_cast<float>(r.wait_us),
-                                 &times, r.next_op, r.preempted, r.ops_run));
+    return msg::make_step_done(request.request_id(), *body, r);
   } catch (const Error& e) {
     ++failed_steps_;
-    fbb.Clear();
-    return msg::finish_message(fbb, request.request_id(),
-                               fb::CreateStepFailedDirect(fbb, body->program_id(), body->step_seq(),
-                                                          msg::to_fb_code(e.code()), e.what()));
+    return msg::make_step_failed(request.request_id(), *body, e);
   }
 }
 

@@ -21,6 +21,7 @@
 #include "core/messaging.h"
 #include "core/program.h"
 #include "core/soc_profile.h"
+#include "services/device/program_memory.h"
 #include "services/npu_svc/graph_cache.h"
 #include "services/npu_svc/npu_gemm.h"
 #include "services/npu_svc/npu_runner.h"
@@ -31,26 +32,6 @@ class ServiceLoop;
 }
 
 namespace duet::npu {
-
-struct ResolvedMemory {
-  ProgramMemory mem;
-  // Flags for one step, waiting at most until the deadline under the epoch the step was issued
-  // under (0: the current one); throws for a step issued under an older epoch.
-  std::function<std::unique_ptr<FlagSync>(std::chrono::steady_clock::time_point deadline,
-                                          uint64_t issued_epoch)>
-      make_flags;
-  // Preemption: wraps a step's flags for a preemptible RunStep (empty: not supported).
-  std::function<std::unique_ptr<FlagSync>(FlagSync& inner, const StepArgs& step,
-                                          std::chrono::steady_clock::time_point deadline)>
-      make_preemptible;
-  std::shared_ptr<void> keep_alive;  // mappings that must outlive the program
-  uint32_t n_flags = 0;              // flags in the table (0: unknown, indices not checked)
-};
-using MemoryResolver = std::function<ResolvedMemory(const fb::ProgramT&)>;
-
-// Opens the program's arena, KV and flags segments (shm, by name) and mmaps its model file.
-// Throws Error(not_found) naming a segment or file that does not exist.
-MemoryResolver shm_memory_resolver();
 
 // HeteroInfer's standard sequence lengths: the graphs a deployment prepares offline.
 inline const std::vector<int64_t> kStandardGraphTokens = {1, 32, 64, 128, 256, 512, 1024};

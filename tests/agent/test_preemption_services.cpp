@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "core/soc_profile.h"
+#include "services/device/program_memory.h"
 #include "services/frontend/program_engine.h"
 #include "services/gpu_svc/gpu_service.h"
-#include "services/gpu_svc/shm_memory.h"
 #include "services/npu_svc/npu_service.h"
 
 namespace duet::frontend {
@@ -22,8 +22,8 @@ TEST(AgentPreemptionOnServices, ResumedPrefillMatchesAndRunsEveryOpOnce) {
   const std::string model =
       std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-q8_0.gguf";
   const SocProfile soc = load_soc_profile("sd8gen3");
-  gpu::GpuService gpu(gpu::shared_device(), soc, gpu::ShmMemoryResolver{});
-  npu::NpuService npu(soc, 0, npu::shm_memory_resolver());
+  gpu::GpuService gpu(gpu::shared_device(), soc, ShmMemoryResolver("gpu_svc"));
+  npu::NpuService npu(soc, 0, ShmMemoryResolver("npu_svc"));
   ProgramEngineOptions o;
   o.model_path = model;
   o.stack_id = "agentsvc" + std::to_string(getpid());

@@ -169,7 +169,10 @@ TEST_F(FrontendTest, SilentClientWithoutKeepAlivesIsReaped) {
     return j["metrics"]["requests"]["reaped"] == 1 && j["engine"]["open_seqs"] == 0;
   });
   EXPECT_EQ(s["metrics"]["requests"]["completed"], 0);
-  // The same request with its KeepAlives (the client sends them while it waits) completes.
+  // The same request with its KeepAlives (the client sends them while it waits) completes. A
+  // roomier period: a client thread held off the CPU for 80 ms (3 periods + 20 ms) on a loaded
+  // machine would be reaped too.
+  req.heartbeat_ms = 500;
   EXPECT_EQ(c->generate(req).ids, reference_greedy(req.prompt_ids, 4));
 }
 

@@ -20,9 +20,9 @@
 
 #include "core/model.h"
 #include "core/soc_profile.h"
+#include "services/device/program_memory.h"
 #include "services/frontend/program_engine.h"
 #include "services/gpu_svc/gpu_service.h"
-#include "services/gpu_svc/shm_memory.h"
 #include "services/npu_svc/npu_service.h"
 
 namespace duet {
@@ -55,11 +55,12 @@ class GpuOnly {
   GpuOnly(const std::string& variant, Path path) : soc_(load_soc_profile("sd8gen3")) {
     if (path == Path::kFp32) setenv("DUET_GPU_INT8_MATMUL", "0", 1);
     if (path == Path::kAct8) setenv("DUET_GPU_INT8_ACT_BITS", "8", 1);
-    gpu_ = std::make_unique<gpu::GpuService>(gpu::shared_device(), soc_, gpu::ShmMemoryResolver{});
+    gpu_ =
+        std::make_unique<gpu::GpuService>(gpu::shared_device(), soc_, ShmMemoryResolver("gpu_svc"));
     unsetenv("DUET_GPU_INT8_MATMUL");
     unsetenv("DUET_GPU_INT8_ACT_BITS");
     const bool int8 = path != Path::kFp32;
-    npu_ = std::make_unique<npu::NpuService>(soc_, 0, npu::shm_memory_resolver());
+    npu_ = std::make_unique<npu::NpuService>(soc_, 0, ShmMemoryResolver("npu_svc"));
     const std::string file = data_dir() + "fortune-" + variant + ".gguf";
     frontend::ProgramEngineOptions o;
     o.model_path = file;

@@ -32,7 +32,7 @@ class NpuServiceLoopTest : public ::testing::Test {
     o.handle_signals = false;
     loop_ = std::make_unique<ServiceLoop>(o);
     service_ =
-        std::make_unique<npu::NpuService>(load_soc_profile(o.soc), 1, npu::shm_memory_resolver());
+        std::make_unique<npu::NpuService>(load_soc_profile(o.soc), 1, ShmMemoryResolver("npu_svc"));
     npu::register_handlers(*loop_, *service_);
     thread_ = std::thread([this] { loop_->run(); });
     client_ = std::make_unique<msg::RequestClient>(

@@ -84,7 +84,7 @@ class ServiceFixture : public ::testing::Test {
     auto* pt = reinterpret_cast<int32_t*>(arena_.data() + built_.arena.page_tables);
     for (uint32_t i = 0; i < built_.max_pages_per_seq; ++i) pt[i] = static_cast<int32_t>(i);
     service_ = std::make_unique<npu::NpuService>(load_soc_profile("sd8gen3"), 2,
-                                                 npu::shm_memory_resolver());
+                                                 ShmMemoryResolver("npu_svc"));
   }
 
   msg::Bytes register_npu(uint32_t id, const fb::ProgramT& program) {

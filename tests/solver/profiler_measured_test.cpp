@@ -29,13 +29,12 @@ class MeasuredProfile : public ::testing::Test {
     setenv("DUET_CACHE_DIR", (root_ + "/cache").c_str(), 1);
     const SocProfile soc = load_soc_profile("sd8gen3");
     gpu_ = std::make_unique<gpu::GpuService>(
-        gpu::shared_device(), soc, [](const fb::ProgramT&) -> gpu::ResolvedMemory {
+        gpu::shared_device(), soc, [](const fb::ProgramT&) -> ResolvedMemory {
           throw Error(Errc::unsupported, "no programs in this test");
         });
-    npu_ =
-        std::make_unique<npu::NpuService>(soc, 2, [](const fb::ProgramT&) -> npu::ResolvedMemory {
-          throw Error(Errc::unsupported, "no programs in this test");
-        });
+    npu_ = std::make_unique<npu::NpuService>(soc, 2, [](const fb::ProgramT&) -> ResolvedMemory {
+      throw Error(Errc::unsupported, "no programs in this test");
+    });
     gpu_loop_ = loop(ServiceId::gpu);
     npu_loop_ = loop(ServiceId::npu);
     gpu::GpuService* g = gpu_.get();

@@ -1,13 +1,17 @@
-#include "services/gpu_svc/shm_memory.h"
-#include "core/model_access.h"
+#include "services/device/program_memory.h"
+
+#include <map>
+#include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "core/gguf.h"
+#include "core/model_access.h"
 #include "shm/completion_flag.h"
 #include "shm/flag_sync.h"
 #include "shm/segment.h"
 
-namespace duet::gpu {
+namespace duet {
 
 struct ShmMemoryResolver::Mappings {
   std::map<std::string, std::shared_ptr<shm::Segment>> segments;
@@ -28,7 +32,7 @@ struct ShmMemoryResolver::Mappings {
 
 namespace {
 
-// A step's view of the flags table: ShmFlagSync plus the mappings it points into.
+// A step's view of the flags table: ShmFlagSync plus the mapping it points into.
 class StepFlags : public FlagSync {
  public:
   StepFlags(std::shared_ptr<shm::FlagTable> table, std::chrono::steady_clock::time_point deadline,
@@ -47,7 +51,8 @@ class StepFlags : public FlagSync {
 
 }  // namespace
 
-ShmMemoryResolver::ShmMemoryResolver() : mappings_(std::make_shared<Mappings>()) {}
+ShmMemoryResolver::ShmMemoryResolver(const char* who)
+    : mappings_(std::make_shared<Mappings>()), who_(who) {}
 
 ResolvedMemory ShmMemoryResolver::operator()(const fb::ProgramT& program) {
   if (program.arena_segment.empty() || program.model_path.empty())
@@ -74,18 +79,20 @@ ResolvedMemory ShmMemoryResolver::operator()(const fb::ProgramT& program) {
     shm::Segment& flags_segment = m.segment(program.flags_segment);  // current object first
     auto& table = m.flag_tables[program.flags_segment];
     if (!table) table = std::make_shared<shm::FlagTable>(shm::FlagTable::attach(flags_segment));
+    r.n_flags = table->size();
     r.make_flags = [table](std::chrono::steady_clock::time_point deadline, uint64_t issued_epoch) {
       return std::make_unique<StepFlags>(table, deadline, issued_epoch);
     };
-    // Preemption (issue 9): the RunStep's preempt flag lies past the programs' own flags.
-    // `inner` (a StepFlags) holds the table for as long as the wrapper lives.
-    r.make_preemptible = [table](FlagSync& inner, const StepArgs& step,
-                                 std::chrono::steady_clock::time_point deadline) {
-      return shm::make_preemptible_flags(*table, inner, step, deadline, "gpu_svc");
+    // Preemption (issue 9): the step's preempt flag lies past the programs' own flags. `inner`
+    // (a StepFlags) holds the table for as long as the wrapper lives.
+    r.make_preemptible = [table, who = std::string(who_)](
+                             FlagSync& inner, const StepArgs& step,
+                             std::chrono::steady_clock::time_point deadline) {
+      return shm::make_preemptible_flags(*table, inner, step, deadline, who);
     };
   }
   r.keep_alive = mappings_;
   return r;
 }
 
-}  // namespace duet::gpu
+}  // namespace duet
