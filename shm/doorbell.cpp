@@ -268,13 +268,24 @@ void DoorbellListener::write_report(const DoorbellReport& r) const {
 }
 
 void DoorbellListener::serve() {
+  int idle_slices = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     WaitOptions o;
     o.deadline = Clock::now() + std::chrono::milliseconds(kIdleSliceMs);
     o.spin_budget_ns = kIdleSpinNs;
     o.expected_epoch = table_.epoch();  // an epoch change only ends this slice early
     const WaitResult w = table_.wait(ref_.ring_flag, last_ring_ + 1, o);
-    if (w.status != WaitStatus::ready) continue;
+    if (w.status != WaitStatus::ready) {
+      // The segment's owner (the engine) removes it when it goes: nobody can ring any more, so
+      // the thread ends instead of waking every slice for as long as the service lives.
+      if (++idle_slices % kOrphanCheckSlices == 0 &&
+          segment_identity(segment_.name()) != segment_.identity()) {
+        orphaned_.store(true, std::memory_order_release);
+        return;
+      }
+      continue;
+    }
+    idle_slices = 0;
     const uint64_t ring = table_.load(ref_.ring_flag);  // the newest: older ones were given up
     DoorbellRequest request;
     if (!read_request(ring, request)) continue;  // rewritten meanwhile: look again

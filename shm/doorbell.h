@@ -162,12 +162,19 @@ class DoorbellListener {
 
   uint64_t instance() const { return ref_.instance; }
   uint64_t served() const { return served_.load(std::memory_order_relaxed); }
+  // The engine that rang this doorbell is gone: its flags segment was removed (or made anew by a
+  // restarted frontend). The thread has then ended by itself; the object only waits to be
+  // destroyed (DoorbellListeners drops such listeners at the next attach).
+  bool orphaned() const { return orphaned_.load(std::memory_order_acquire); }
 
   // How long an idle listener spins after a step before sleeping in the futex: the next decode
   // step usually rings within the frontend's sampling time.
   static constexpr int64_t kIdleSpinNs = 30'000;
   // Longest single wait of the idle loop (it re-checks the stop request in between).
   static constexpr int64_t kIdleSliceMs = 50;
+  // Idle slices between two checks that the flags segment is still the engine's (one shm_open
+  // and fstat: cheap, but not worth doing every slice).
+  static constexpr int kOrphanCheckSlices = 20;
 
  private:
   void serve();
@@ -181,6 +188,7 @@ class DoorbellListener {
   Handler handler_;
   uint64_t last_ring_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> orphaned_{false};
   std::atomic<uint64_t> served_{0};
   std::thread thread_;  // last: starts once everything above exists
 };

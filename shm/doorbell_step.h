@@ -118,6 +118,9 @@ class DoorbellListeners {
     const fb::DoorbellRef& d = *program.doorbell;
     const DoorbellRef ref{d.ring_flag(), d.report_flag(), d.region_offset(), d.slot(),
                           d.instance()};
+    std::erase_if(listeners_, [](const auto& entry) {  // engines that are gone (threads ended)
+      return entry.second && entry.second->orphaned();
+    });
     std::unique_ptr<DoorbellListener>& current = listeners_[program.flags_segment];
     if (current && current->instance() == ref.instance) return nullptr;
     auto listener =

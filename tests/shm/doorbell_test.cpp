@@ -1,8 +1,8 @@
 // Step doorbells (shm/doorbell.h): a ring reaches a listener in another thread or process, the
 // report comes back before the deferred done flag, failures carry their code and message, a
 // listener never serves a ring from before it started, an abandoned ring is skipped for the
-// newest, another engine's region is refused, and every report wait ends at its deadline or on
-// an epoch change.
+// newest, another engine's region is refused, every report wait ends at its deadline or on an
+// epoch change, and a listener whose engine is gone ends itself.
 #include "shm/doorbell.h"
 
 #include <gtest/gtest.h>
@@ -205,6 +205,23 @@ TEST_F(DoorbellTest, AReportWaitEndsAtItsDeadlineOrOnAnEpochChange) {
   bump.join();
   EXPECT_TRUE(epoch_changed);
   EXPECT_LT(Clock::now() - t0, 10s);
+}
+
+// The engine goes (its frontend removes the flags segment): the listener's thread ends by itself
+// within a few idle slices instead of waking for as long as the service lives; while the segment
+// is there it keeps serving however long it stays idle.
+TEST_F(DoorbellTest, AListenerWhoseSegmentIsRemovedEndsItself) {
+  DoorbellListener listener(name, ref, echo);
+  const auto check_ms = DoorbellListener::kIdleSliceMs * DoorbellListener::kOrphanCheckSlices;
+  std::this_thread::sleep_for(std::chrono::milliseconds(check_ms * 2));
+  EXPECT_FALSE(listener.orphaned()) << "the segment is still there";
+  const uint64_t ring = bell.ring(request(1));
+  ASSERT_TRUE(bell.wait_report(ring, Clock::now() + 10s, 0).has_value());
+  segment.unlink();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(check_ms * 10);
+  while (!listener.orphaned() && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(listener.orphaned());
+  EXPECT_EQ(listener.served(), 1u);
 }
 
 // The device in another process: rings wake it through the shared futex, reports come back; a

@@ -161,7 +161,8 @@ TEST_F(MeasuredProfile, SolverServiceProfilesInTheBackgroundThenServesMeasuredPl
 
   // The latency functions on held-out measured lengths: fit on the standard lengths, predict the
   // sweep between them (full rows of every weight). Timings here are noisy: reported, loosely
-  // bounded.
+  // bounded (a broken fit is off by orders of magnitude; 27-49% is typical on a quiet machine,
+  // and ~100% was seen with ctest -j2 beside other builds and benches).
   const Profile measured = load_profile(
       profile_cache_path("measured", "services:gpu_svc+npu_svc", "sd8gen3", "tiny-fortune"));
   const std::vector<int64_t> standard = standard_profile_lengths();
@@ -182,7 +183,7 @@ TEST_F(MeasuredProfile, SolverServiceProfilesInTheBackgroundThenServesMeasuredPl
     std::printf("measured %s held-out mean error %.1f%% over %d points (profiled in %.1f s)\n",
                 d == Device::gpu ? "GPU-1" : "NPU-1", 100 * sum / points, points,
                 measured.profiling_s);
-    EXPECT_LT(sum / points, 1.0);
+    EXPECT_LT(sum / points, 2.0);
   }
   solver_loop->stop();
   t.join();
