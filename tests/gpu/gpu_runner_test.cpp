@@ -18,36 +18,13 @@
 #include "core/soc_profile.h"
 #include "services/gpu_svc/gpu_runner.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/support/local_flags.h"
 
 namespace duet::gpu {
 namespace {
 
-std::string model_path(const std::string& variant) {
-  return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-" + variant + ".gguf";
-}
-
-// Flags in process memory; a wait spins (yielding) until its deadline.
-class LocalFlags : public FlagSync {
- public:
-  LocalFlags(size_t n, std::chrono::milliseconds timeout) : flags_(n), timeout_(timeout) {}
-  void wait(uint32_t flag, uint64_t seq, float) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (flags_.at(flag).load(std::memory_order_acquire) < seq) {
-      if (std::chrono::steady_clock::now() > deadline)
-        throw Error(Errc::timeout,
-                    "flag " + std::to_string(flag) + " did not reach " + std::to_string(seq));
-      std::this_thread::yield();
-    }
-  }
-  void publish(uint32_t flag, uint64_t seq) override {
-    flags_.at(flag).store(seq, std::memory_order_release);
-  }
-  uint64_t value(uint32_t flag) const { return flags_.at(flag).load(); }
-
- private:
-  std::vector<std::atomic<uint64_t>> flags_;
-  std::chrono::milliseconds timeout_;
-};
+using test_support::LocalFlags;
+using test_support::tiny_fortune_path;
 
 struct TokenRow {
   int32_t token, pos, seq, logits_row;
@@ -163,7 +140,7 @@ void expect_matches_reference(const LlamaModel& m, Plan plan, ClDevice& dev = sh
 TEST(GpuRunner, TinyFortuneGpuOnlyMatchesTheReferenceForEveryType) {
   for (const char* variant : {"f16", "q8_0", "q4_0"}) {
     SCOPED_TRACE(variant);
-    auto m = LlamaModel::load(model_path(variant));
+    auto m = LlamaModel::load(tiny_fortune_path(variant));
     expect_matches_reference(*m, Plan::gpu_only());
   }
 }
@@ -180,7 +157,7 @@ Plan weight_split_plan(const LlamaModel& m) {
 }
 
 TEST(GpuRunner, WeightSplitWithTheInterpreterAsNpuMatchesTheReference) {
-  auto m = LlamaModel::load(model_path("q4_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q4_0"));
   expect_matches_reference(*m, weight_split_plan(*m));
 }
 
@@ -191,17 +168,17 @@ TEST(GpuRunner, CopiesModeMatchesTheReferenceGpuOnlyAndWeightSplit) {
   o.force_copies = true;
   auto dev = ClDevice::open(o);
   ASSERT_FALSE(dev->zero_copy());
-  auto m = LlamaModel::load(model_path("q8_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   expect_matches_reference(*m, Plan::gpu_only(), *dev);
   expect_matches_reference(*m, weight_split_plan(*m), *dev);
   // Q4_0 too: copies mode packs the matmul weights at upload (weight_pack.h).
-  auto m4 = LlamaModel::load(model_path("q4_0"));
+  auto m4 = LlamaModel::load(tiny_fortune_path("q4_0"));
   expect_matches_reference(*m4, Plan::gpu_only(), *dev);
   expect_matches_reference(*m4, weight_split_plan(*m4), *dev);
 }
 
 TEST(GpuRunner, ReportsMeasuredAndModelledTimePerOp) {
-  auto m = LlamaModel::load(model_path("q4_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q4_0"));
   GpuProgramRun run(*m, Plan::gpu_only(), 4);
   run.step({1, 2, 3}, 0);
   const StepReport& r = run.last();
@@ -211,7 +188,7 @@ TEST(GpuRunner, ReportsMeasuredAndModelledTimePerOp) {
   EXPECT_GE(r.wall_us, r.measured_us * 0.5);
   for (const auto& op : r.ops) EXPECT_GT(op.modeled_us, 0) << "op " << op.op_index;
   // The step's done flag was published by the last op's completion callback.
-  for (uint32_t f : run.built().done_flags) EXPECT_EQ(run.flags().value(f), 1u);
+  for (uint32_t f : run.built().done_flags) EXPECT_EQ(run.flags().load(f), 1u);
 }
 
 template <typename F>
@@ -226,7 +203,7 @@ void expect_error(F&& f, Errc code, const std::string& needle) {
 }
 
 TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
-  auto m = LlamaModel::load(model_path("q4_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q4_0"));
   GpuProgramRun run(*m, Plan::gpu_only(), 4);
   GpuRunner& r = run.runner();
   const BuiltPrograms& b = run.built();
@@ -276,7 +253,7 @@ TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
 }
 
 TEST(GpuRunner, AWaitOnAFlagNobodyPublishesEndsAtItsDeadline) {
-  auto m = LlamaModel::load(model_path("q8_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   Plan p = Plan::npu_only();
   // Only the GPU half runs: its first wait on an NPU matmul can never be satisfied.
   GpuProgramRun run(*m, p, 2, std::chrono::milliseconds(200));

@@ -16,34 +16,13 @@
 #include "core/npu_timing.h"
 #include "core/program.h"
 #include "services/npu_svc/npu_runner.h"
+#include "tests/support/local_flags.h"
 
 namespace duet {
 namespace {
 
-std::string model_path(const std::string& variant) {
-  return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-" + variant + ".gguf";
-}
-
-// Flags in process memory; waits spin-yield until a deadline.
-class LocalFlags : public FlagSync {
- public:
-  explicit LocalFlags(size_t n) : flags_(n) {}
-  void wait(uint32_t flag, uint64_t seq, float) override {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (flags_.at(flag).load(std::memory_order_acquire) < seq) {
-      if (std::chrono::steady_clock::now() > deadline)
-        throw Error(Errc::timeout, "flag wait timed out");
-      std::this_thread::yield();
-    }
-  }
-  void publish(uint32_t flag, uint64_t seq) override {
-    flags_.at(flag).store(seq, std::memory_order_release);
-  }
-  uint64_t load(uint32_t flag) const { return flags_.at(flag).load(); }
-
- private:
-  std::vector<std::atomic<uint64_t>> flags_;
-};
+using test_support::LocalFlags;
+using test_support::tiny_fortune_path;
 
 struct TokenRow {
   int32_t token, pos, seq, logits_row;
@@ -177,7 +156,7 @@ void expect_fp16_agreement(const std::vector<float>& got, const std::vector<floa
 TEST(NpuRunner, NpuOnlyPlanMatchesTheReferenceForwardInFp16) {
   for (const char* variant : {"q4_0", "q8_0", "f16"}) {
     SCOPED_TRACE(variant);
-    auto m = LlamaModel::load(model_path(variant));
+    auto m = LlamaModel::load(tiny_fortune_path(variant));
     Plan plan = Plan::npu_only();
     plan.npu_mode = NpuGraphMode::padding;
     TwoDeviceRun run(*m, plan, 16);
@@ -210,7 +189,7 @@ TEST(NpuRunner, NpuOnlyPlanMatchesTheReferenceForwardInFp16) {
 }
 
 TEST(NpuRunner, MissingGraphsFailTheStepUnlessOnlinePreparationPaysForThem) {
-  auto m = LlamaModel::load(model_path("q4_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q4_0"));
   Plan plan = Plan::npu_only();
   plan.npu_mode = NpuGraphMode::exact;
   TwoDeviceRun run(*m, plan, 8);
@@ -233,7 +212,7 @@ TEST(NpuRunner, MissingGraphsFailTheStepUnlessOnlinePreparationPaysForThem) {
 }
 
 TEST(NpuRunner, PipeModeRunsSeveralStandardGraphsInARow) {
-  auto m = LlamaModel::load(model_path("q8_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   Plan plan = Plan::npu_only();
   plan.npu_mode = NpuGraphMode::pipe;
   TwoDeviceRun run(*m, plan, 16);
@@ -250,7 +229,7 @@ TEST(NpuRunner, PipeModeRunsSeveralStandardGraphsInARow) {
 }
 
 TEST(NpuRunner, RejectsBadProgramsWithClearErrors) {
-  auto m = LlamaModel::load(model_path("q4_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q4_0"));
   TwoDeviceRun run(*m, Plan::npu_only(), 8);
   const BuiltPrograms& b = run.built();
   npu::GraphCache graphs(load_soc_profile("sd8gen3"));

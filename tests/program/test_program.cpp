@@ -12,33 +12,13 @@
 #include "core/forward.h"
 #include "core/model.h"
 #include "core/program.h"
+#include "tests/support/local_flags.h"
 
 namespace duet {
 namespace {
 
-std::string model_path(const std::string& variant) {
-  return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-" + variant + ".gguf";
-}
-
-// Flags in process memory; waits spin-yield until a deadline.
-class LocalFlags : public FlagSync {
- public:
-  explicit LocalFlags(size_t n) : flags_(n) {}
-  void wait(uint32_t flag, uint64_t seq, float) override {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (flags_.at(flag).load(std::memory_order_acquire) < seq) {
-      if (std::chrono::steady_clock::now() > deadline)
-        throw Error(Errc::timeout, "flag wait timed out");
-      std::this_thread::yield();
-    }
-  }
-  void publish(uint32_t flag, uint64_t seq) override {
-    flags_.at(flag).store(seq, std::memory_order_release);
-  }
-
- private:
-  std::vector<std::atomic<uint64_t>> flags_;
-};
+using test_support::LocalFlags;
+using test_support::tiny_fortune_path;
 
 struct TokenRow {
   int32_t token, pos, seq, logits_row;
@@ -147,7 +127,7 @@ void expect_matches_reference(const LlamaModel& m, Plan plan) {
 }
 
 TEST(ProgramBuilder, GpuOnlyHasNoNpuOpsAndNoFlagWaits) {
-  auto m = LlamaModel::load(model_path("q8_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   ProgramSpec spec;
   spec.model = m.get();
   spec.max_tokens = 8;
@@ -161,7 +141,7 @@ TEST(ProgramBuilder, GpuOnlyHasNoNpuOpsAndNoFlagWaits) {
 }
 
 TEST(ProgramBuilder, SplitPlansInsertCrossDeviceWaitsBothWays) {
-  auto m = LlamaModel::load(model_path("q8_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   ProgramSpec spec;
   spec.model = m.get();
   spec.max_tokens = 8;
@@ -180,7 +160,7 @@ TEST(ProgramBuilder, SplitPlansInsertCrossDeviceWaitsBothWays) {
 
 TEST(ProgramInterpreter, EveryPlanShapeMatchesTheReferenceForward) {
   for (const char* variant : {"f16", "q8_0", "q4_0"}) {
-    auto m = LlamaModel::load(model_path(variant));
+    auto m = LlamaModel::load(tiny_fortune_path(variant));
     SCOPED_TRACE(variant);
     expect_matches_reference(*m, Plan::gpu_only());
     expect_matches_reference(*m, Plan::npu_only());
@@ -190,7 +170,7 @@ TEST(ProgramInterpreter, EveryPlanShapeMatchesTheReferenceForward) {
 }
 
 TEST(ProgramValidation, RejectsOffsetsOutsideTheArena) {
-  auto m = LlamaModel::load(model_path("q4_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q4_0"));
   ProgramSpec spec;
   spec.model = m.get();
   spec.max_tokens = 4;

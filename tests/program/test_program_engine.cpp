@@ -9,13 +9,12 @@
 #include "core/forward.h"
 #include "services/frontend/program_engine.h"
 #include "shm/segment.h"
+#include "tests/support/local_flags.h"
 
 namespace duet::frontend {
 namespace {
 
-std::string model_path(const std::string& variant) {
-  return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-" + variant + ".gguf";
-}
+using test_support::tiny_fortune_path;
 
 std::string unique_stack(const char* tag) {
   return std::string("pe") + tag + std::to_string(getpid());
@@ -29,7 +28,7 @@ std::unique_ptr<ProgramEngine> make_engine(const std::string& stack, const std::
                                            std::function<Plan(uint32_t)> plan_for,
                                            std::string plan_name) {
   ProgramEngineOptions o;
-  o.model_path = model_path(variant);
+  o.model_path = tiny_fortune_path(variant);
   o.stack_id = stack;
   o.plan_name = std::move(plan_name);
   o.plan_for = std::move(plan_for);
@@ -92,7 +91,7 @@ const std::vector<std::vector<int32_t>> kPrompts = {{1, 703, 1975, 310},
                                                     {1, 42, 42, 42, 42, 42, 42, 42, 42, 42}};
 
 TEST(ProgramEngine, BatchedGreedyEqualsTheReferenceForEveryPlanShape) {
-  auto m = LlamaModel::load(model_path("q8_0"));
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : kPrompts) want.push_back(greedy_reference(*m, p, 6));
   const std::vector<std::pair<std::string, std::function<Plan(uint32_t)>>> plans = {
