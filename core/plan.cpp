@@ -86,4 +86,17 @@ Plan Plan::npu_only() {
   return p;
 }
 
+Plan Plan::fixed(const std::string& name) {
+  if (name == "gpu-only") return gpu_only();
+  if (name == "npu-only" || name == "layer" || name == "npu-only:online-prepare" ||
+      name == "npu-only:pipe") {
+    Plan p = npu_only();
+    p.name = name;
+    if (name == "npu-only:online-prepare") p.npu_mode = NpuGraphMode::online_prepare;
+    if (name == "npu-only:pipe") p.npu_mode = NpuGraphMode::pipe;
+    return p;
+  }
+  throw Error(Errc::invalid_argument, "plan '" + name + "' needs the solver (no plan_for given)");
+}
+
 }  // namespace duet

@@ -62,6 +62,10 @@ struct Plan {
   static Plan gpu_only();
   // Every matmul on the NPU (the rest on the GPU): HeteroInfer's layer-level execution.
   static Plan npu_only();
+  // The plans that need no solver, by name: gpu-only, npu-only (= layer; token counts with no
+  // compiled graph padded up), npu-only:online-prepare (a graph compiled for the exact count),
+  // npu-only:pipe (standard-size graphs chained). Error(invalid_argument) for any other name.
+  static Plan fixed(const std::string& name);
 };
 
 }  // namespace duet
