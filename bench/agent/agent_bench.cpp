@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "bench/agent/agent_backends.h"
+#include "bench/agent/agent_trace.h"
 #include "bench/agent/stack_driver.h"
 #include "core/error.h"
 
@@ -28,56 +30,6 @@ using frontend::agent::AgentQueues;
 using frontend::agent::Job;
 
 constexpr size_t kNone = ~size_t{0};
-
-struct Req {
-  uint64_t id = 0;
-  Flow flow = Flow::reactive;
-  double arrival_us = 0;
-  std::vector<int32_t> prompt;
-  int out_len = 0;
-  size_t prefilled = 0;
-  int32_t pos = 0;
-  int generated = 0;
-  int32_t last_token = 0;
-  double done_us = 0, waiting_since_us = 0, first_token_us = 0;
-  bool promoted = false;
-};
-
-struct TraceOptions {
-  double reactive_per_min = 3, proactive_per_min = 6, compress = 30;
-  int requests = 40;
-  int reactive_prompt[2] = {48, 128}, reactive_out[2] = {16, 32};
-  int proactive_prompt[2] = {192, 320}, proactive_out[2] = {48, 96};
-  double length_scale = 1;
-  uint64_t seed = 1;
-};
-
-std::vector<Req> make_trace(const TraceOptions& o) {
-  std::mt19937_64 rng(o.seed);
-  auto uniform = [&](const int r[2]) {
-    return static_cast<int>(std::uniform_int_distribution<int>(r[0], r[1])(rng) * o.length_scale);
-  };
-  std::vector<Req> out;
-  double t[2] = {0, 0};
-  const double rate_per_us[2] = {o.reactive_per_min * o.compress / 60e6,
-                                 o.proactive_per_min * o.compress / 60e6};
-  for (int i = 0; i < o.requests; ++i) {
-    for (int c = 0; c < 2; ++c)
-      if (t[c] == 0) t[c] = std::exponential_distribution<double>(rate_per_us[c])(rng);
-    const int c = t[0] <= t[1] ? 0 : 1;
-    Req r;
-    r.id = static_cast<uint64_t>(i) + 1;
-    r.flow = c == 0 ? Flow::reactive : Flow::proactive;
-    r.arrival_us = t[c];
-    const int n = uniform(c == 0 ? o.reactive_prompt : o.proactive_prompt);
-    r.prompt.push_back(1);
-    for (int k = 1; k < n; ++k) r.prompt.push_back(static_cast<int32_t>(3 + rng() % 2000));
-    r.out_len = std::max(1, uniform(c == 0 ? o.reactive_out : o.proactive_out));
-    out.push_back(std::move(r));
-    t[c] += std::exponential_distribution<double>(rate_per_us[c])(rng);
-  }
-  return out;
-}
 
 struct Run {
   std::vector<Req> reqs;
@@ -423,6 +375,7 @@ nlohmann::json summarize(const std::vector<Req>& reqs, uint64_t preemptions,
           {"reactive_p90_ms", p90(re_lat)},
           {"reactive_ttft_mean_ms", mean(re_ttft)},
           {"proactive_requests", pro_norm.size()},
+          {"proactive_last_done_s", (last - first) / 1e6},
           {"proactive_norm_latency_ms_per_token", mean(pro_norm)},
           {"proactive_tokens_per_s", pro_tokens / ((last - first) / 1e6)},
           {"preemptions", preemptions},
@@ -463,11 +416,32 @@ nlohmann::json run_stack(const std::vector<Req>& trace, bool agent, const std::s
   j["preempt_latency_max_us"] = a.value("preempt_latency_max_us", 0.0);
   j["steps"] = nullptr;  // the frontend counts steps per lane; see "agent_status"
   j["agent_status"] = a;
+  // Load: the fraction of the trace the engines were stepping (near 1: saturated), and the
+  // tokens per second of engine time (what the stack serves while busy).
+  j["busy_fraction"] = run.makespan_us > 0 ? run.busy_ms * 1000.0 / run.makespan_us : 0.0;
+  j["busy_tokens_per_s"] =
+      run.busy_ms > 0 ? static_cast<double>(run.busy_tokens) * 1000.0 / run.busy_ms : 0.0;
   double isolated = 0;
   for (double us : run.isolated_reactive_us) isolated += us / 1000.0;
   j["reactive_isolated_mean_ms"] =
       run.isolated_reactive_us.empty() ? 0.0 : isolated / double(run.isolated_reactive_us.size());
   return j;
+}
+
+// The work the trace offers per second of its arrivals (prompt + output tokens; proactive and
+// all): set against busy_tokens_per_s, it says how loaded the stack is.
+nlohmann::json offered_load(const std::vector<Req>& trace) {
+  double pro = 0, all = 0, span_us = 0;
+  for (const Req& r : trace) {
+    const double tokens = static_cast<double>(r.prompt.size()) + r.out_len;
+    all += tokens;
+    if (r.flow == Flow::proactive) pro += tokens;
+    span_us = std::max(span_us, r.arrival_us);
+  }
+  const double span_s = span_us / 1e6;
+  return {{"arrival_span_s", span_s},
+          {"proactive_tokens_per_s", span_s > 0 ? pro / span_s : 0.0},
+          {"all_tokens_per_s", span_s > 0 ? all / span_s : 0.0}};
 }
 
 nlohmann::json compare(const nlohmann::json& fcfs, const nlohmann::json& agent,
@@ -513,6 +487,21 @@ int main(int argc, char** argv) {
   app.add_option("--shape", shape_name);
   app.add_option("--cap", cfg.decode_cap);
   app.add_option("--aging-ms", cfg.aging_ms);
+  std::string rider_slack;
+  app.add_option("--rider-slack", rider_slack,
+                 "stack mode: DUET_AGENT_RIDER_SLACK for the Agent's frontend (a number >= 0, or "
+                 "inf for the cap alone; unset: the frontend's default)");
+  std::string carry;
+  app.add_option(
+         "--carry", carry,
+         "stack mode: DUET_AGENT_PROACTIVE_CARRY for the Agent's frontend (on | off; unset: "
+         "the frontend's default)")
+      ->check(CLI::IsMember({"on", "off"}));
+  std::string preempt;
+  app.add_option("--preempt", preempt,
+                 "stack mode: DUET_AGENT_PREEMPT for the Agent's frontend (on: proactive steps "
+                 "preemptible; off: plain steps; unset: the frontend's default)")
+      ->check(CLI::IsMember({"on", "off"}));
   CLI11_PARSE(app, argc, argv);
   if (mode != "measured" && mode != "modeled" && mode != "both" && mode != "stack") {
     std::fprintf(stderr, "agent_bench: --mode must be measured, modeled, both or stack, not '%s'\n",
@@ -522,6 +511,15 @@ int main(int argc, char** argv) {
   if (t.requests < 2 || t.reactive_per_min <= 0 || t.proactive_per_min <= 0 || t.compress <= 0) {
     std::fprintf(stderr, "agent_bench: --requests >= 2 and positive rates and compression\n");
     return 2;
+  }
+  if (!rider_slack.empty()) {
+    char* end = nullptr;
+    const double x = std::strtod(rider_slack.c_str(), &end);
+    if (end == rider_slack.c_str() || *end != '\0' || !(x >= 0)) {
+      std::fprintf(stderr, "agent_bench: --rider-slack must be a number >= 0 or inf, not '%s'\n",
+                   rider_slack.c_str());
+      return 2;
+    }
   }
   try {
     nlohmann::json out;
@@ -548,12 +546,16 @@ int main(int argc, char** argv) {
     if (mode == "stack") {
       const std::vector<Req> trace = make_trace(t);
       const std::string id = "agentb" + std::to_string(getpid());
-      const AgentKnobs knobs{cfg.decode_cap, cfg.aging_ms};
+      const AgentKnobs knobs{cfg.decode_cap, cfg.aging_ms, rider_slack, carry, preempt};
       const nlohmann::json f =
           run_stack(trace, false, duet, model, id + "f", t.compress, stack_timeout_s, knobs);
       const nlohmann::json a =
           run_stack(trace, true, duet, model, id + "a", t.compress, stack_timeout_s, knobs);
       out["stack"] = {{"model", model},
+                      {"rider_slack", rider_slack.empty() ? "default" : rider_slack},
+                      {"carry", carry.empty() ? "default" : carry},
+                      {"preempt", preempt.empty() ? "default" : preempt},
+                      {"offered", offered_load(trace)},
                       {"fcfs", f},
                       {"agent", a},
                       {"compare", compare(f, a, a["reactive_isolated_mean_ms"].get<double>())}};

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "core/client.h"
 #include "core/error.h"
@@ -35,12 +36,18 @@ class Stack {
         const AgentKnobs& knobs)
       : duet_(duet), id_(id) {
     int rc = 0;
-    const std::string out =
-        run_command(std::string("DUET_AGENT=") + (agent ? "on" : "off") +
-                        " DUET_AGENT_DECODE_CAP=" + std::to_string(knobs.decode_cap) +
-                        " DUET_AGENT_AGING_MS=" + std::to_string(knobs.aging_ms) + " '" + duet_ +
-                        "' stack up --stack " + id_ + " --model '" + model + "'",
-                    &rc);
+    const std::string out = run_command(
+        std::string("DUET_AGENT=") + (agent ? "on" : "off") +
+            " DUET_AGENT_DECODE_CAP=" + std::to_string(knobs.decode_cap) +
+            " DUET_AGENT_AGING_MS=" + std::to_string(knobs.aging_ms) +
+            (knobs.rider_slack.empty() ? std::string()
+                                       : " DUET_AGENT_RIDER_SLACK='" + knobs.rider_slack + "'") +
+            (knobs.carry.empty() ? std::string()
+                                 : " DUET_AGENT_PROACTIVE_CARRY='" + knobs.carry + "'") +
+            (knobs.preempt.empty() ? std::string()
+                                   : " DUET_AGENT_PREEMPT='" + knobs.preempt + "'") +
+            " '" + duet_ + "' stack up --stack " + id_ + " --model '" + model + "'",
+        &rc);
     if (rc != 0) {
       down();
       throw Error(Errc::unavailable, "agent_bench: `duet stack up` failed: " + out);
@@ -80,6 +87,12 @@ StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
   }
   StackRun out;
   out.timings.resize(trace.size());
+  auto engine_time = [&c] {
+    const nlohmann::json m = c.status()["metrics"];
+    return std::pair<double, uint64_t>{m["measured"]["step_ms"].get<double>(),
+                                       m["step_tokens"].get<uint64_t>()};
+  };
+  const auto [busy_ms0, busy_tokens0] = engine_time();
   std::map<uint64_t, size_t> item_of;  // client request id -> trace item
   size_t next = 0, done = 0;
   const auto t0 = Clock::now();
@@ -123,6 +136,9 @@ StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
   }
   out.makespan_us = us_since(t0);
   out.agent_status = c.status()["agent"];
+  const auto [busy_ms1, busy_tokens1] = engine_time();
+  out.busy_ms = busy_ms1 - busy_ms0;
+  out.busy_tokens = busy_tokens1 - busy_tokens0;
   if (agent)
     for (const TraceItem& it : trace) {
       if (!it.reactive) continue;

@@ -32,13 +32,23 @@ struct StackRun {
   // After the trace (agent runs only): each reactive request alone on the idle stack, submit to
   // Done: the floor of the reactive latency.
   std::vector<double> isolated_reactive_us;
+  // The frontend's engine time over the trace (warm-up excluded): milliseconds spent in engine
+  // steps of either lane, and the tokens they carried. busy_ms / makespan is the fraction of the
+  // trace the stack was stepping: near 1, the stack is saturated.
+  double busy_ms = 0;
+  uint64_t busy_tokens = 0;
 };
 
 // `duet` is the CLI binary; the stack is torn down (processes, segments, run dir) before return.
-// The Agent's knobs reach its frontend as DUET_AGENT_DECODE_CAP and DUET_AGENT_AGING_MS.
+// The Agent's knobs reach its frontend as DUET_AGENT_DECODE_CAP, DUET_AGENT_AGING_MS and
+// DUET_AGENT_RIDER_SLACK, DUET_AGENT_PROACTIVE_CARRY and DUET_AGENT_PREEMPT (unset: the
+// frontend's defaults).
 struct AgentKnobs {
   int decode_cap = 3;
   double aging_ms = 30000;
+  std::string rider_slack;  // a number, "inf", or empty for the frontend's default
+  std::string carry;        // DUET_AGENT_PROACTIVE_CARRY: on, off, or empty for the default
+  std::string preempt;      // DUET_AGENT_PREEMPT: on, off, or empty for the default
 };
 StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
                             const std::string& duet, const std::string& model,

@@ -156,4 +156,53 @@ DecodeBatch reactive_first_batch(const std::vector<Job>& current,
   return out;
 }
 
+StepTimeModel::StepTimeModel(double weight) : weight_(weight) {
+  if (!(weight > 0 && weight <= 1))
+    throw Error(Errc::invalid_argument, "step time model: the weight must be in (0, 1]");
+}
+
+void StepTimeModel::observe(int tokens, double us) {
+  if (tokens < 1)
+    throw Error(Errc::invalid_argument,
+                "step time model: a step of " + std::to_string(tokens) + " tokens");
+  if (!(us >= 0) || !std::isfinite(us))
+    throw Error(Errc::invalid_argument, "step time model: a step time must be finite and >= 0");
+  const size_t i = static_cast<size_t>(tokens) - 1;
+  if (mean_us_.size() <= i) {
+    mean_us_.resize(i + 1, 0);
+    n_.resize(i + 1, 0);
+  }
+  mean_us_[i] = n_[i] == 0 ? us : (1 - weight_) * mean_us_[i] + weight_ * us;
+  ++n_[i];
+}
+
+std::optional<double> StepTimeModel::predict(int tokens) const {
+  if (tokens < 1 || static_cast<size_t>(tokens) > n_.size() || n_[tokens - 1] == 0)
+    return std::nullopt;
+  return mean_us_[static_cast<size_t>(tokens) - 1];
+}
+
+uint64_t StepTimeModel::samples(int tokens) const {
+  return tokens < 1 || static_cast<size_t>(tokens) > n_.size() ? 0 : n_[tokens - 1];
+}
+
+int slack_riders(const StepTimeModel& model, int reactive_tokens, int candidates, double slack) {
+  if (!(slack >= 0))
+    throw Error(Errc::invalid_argument, "rider slack must be >= 0 (infinity: no bound)");
+  if (candidates < 0) throw Error(Errc::invalid_argument, "a negative number of riders");
+  if (reactive_tokens <= 0 || std::isinf(slack)) return candidates;
+  const std::optional<double> base = model.predict(reactive_tokens);
+  if (!base) return 0;
+  const double limit = (1 + slack) * *base;
+  int admitted = 0;
+  for (int k = 1; k <= candidates; ++k) {
+    const std::optional<double> t = model.predict(reactive_tokens + k);
+    // Unmeasured: tried (and so measured) when every smaller count fits; a step time grows
+    // with its tokens, so past a count that does not fit an unmeasured one is not tried.
+    if (!t) return admitted == k - 1 ? k : admitted;
+    if (*t <= limit) admitted = k;
+  }
+  return admitted;
+}
+
 }  // namespace duet::frontend::agent

@@ -9,9 +9,12 @@
 //   gpu_next              prefill-first arbitration of the GPU
 //   may_overlap           contention gating of memory-bound work of different classes
 //   reactive_first_batch  Algorithm 2: decode batch with the proactive cap and its eviction rule
+//   StepTimeModel, slack_riders  slack-aware piggybacking (§4.5): riders only while the step's
+//                         predicted time stays within (1 + slack) of the reactive-only step
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -25,6 +28,21 @@ struct AgentConfig {
   int decode_cap = 3;       // B_cap: batch size up to which proactive work piggybacks on reactive
   double aging_ms = 30000;  // a proactive job waiting longer than this is promoted
   int chunk_tokens = 32;    // S_chk: the NPU's standard prefill chunk (a compiled graph size)
+  // Slack-aware piggybacking (§4.5 ②: "batching rules that bound the additional latency seen by
+  // reactive tasks"): a proactive decoder rides in a step with reactive work only while the
+  // step's predicted time stays within (1 + rider_slack) of the same step without riders (and
+  // under decode_cap). Infinity: the cap alone (the paper's B_cap rule as written). The serving
+  // loop's default is set from measurement (services/frontend/main.cpp, DUET_AGENT_RIDER_SLACK).
+  double rider_slack = std::numeric_limits<double>::infinity();
+  // With no reactive work, proactive decoders decode in the proactive prefill step (scheduler.h:
+  // carrying) rather than in decode steps of their own between prefill steps. Off by default:
+  // measured slower on this backend (bench/agent/RESULTS.md, 2026-11-22 16:10 section).
+  bool carry_decoders = false;
+  // Proactive steps run preemptibly (a reactive arrival stops them within a few ops).
+  // false: they run as plain steps (a reactive arrival waits for the step to end). A preemptible
+  // step keeps a few ops in flight ahead of its check (gpu_runner.cpp) and now costs about what
+  // a plain one does; bench/agent/RESULTS.md measures the trade (17:34 section).
+  bool preempt_proactive = true;
 };
 
 // A request as the policies see it.
@@ -126,5 +144,38 @@ DecodeBatch reactive_first_batch(const std::vector<Job>& current,
                                  const std::vector<Job>& new_reactive,
                                  const std::vector<Job>& new_proactive, int cap,
                                  bool reactive_elsewhere = false);
+
+// Step times as an engine measured them, per token count (the engine runs one compiled program
+// per token bucket, and on a memory-bound device a few more decode rows cost next to nothing
+// while on a compute-bound one each costs its share: which one this is, only measurement says).
+// An exponentially weighted mean per count, so the model follows the machine's load; no
+// constant of any device is built in.
+class StepTimeModel {
+ public:
+  // weight: how much the newest sample counts (0 < weight <= 1).
+  explicit StepTimeModel(double weight = 0.2);
+  // One step of `tokens` tokens took `us` microseconds. Throws invalid_argument on tokens < 1
+  // or a negative / non-finite time.
+  void observe(int tokens, double us);
+  // The mean time of a step of that many tokens; nullopt before one was measured.
+  std::optional<double> predict(int tokens) const;
+  uint64_t samples(int tokens) const;
+  int max_tokens_seen() const { return static_cast<int>(mean_us_.size()); }
+
+ private:
+  double weight_;
+  std::vector<double> mean_us_;  // index tokens - 1
+  std::vector<uint64_t> n_;
+};
+
+// How many of `candidates` proactive decoders (one token each) may join a step whose reactive
+// part is `reactive_tokens` tokens: the largest k <= candidates with
+// predict(reactive_tokens + k) <= (1 + slack) * predict(reactive_tokens). The base step's time
+// unknown: none (the reactive-only step is then measured; the conservative side). The time of
+// reactive_tokens + k unknown while the base and every smaller count fit: k is admitted and so
+// measured (each count is tried, then its measurement decides; the proactive-only steps measure
+// the small counts anyway). No reactive work (reactive_tokens <= 0): every candidate, nothing to
+// bound. Throws invalid_argument on a negative slack or candidates < 0.
+int slack_riders(const StepTimeModel& model, int reactive_tokens, int candidates, double slack);
 
 }  // namespace duet::frontend::agent

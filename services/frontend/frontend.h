@@ -174,6 +174,7 @@ class Frontend {
     // that also carry reactive work (shared), and the proactive decode tokens in each kind.
     uint64_t ride_steps = 0, ride_tokens = 0, shared_steps = 0, shared_tokens = 0;
     uint64_t max_proactive_in_reactive_step = 0;  // proactive decoders in one step with reactive
+    uint64_t carried_tokens = 0;  // proactive decode tokens done in proactive prefill steps
     double preempt_latency_us_sum = 0, preempt_latency_us_max = 0;
   } agent_metrics_;
 };

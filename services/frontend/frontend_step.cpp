@@ -1,5 +1,6 @@
 // Frontend: admission, the engine step, sampling, streaming and the end of a request.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <utility>
@@ -132,6 +133,10 @@ void Frontend::run_main_step(const StepBatch& batch) {
     for (const StepPart& p : batch.parts) fail(*p.request, code, e.what());
     return;
   }
+  // The slack rule's step time model learns from every main-engine step (scheduler.h).
+  size_t step_tokens = 0;
+  for (const StepPart& p : batch.parts) step_tokens += p.n_tokens;
+  scheduler_.observe_main_step(static_cast<int>(step_tokens), stats.measured_us);
   apply_batch(batch, logits, stats);
 }
 
@@ -144,7 +149,7 @@ void Frontend::run_proactive_step(std::optional<StepBatch> fresh) {
   double asked_us = 0;  // steady clock, when a reactive arrival asked for the preemption
   auto us_now = [] { return now_ms() * 1000.0; };
   try {
-    if (!resuming && !engine.preemptible()) {
+    if (!resuming && (!engine.preemptible() || !scheduler_.agent_config().preempt_proactive)) {
       logits = engine.step(fresh->entries, &stats);
     } else {
       // The step runs on a worker; this thread reads the clients meanwhile and preempts the step
@@ -203,6 +208,7 @@ void Frontend::run_proactive_step(std::optional<StepBatch> fresh) {
     for (const StepPart& p : batch.parts)
       if (p.request) p.request->in_parked_step = false;
     for (uint64_t seq : std::exchange(deferred_close_, {})) engine.close_seq(seq);
+    for (const StepPart& p : batch.parts) agent_metrics_.carried_tokens += p.decode ? 1 : 0;
     apply_batch(batch, *logits, stats);
   }
   // After the step's results: a Cancel among them finds its request as it now is.
@@ -276,8 +282,22 @@ nlohmann::json Frontend::agent_status() const {
       {"shared_tokens", m.shared_tokens},
       {"max_proactive_in_reactive_step", m.max_proactive_in_reactive_step},
       {"decode_cap", scheduler_.agent_config().decode_cap},
+      {"rider_slack", std::isinf(scheduler_.agent_config().rider_slack)
+                          ? nlohmann::json(nullptr)
+                          : nlohmann::json(scheduler_.agent_config().rider_slack)},
+      {"slack_refused", scheduler_.slack_refused()},
+      {"carry", scheduler_.agent_config().carry_decoders},
+      {"preempt_proactive", scheduler_.agent_config().preempt_proactive},
+      {"carried_tokens", m.carried_tokens},
       {"aging_ms", scheduler_.agent_config().aging_ms}};
   if (proactive_engine_) j["engine"] = proactive_engine_->status();
+  // What the slack rule predicts from: the main engine's mean step time per token count (ms).
+  nlohmann::json step_ms = nlohmann::json::object();
+  const agent::StepTimeModel& model = scheduler_.step_times();
+  for (int n = 1; n <= std::min(model.max_tokens_seen(), 8); ++n)
+    if (const std::optional<double> t = model.predict(n))
+      step_ms[std::to_string(n)] = std::round(*t / 10.0) / 100.0;
+  j["main_step_ms_by_tokens"] = step_ms;
   return j;
 }
 

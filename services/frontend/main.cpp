@@ -8,6 +8,7 @@
 // process). Eval requests may name any other plan; its engine is made on first use
 // (services/frontend/stack_engines.h).
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,10 @@ namespace {
 // The proactive engine's instance: its shm segments and program ids stay apart from the main
 // engine's (0) and from the eval engines' (1, 2, ...).
 constexpr uint32_t kProactiveInstance = 99;
+
+// DUET_AGENT_RIDER_SLACK's default, chosen by measurement (bench/agent/RESULTS.md, 2026-11-22
+// 16:10 UTC section).
+constexpr double kDefaultRiderSlack = 0;
 
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -68,6 +73,23 @@ int main(int argc, char** argv) {
         options.agent.decode_cap =
             static_cast<int>(env_number("DUET_AGENT_DECODE_CAP", 3, 0, 1024));
         options.agent.aging_ms = env_number("DUET_AGENT_AGING_MS", 30000, 1, 1e9);
+        // Slack-aware piggybacking (agent_policy.h): a proactive decoder rides in a step with
+        // reactive work only while the step's predicted time stays within (1 + slack) of the
+        // step without it; inf: the cap alone. The default is measured (bench/agent/RESULTS.md).
+        options.agent.rider_slack = env_number("DUET_AGENT_RIDER_SLACK", kDefaultRiderSlack, 0,
+                                               std::numeric_limits<double>::infinity());
+        // Carrying (scheduler.h): proactive decoders in the proactive prefill step while no
+        // reactive work runs; off (the default, measured): they decode in steps of their own.
+        auto on_off = [](const char* name, const char* fallback) {
+          const std::string v = env_or(name, fallback);
+          if (v != "on" && v != "off")
+            throw Error(Errc::invalid_argument,
+                        std::string("frontend: ") + name + "='" + v + "' is not on or off");
+          return v == "on";
+        };
+        options.agent.carry_decoders = on_off("DUET_AGENT_PROACTIVE_CARRY", "off");
+        // Proactive steps preemptible (the default) or plain (agent_policy.h).
+        options.agent.preempt_proactive = on_off("DUET_AGENT_PREEMPT", "on");
         // The two share one KV pool: a proactive request's decode rides in the main engine's
         // steps (Algorithm 2) with no KV byte copied.
         frontend::StackEngineConfig lanes = config;

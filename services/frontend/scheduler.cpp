@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -87,12 +88,26 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   auto in_lane = [&](const Request* r) {
     return r->proactive_lane == proactive_lane && (!gated || promoted(r));
   };
-  // Riding (scheduler.h): every decoder decodes in the main lane, never while its step is parked.
+  // Carrying (scheduler.h): no reactive work, no parked step, and a proactive prefill to run:
+  // the proactive decoders go in that prefill step, after its prompt rows.
+  const bool carry = riding_ && agent_.carry_decoders && !reactive_running &&
+                     std::none_of(running_.begin(), running_.end(),
+                                  [](const Request* r) { return r->in_parked_step; }) &&
+                     std::any_of(running_.begin(), running_.end(), [](const Request* r) {
+                       return r->proactive_lane && r->prefilling() && r->finish_reason.empty();
+                     });
+  const bool carrying = carry && proactive_lane;
+  // Riding (scheduler.h): every decoder decodes in the main lane, never while its step is parked;
+  // carried, the proactive lane's decoders decode in the proactive lane's step instead.
   auto decodes_here = [&](const Request* r) {
     if (!riding_) return in_lane(r);
-    return !proactive_lane && !r->in_parked_step;
+    if (r->in_parked_step) return false;
+    if (carry && r->proactive_lane) return proactive_lane;
+    return !proactive_lane;
   };
-  auto is_rider = [&](const Request* r) { return riding_ && r->proactive_lane && !promoted(r); };
+  auto is_rider = [&](const Request* r) {
+    return riding_ && r->proactive_lane && (!promoted(r) || carrying);
+  };
   std::vector<agent::Job> candidates;
   for (size_t i = 0; i < running_.size(); ++i) {
     const Request* r = running_[i];
@@ -124,13 +139,6 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
       rider_cursor_ += room;
     }
   }
-  if (!decoders.empty()) {
-    const size_t n = decoders.size();
-    const size_t take = std::min(n, budget);
-    const size_t start = n > take ? decode_cursor_ % n : 0;
-    for (size_t i = 0; i < take; ++i) add(decoders[(start + i) % n], 1, true);
-    if (n > take) decode_cursor_ += take;
-  }
   // Prefill: reactive (FIFO) and promoted proactive requests in arrival order, then the rest.
   std::vector<Request*> urgent_prefill;
   for (Request* r : running_)
@@ -140,21 +148,57 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   std::stable_sort(
       urgent_prefill.begin(), urgent_prefill.end(),
       [](const Request* a, const Request* x) { return a->arrived_ms < x->arrived_ms; });
+  if (reactive_running && !proactive_lane && !std::isinf(agent_.rider_slack)) {
+    // Slack-aware piggybacking (scheduler.h): the step's reactive part is its urgent decoders and
+    // urgent prefill (what it carries without proactive decoders); those decoders come after the
+    // urgent ones in `decoders` (reactive_first_batch's order), the riders are their own list.
+    auto piggy = [&](const Request* r) {
+      return r->priority == Priority::proactive && !promoted(r);
+    };
+    const size_t urgent_decoders = static_cast<size_t>(std::count_if(
+        decoders.begin(), decoders.end(), [&](const Request* r) { return !piggy(r); }));
+    size_t reactive_tokens = urgent_decoders;
+    for (const Request* r : urgent_prefill) reactive_tokens += r->prompt.size() - r->n_prefilled;
+    reactive_tokens = std::min(reactive_tokens, budget);
+    const size_t piggy_decoders = decoders.size() - urgent_decoders;
+    const size_t candidates = std::min(piggy_decoders + riders.size(), budget - reactive_tokens);
+    const size_t allowed =
+        static_cast<size_t>(agent::slack_riders(step_times_, static_cast<int>(reactive_tokens),
+                                                static_cast<int>(candidates), agent_.rider_slack));
+    slack_refused_ += candidates - allowed;
+    const size_t keep_decoders = std::min(piggy_decoders, allowed);
+    decoders.resize(urgent_decoders + keep_decoders);
+    riders.resize(std::min(riders.size(), allowed - keep_decoders));
+  }
+  if (!decoders.empty()) {
+    const size_t n = decoders.size();
+    const size_t take = std::min(n, budget);
+    const size_t start = n > take ? decode_cursor_ % n : 0;
+    for (size_t i = 0; i < take; ++i) add(decoders[(start + i) % n], 1, true);
+    if (n > take) decode_cursor_ += take;
+  }
+  // Carried decoders keep their rows: the prefill gets what they leave of the budget (as FCFS's
+  // steps give decode its tokens first), and they go after the prompt rows.
+  const size_t carried = carrying ? std::min(riders.size(), budget - 1) : 0;
+  budget -= carried;
   for (Request* r : urgent_prefill) {
-    if (budget == 0) return b;
+    if (budget == 0) break;
     add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);
   }
-  for (Request* r : riders) {
-    if (budget == 0) return b;
-    add(r, 1, true);
-  }
+  if (!carrying)
+    for (Request* r : riders) {
+      if (budget == 0) break;
+      add(r, 1, true);
+    }
   for (Request* r : running_) {
-    if (budget == 0) return b;
+    if (budget == 0) break;
     if (!in_lane(r) || r->priority != Priority::proactive || promoted(r) || !r->prefilling() ||
         !r->finish_reason.empty())
       continue;
     add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);
   }
+  budget += carried;
+  for (size_t i = 0; i < carried; ++i) add(riders[i], 1, true);
   return b;
 }
 

@@ -69,6 +69,14 @@ class Scheduler {
   // prefill, so it can ride in the reactive steps that follow. Riders go after the reactive (and
   // promoted) prefill, so they never push a reactive prompt's chunk into another step. At most
   // max_step_seqs sequences a step.
+  // Carrying (AgentConfig::carry_decoders, with riding): while no reactive request runs and a
+  // proactive prefill is due (no step parked), the proactive decoders decode in the proactive
+  // lane's prefill step, after its prompt rows, the prefill taking what they leave of the
+  // budget: one step of both as FCFS's steps are, instead of a decode step and a prefill step
+  // in turn (each with its own fixed cost and padding). A reactive arrival preempts that step
+  // like any proactive step; its decoders are then parked with it (at a small rider slack they
+  // would mostly not ride in the reactive steps anyway) and finish when it resumes. Off by
+  // default: measured no faster here (bench/agent/RESULTS.md).
   void set_agent_config(const agent::AgentConfig& c) { agent_ = c; }
   const agent::AgentConfig& agent_config() const { return agent_; }
   // Which lane (engine) a request will run on. Each lane's engine holds max_running sequences,
@@ -76,6 +84,18 @@ class Scheduler {
   // engine never keep a reactive one from a slot on the main engine. Unset: one lane.
   void set_lane_of(std::function<Lane(const Request&)> lane_of) { lane_of_ = std::move(lane_of); }
   Lane lane_of(const Request& r) const { return lane_of_ ? lane_of_(r) : Lane::main; }
+  // Slack-aware piggybacking (agent_policy.h, slack_riders): with agent_config().rider_slack
+  // finite, the proactive decoders a step with reactive work would carry (riders, or proactive
+  // decoders of the main lane) are cut to those that keep the step's predicted time within
+  // (1 + slack) of the step without them, predicted from the main engine's measured steps: the
+  // caller reports each main-lane step here.
+  void observe_main_step(int tokens, double measured_us) {
+    if (tokens > 0) step_times_.observe(tokens, measured_us);
+  }
+  const agent::StepTimeModel& step_times() const { return step_times_; }
+  // Proactive decoders the slack rule kept out of a step with reactive work (the cap and the
+  // step's budget aside), summed over steps.
+  uint64_t slack_refused() const { return slack_refused_; }
   void set_riding(bool on, int max_step_seqs) {
     riding_ = on;
     max_step_seqs_ = max_step_seqs;
@@ -113,6 +133,8 @@ class Scheduler {
   bool riding_ = false;
   size_t rider_cursor_ = 0;
   int max_step_seqs_ = 0;
+  agent::StepTimeModel step_times_;
+  uint64_t slack_refused_ = 0;
 };
 
 template <class Open>

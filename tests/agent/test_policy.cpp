@@ -134,5 +134,55 @@ TEST(AgentPolicy, DecodeBatchHasNoCapWithoutReactiveWorkAndPromotedJobsBypassIt)
   EXPECT_EQ(reactive_first_batch({}, {}, pro, 3, true).batch.size(), 3u);
 }
 
+// Slack-aware piggybacking (§4.5): the step time model is what an engine measured, per token
+// count, as an exponentially weighted mean.
+TEST(AgentPolicy, StepTimeModelFollowsTheMeasuredStepsPerTokenCount) {
+  StepTimeModel m(0.5);
+  EXPECT_FALSE(m.predict(1).has_value()) << "nothing measured yet";
+  m.observe(1, 1000);
+  EXPECT_DOUBLE_EQ(*m.predict(1), 1000);  // the first sample is the mean
+  m.observe(1, 2000);
+  EXPECT_DOUBLE_EQ(*m.predict(1), 1500);  // then half old, half new
+  m.observe(4, 1800);
+  EXPECT_FALSE(m.predict(2).has_value()) << "a count never measured is not guessed";
+  EXPECT_EQ(m.samples(1), 2u);
+  EXPECT_EQ(m.samples(4), 1u);
+  EXPECT_EQ(m.max_tokens_seen(), 4);
+  EXPECT_THROW(m.observe(0, 10), Error);
+  EXPECT_THROW(m.observe(1, -1), Error);
+  EXPECT_THROW(StepTimeModel(0), Error);
+}
+
+// The same rule admits what the device's measured step times allow: a memory-bound device (a
+// few more decode rows cost next to nothing) takes the cap's worth, this CPU backend (1 decoder
+// 1.0 ms, 2-4 tokens in the 4-token program 1.8 ms: bench/agent/RESULTS.md) takes none at a
+// small slack and all at a large one.
+TEST(AgentPolicy, SlackRidersAdmitWhatTheMeasuredStepTimesAllow) {
+  StepTimeModel memory_bound;
+  for (int n = 1; n <= 4; ++n) memory_bound.observe(n, 1000 + 20 * (n - 1));
+  EXPECT_EQ(slack_riders(memory_bound, 1, 3, 0.1), 3);
+  EXPECT_EQ(slack_riders(memory_bound, 1, 3, 0.03), 1);  // 1020 fits 1030, 1040 does not
+  StepTimeModel cpu;
+  cpu.observe(1, 1000);
+  for (int n = 2; n <= 4; ++n) cpu.observe(n, 1800);
+  EXPECT_EQ(slack_riders(cpu, 1, 3, 0.5), 0);
+  EXPECT_EQ(slack_riders(cpu, 1, 3, 0.8), 3);
+  EXPECT_EQ(slack_riders(cpu, 2, 2, 0.0), 2) << "within one program a rider is free";
+  EXPECT_EQ(slack_riders(cpu, 1, 3, std::numeric_limits<double>::infinity()), 3);
+  // No reactive work in the step: nothing to bound.
+  EXPECT_EQ(slack_riders(cpu, 0, 5, 0.0), 5);
+  // The reactive-only step never measured: no rider (that step gets measured first).
+  EXPECT_EQ(slack_riders(cpu, 7, 3, 0.5), 0);
+  // A count above the measured ones is tried once when every smaller count fits ...
+  EXPECT_EQ(slack_riders(cpu, 3, 3, 0.1), 2);  // 4 fits, 5 unknown: tried, 6 not yet
+  // ... and not past one that does not fit.
+  StepTimeModel steep;
+  steep.observe(1, 1000);
+  steep.observe(2, 3000);
+  EXPECT_EQ(slack_riders(steep, 1, 3, 0.5), 0);
+  EXPECT_THROW(slack_riders(cpu, 1, 1, -0.1), Error);
+  EXPECT_THROW(slack_riders(cpu, 1, -1, 0.5), Error);
+}
+
 }  // namespace
 }  // namespace duet::frontend::agent

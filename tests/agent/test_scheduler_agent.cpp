@@ -145,7 +145,8 @@ TEST(AgentScheduler, RidingProactiveDecodersJoinTheMainStepsUnderTheCap) {
   // A short budget goes to the reactive work first: riders take what is left.
   EXPECT_EQ(seqs(s.build(9, 1001, Lane::main)), (std::vector<uint64_t>{1, 5}));
   EXPECT_EQ(seqs(s.build(10, 1001, Lane::main)), (std::vector<uint64_t>{1, 5, 3}));
-  // Reactive work done: every proactive decoder rides (no cap), the lane prefills alone.
+  // Reactive work done: every proactive decoder rides (no cap) and the lane prefills alone
+  // (without carrying, the default).
   for (Request* r : {rs[0].get(), rs[4].get()}) {
     r->finish_reason = "stop";
     s.remove(r);
@@ -155,6 +156,53 @@ TEST(AgentScheduler, RidingProactiveDecodersJoinTheMainStepsUnderTheCap) {
   // A decoder whose step is parked waits for that step.
   rs[2]->in_parked_step = true;
   EXPECT_EQ(seqs(s.build(64, 1003, Lane::main)), (std::vector<uint64_t>{2, 4}));
+}
+
+// Carrying: with no reactive work and a proactive prefill due, the proactive decoders decode in
+// that prefill step, after its prompt rows, the prompt chunk taking what they leave of the
+// budget (as an FCFS step would); the main lane then has nothing to run. A reactive request, a
+// parked step or no prefill to carry them: they ride in the main lane as before.
+TEST(AgentScheduler, ProactiveDecodersAreCarriedInTheProactivePrefillStepWithoutReactiveWork) {
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(decoding(2, Priority::proactive, 400, 1000));
+  rs.push_back(decoding(3, Priority::proactive, 50, 1000));
+  rs.push_back(prefilling(6, Priority::proactive, 600));  // 8 prompt tokens
+  for (auto& r : rs) r->proactive_lane = true;
+  Scheduler s(8, 8);
+  agent::AgentConfig cfg;
+  cfg.carry_decoders = true;  // off by default (bench/agent/RESULTS.md measures it)
+  s.set_agent_config(cfg);
+  s.set_riding(true, 8);
+  admit_all(s, rs);
+  EXPECT_TRUE(s.build(64, 1001, Lane::main).empty());
+  StepBatch carried = s.build(64, 1001, Lane::proactive);
+  EXPECT_EQ(seqs(carried), (std::vector<uint64_t>{6, 2, 3}));
+  ASSERT_EQ(carried.parts.size(), 3u);
+  EXPECT_FALSE(carried.parts[0].decode);
+  EXPECT_EQ(carried.parts[0].n_tokens, 8u);
+  EXPECT_TRUE(carried.parts[1].decode);
+  EXPECT_EQ(carried.parts[1].first_logit_row, 1u) << "the prompt's last row, then the decoders'";
+  // A 6-token budget: the decoders keep their two rows, the prompt gets four.
+  StepBatch short_step = s.build(6, 1001, Lane::proactive);
+  EXPECT_EQ(seqs(short_step), (std::vector<uint64_t>{6, 2, 3}));
+  EXPECT_EQ(short_step.parts[0].n_tokens, 4u);
+  // A reactive request arrives: the lane is gated, the decoders ride in the main lane.
+  auto re = decoding(1, Priority::reactive, 10, 1000);
+  s.enqueue(re.get());
+  s.admit([](Request*) {});
+  EXPECT_TRUE(s.build(64, 1002, Lane::proactive).empty());
+  EXPECT_EQ(seqs(s.build(64, 1002, Lane::main)), (std::vector<uint64_t>{1, 3, 2}));
+  re->finish_reason = "stop";
+  s.remove(re.get());
+  // A parked step: it resumes on its own, the decoders ride in the main lane meanwhile.
+  rs[2]->in_parked_step = true;
+  EXPECT_EQ(seqs(s.build(64, 1003, Lane::main)), (std::vector<uint64_t>{2, 3}));
+  rs[2]->in_parked_step = false;
+  // No prompt left to prefill: nothing to carry them, the main lane decodes them.
+  rs[2]->n_prefilled = rs[2]->prompt.size();
+  rs[2]->next_token = 5;
+  EXPECT_EQ(seqs(s.build(64, 1004, Lane::main)), (std::vector<uint64_t>{2, 3, 6}));
+  EXPECT_TRUE(s.build(64, 1004, Lane::proactive).empty());
 }
 
 TEST(AgentScheduler, RidersNeverExceedTheMainEnginesSequencesAndTakeTurns) {
@@ -215,6 +263,88 @@ TEST(AgentScheduler, EachLaneHasItsOwnSlotsSoProactiveWorkNeverBlocksAReactiveAd
   s.enqueue(late.get());
   EXPECT_TRUE(s.can_admit());  // the main lane still has a slot
   EXPECT_EQ(s.admit([](Request*) {}).size(), 1u);
+}
+
+// Slack-aware piggybacking in the serving loop's scheduler: the frontend reports every main
+// step's measured time; a step with reactive work takes riders only while its predicted time
+// stays within (1 + slack) of the step without them, under the cap and the step's budget.
+// Step times from the stack on this machine (frontend status main_step_ms_by_tokens, 2-core VM,
+// 2026-11-22): 1 token 1.0 ms, 2-4 tokens (one 4-token program) 1.8 ms.
+TEST(AgentScheduler, SlackRuleCutsRidersToWhatTheMeasuredStepTimesAllow) {
+  auto make = [](double slack) {
+    auto s = std::make_unique<Scheduler>(8, 8);
+    agent::AgentConfig cfg;
+    cfg.rider_slack = slack;
+    s->set_agent_config(cfg);
+    s->set_riding(true, 8);
+    return s;
+  };
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(decoding(1, Priority::reactive, 10, 1000));
+  rs.push_back(decoding(2, Priority::proactive, 400, 1000));
+  rs.push_back(decoding(3, Priority::proactive, 50, 1000));
+  rs.push_back(decoding(4, Priority::proactive, 90, 1000));
+  for (size_t i = 1; i < rs.size(); ++i) rs[i]->proactive_lane = true;
+
+  // Nothing measured yet: the reactive-only step goes first (and is measured).
+  auto s = make(0.5);
+  admit_all(*s, rs);
+  EXPECT_EQ(seqs(s->build(64, 1001, Lane::main)), (std::vector<uint64_t>{1}));
+  s->observe_main_step(1, 1000);
+  // One rider (the shortest context) makes a 2-token step, never measured: tried.
+  EXPECT_EQ(seqs(s->build(64, 1002, Lane::main)), (std::vector<uint64_t>{1, 3}));
+  s->observe_main_step(2, 1800);
+  // Measured: 1.8 ms against 1.0 ms is beyond a slack of 0.5: no rider, and a 3-token step
+  // is not tried past a 2-token one that does not fit.
+  EXPECT_EQ(seqs(s->build(64, 1003, Lane::main)), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(s->slack_refused(), 2u + 1u + 2u);
+
+  // A larger slack (0.8) admits them: the same measured times, the cap still holds.
+  auto wide = make(0.8);
+  admit_all(*wide, rs);
+  wide->observe_main_step(1, 1000);
+  wide->observe_main_step(2, 1800);
+  wide->observe_main_step(3, 1800);
+  EXPECT_EQ(seqs(wide->build(64, 1001, Lane::main)), (std::vector<uint64_t>{1, 3, 4}));
+
+  // A memory-bound device's measured times (a rider ~2%): slack 0.1 takes the cap's worth.
+  auto flat = make(0.1);
+  admit_all(*flat, rs);
+  for (int n = 1; n <= 3; ++n) flat->observe_main_step(n, 1000 + 20 * (n - 1));
+  EXPECT_EQ(seqs(flat->build(64, 1001, Lane::main)), (std::vector<uint64_t>{1, 3, 4}));
+  EXPECT_EQ(flat->slack_refused(), 0u);
+
+  // Without reactive work nothing is bounded: every proactive decoder decodes.
+  rs[0]->finish_reason = "stop";
+  s->remove(rs[0].get());
+  EXPECT_EQ(seqs(s->build(64, 1004, Lane::main)), (std::vector<uint64_t>{2, 3, 4}));
+}
+
+// The reactive part of a step includes its prefill chunk: riders filling a prefill step's last,
+// partial chunk ride for free when the step's measured time does not grow with them.
+TEST(AgentScheduler, SlackRuleCountsTheReactivePrefillInTheBaseStep) {
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(prefilling(1, Priority::reactive, 500));  // 8 prompt tokens
+  rs.push_back(decoding(2, Priority::proactive, 40, 1000));
+  rs.push_back(decoding(3, Priority::proactive, 60, 1000));
+  for (size_t i = 1; i < rs.size(); ++i) rs[i]->proactive_lane = true;
+  Scheduler s(8, 8);
+  agent::AgentConfig cfg;
+  cfg.rider_slack = 0.05;
+  s.set_agent_config(cfg);
+  s.set_riding(true, 8);
+  admit_all(s, rs);
+  // 8-10 tokens run one program: the same measured time.
+  for (int n = 8; n <= 10; ++n) s.observe_main_step(n, 3000);
+  EXPECT_EQ(seqs(s.build(64, 1001, Lane::main)), (std::vector<uint64_t>{1, 2, 3}));
+  // A 9-token step measured 10% slower (a slack of 5%): the rule takes the largest count that
+  // fits, so both still ride while 10 tokens measure 3.0 ms ...
+  for (int i = 0; i < 8; ++i) s.observe_main_step(9, 3300);
+  EXPECT_GT(*s.step_times().predict(9), 3150.0);
+  EXPECT_EQ(seqs(s.build(64, 1002, Lane::main)), (std::vector<uint64_t>{1, 2, 3}));
+  // ... and none once 10 tokens measure slower too.
+  for (int i = 0; i < 8; ++i) s.observe_main_step(10, 3300);
+  EXPECT_EQ(seqs(s.build(64, 1003, Lane::main)), (std::vector<uint64_t>{1}));
 }
 
 }  // namespace

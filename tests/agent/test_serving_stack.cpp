@@ -126,8 +126,18 @@ TEST_F(AgentServingStack, ReactiveArrivalPreemptsProactivePrefillWhichResumesBit
 // counts the shared steps, and their tokens arrive while a reactive request is in flight), never
 // more than the cap of them in a step with reactive work, their tokens equal undisturbed runs
 // and no KV byte is copied.
+// The slack rule (DUET_AGENT_RIDER_SLACK) would keep most riders out of reactive steps on this
+// CPU backend (a rider costs a step ~1 ms here): the test raises it to inf so that the cap is what
+// bounds the riders, as the check below expects. The slack rule itself is covered in
+// agent_scheduler_tests with measured step times. Carrying (DUET_AGENT_PROACTIVE_CARRY, off by
+// default) is on here: the proactive requests submitted together decode in the proactive prefill
+// steps of the others, and their tokens must still equal their undisturbed runs.
 TEST_F(AgentServingStack, ProactiveDecodeRidesInReactiveStepsUnderTheCap) {
+  ::setenv("DUET_AGENT_RIDER_SLACK", "inf", 1);
+  ::setenv("DUET_AGENT_PROACTIVE_CARRY", "on", 1);  // off by default; its tokens are checked here
   up();
+  ::unsetenv("DUET_AGENT_RIDER_SLACK");
+  ::unsetenv("DUET_AGENT_PROACTIVE_CARRY");
   const int pro_tokens = 80, re_tokens = 16;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 5; ++i) prompts.push_back(prompt(24 + 9 * i, 20 + i));
@@ -207,6 +217,9 @@ TEST_F(AgentServingStack, ProactiveDecodeRidesInReactiveStepsUnderTheCap) {
   EXPECT_GT(a["shared_steps"].get<uint64_t>(), 0u);
   EXPECT_GT(a["shared_tokens"].get<uint64_t>(), 0u);
   EXPECT_GE(a["max_proactive_in_reactive_step"].get<int>(), 1);
+  EXPECT_TRUE(a["rider_slack"].is_null()) << "the stack did not take DUET_AGENT_RIDER_SLACK=inf";
+  EXPECT_GT(a["carried_tokens"].get<uint64_t>(), 0u)
+      << "no proactive decoder went in another request's proactive prefill step";
   EXPECT_LE(a["max_proactive_in_reactive_step"].get<int>(), a["decode_cap"].get<int>())
       << "more proactive decoders than the cap in a step with reactive work";
   EXPECT_FALSE(a["parked"].get<bool>());
