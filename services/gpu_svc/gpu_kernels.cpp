@@ -52,12 +52,19 @@ bool env_off(const char* name) {
 GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type == "gpu") {
   int8_matmul_ = !env_off("DUET_GPU_INT8_MATMUL") && int8_kernels_available();
   int8_vnni_ = int8_matmul_ && !env_off("DUET_GPU_INT8_VNNI") && host_has_vnni();
+  if (dev_.info().type == "cpu") {
+    try {
+      dev_.kernel("attention_cpu");
+      attention_cpu_available_ = true;
+    } catch (const Error&) {  // built by clang only (attention.cl)
+    }
+  }
   if (const char* e = std::getenv("DUET_GPU_INT8_ACT_BITS"); e && *e) {
     try {
-      set_int8_act_bits(std::stoi(e));
-    } catch (const std::logic_error&) {  // stoi's invalid_argument / out_of_range
+      set_int8_act_bits(std::string(e));
+    } catch (const Error& err) {
       throw Error(Errc::invalid_argument,
-                  std::string("DUET_GPU_INT8_ACT_BITS must be 8 or 16, not '") + e + "'");
+                  std::string("DUET_GPU_INT8_ACT_BITS='") + e + "': " + err.what());
     }
   }
 }
@@ -85,11 +92,56 @@ void GpuKernels::set_int8_matmul(bool on) {
   int8_matmul_ = on;
 }
 
-void GpuKernels::set_int8_act_bits(int bits) {
+// 16 bits for every role by default: any role at 8 bits flips a clear-margin reference token
+// in some plan (gpu_kernels.h, bench/gpu/RESULTS.md).
+std::array<int, kMatmulRoles> GpuKernels::default_int8_act_bits() {
+  std::array<int, kMatmulRoles> bits{};
+  bits.fill(16);
+  return bits;
+}
+
+void GpuKernels::set_int8_act_bits(MatmulRole role, int bits) {
   if (bits != 8 && bits != 16)
     throw Error(
         Errc::invalid_argument,
         "gpu_svc: integer matmul activation bits must be 8 or 16, not " + std::to_string(bits));
+  int8_act_bits_.at(static_cast<size_t>(role)) = bits;
+}
+
+void GpuKernels::set_int8_act_bits(int bits) {
+  for (int r = 0; r < kMatmulRoles; ++r) set_int8_act_bits(static_cast<MatmulRole>(r), bits);
+}
+
+int GpuKernels::int8_act_bits() const {
+  return *std::max_element(int8_act_bits_.begin(), int8_act_bits_.end());
+}
+
+void GpuKernels::set_int8_act_bits(const std::string& spec) {
+  const auto parse_bits = [&](const std::string& v) {
+    if (v != "8" && v != "16")
+      throw Error(Errc::invalid_argument,
+                  "gpu_svc: integer matmul activation bits must be 8 or 16, not '" + v + "'");
+    return std::stoi(v);
+  };
+  std::array<int, kMatmulRoles> bits = int8_act_bits_;  // all or nothing
+  size_t at = 0;
+  while (at <= spec.size()) {  // items in order: "bits" (every role) or "role=bits"
+    const size_t end = std::min(spec.find(',', at), spec.size());
+    const std::string item = spec.substr(at, end - at);
+    at = end + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      bits.fill(parse_bits(item));
+      continue;
+    }
+    const std::string role = item.substr(0, eq);
+    int r = 0;
+    while (r < kMatmulRoles && matmul_role_name(static_cast<MatmulRole>(r)) != role) ++r;
+    if (r == kMatmulRoles)
+      throw Error(Errc::invalid_argument,
+                  "gpu_svc: no matmul role '" + role + "' (q k v o gate up down logits)");
+    bits[static_cast<size_t>(r)] = parse_bits(item.substr(eq + 1));
+  }
   int8_act_bits_ = bits;
 }
 
@@ -135,6 +187,7 @@ cl_event GpuKernels::launch(const char* name, cl_kernel k, cl_uint dims, const s
 cl_event GpuKernels::embed(cl_mem arena, DType wtype, cl_mem w, uint64_t w_off, uint32_t cols,
                            uint64_t tok_off, uint64_t out_off, uint32_t out_stride, TokenRange t,
                            uint32_t packed_rows) {
+  forget_quantized_input();
   const std::string name =
       std::string(packed_rows ? "embed_packed_" : "embed_") + kernel_type_suffix(wtype);
   cl_kernel k = dev_.kernel(name);
@@ -148,6 +201,7 @@ cl_event GpuKernels::embed(cl_mem arena, DType wtype, cl_mem w, uint64_t w_off, 
 cl_event GpuKernels::rmsnorm(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint64_t out_off,
                              uint32_t out_stride, cl_mem w, uint64_t w_off, uint32_t dim, float eps,
                              TokenRange t) {
+  forget_quantized_input();
   cl_kernel k = dev_.kernel("rmsnorm");
   // A power of two no larger than the row or the device's work-group limit.
   size_t lsz = dev_.info().type == "gpu" ? 256 : 16;
@@ -162,6 +216,7 @@ cl_event GpuKernels::rmsnorm(cl_mem arena, uint64_t x_off, uint32_t x_stride, ui
 
 cl_event GpuKernels::rope(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t n_heads,
                           uint32_t head_dim, float freq_base, uint64_t tok_off, TokenRange t) {
+  forget_quantized_input();
   if (dev_.info().type == "cpu") {  // the angle once per pair and token (rope_heads)
     cl_kernel k = dev_.kernel("rope_heads");
     set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{head_dim}, cl_float{freq_base},
@@ -179,6 +234,7 @@ cl_event GpuKernels::rope(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint3
 cl_event GpuKernels::swiglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
                             uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                             TokenRange t) {
+  forget_quantized_input();
   cl_kernel k = dev_.kernel("swiglu");
   set_args(k, arena, cl_ulong{g_off}, cl_uint{g_stride}, cl_ulong{u_off}, cl_uint{u_stride},
            cl_ulong{out_off}, cl_uint{out_stride}, cl_uint{t.begin});
@@ -189,6 +245,7 @@ cl_event GpuKernels::swiglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uin
 cl_event GpuKernels::add(cl_mem arena, uint64_t a_off, uint32_t a_stride, uint64_t b_off,
                          uint32_t b_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                          TokenRange t) {
+  forget_quantized_input();
   cl_kernel k = dev_.kernel("add");
   set_args(k, arena, cl_ulong{a_off}, cl_uint{a_stride}, cl_ulong{b_off}, cl_uint{b_stride},
            cl_ulong{out_off}, cl_uint{out_stride}, cl_uint{t.begin});
@@ -201,6 +258,7 @@ cl_event GpuKernels::add(cl_mem arena, uint64_t a_off, uint32_t a_stride, uint64
 cl_event GpuKernels::matmul_cpu(cl_mem arena, const MatmulArgs& a) {
   if (int8_matmul_ && (a.wtype == DType::Q4_0 || a.wtype == DType::Q8_0))
     return matmul_int8(arena, a);
+  forget_quantized_input();
   constexpr size_t kCpuGemmRows = 3, kCpuGemmTokens = 6;  // CPU_GEMM_ROWS/_TOKENS in matmul.cl
   constexpr size_t kRowGroup = 16;  // work-items per work-group: PoCL runs a group per thread
   const bool gemm = a.tokens.count() > 2;
@@ -231,6 +289,7 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
     return launch("matmul_i8", nullptr, 1, none, nullptr);
   }
   if (row_bytes * n > int8_rows_bytes_) {
+    forget_quantized_input();
     if (int8_rows_) clReleaseMemObject(int8_rows_);  // queued users keep it alive
     int8_rows_ = nullptr;
     int8_rows_bytes_ = 0;
@@ -240,13 +299,28 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
     check_cl(err, "clCreateBuffer(int8 rows)");
     int8_rows_bytes_ = bytes;
   }
-  const int bits = int8_act_bits_;
-  cl_kernel qk = dev_.kernel("quantize_q8_act");
-  set_args(qk, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.k}, cl_uint{a.tokens.begin},
-           cl_uint{a.tokens.end}, int8_rows_, cl_uint{static_cast<uint32_t>(row_bytes)},
-           cl_uint{static_cast<uint32_t>(bits)});
-  const size_t qglobal[2] = {a.k / static_cast<size_t>(kQK), n};
-  clReleaseEvent(launch("quantize_q8_act", qk, 2, qglobal, nullptr));
+  const int bits = a.role ? int8_act_bits(*a.role) : int8_act_bits();
+  // The weights' zero point as a shift: Q4_0 nibbles are w + 8, Q8_0 bytes w + 128 (the XOR).
+  const uint32_t zp_shift = a.wtype == DType::Q4_0 ? 3 : 7;
+  const QuantizedInput input{true,    arena,          a.x_off,      a.x_stride,
+                             a.k,     a.tokens.begin, a.tokens.end, static_cast<uint32_t>(bits),
+                             zp_shift};
+  if (!(reuse_quantized_ && quantized_ == input)) {
+    cl_kernel qk = dev_.kernel("quantize_q8_act");
+    set_args(qk, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.k},
+             cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, int8_rows_,
+             cl_uint{static_cast<uint32_t>(row_bytes)}, cl_uint{static_cast<uint32_t>(bits)},
+             cl_uint{zp_shift});
+    const size_t qglobal[2] = {a.k / static_cast<size_t>(kQK), n};
+    clReleaseEvent(launch("quantize_q8_act", qk, 2, qglobal, nullptr));
+    quantized_ = input;
+  }
+  // The output may overwrite the input rows (or, for Logits, rows we do not bound here).
+  const uint64_t x_begin = a.x_off + uint64_t{a.tokens.begin} * a.x_stride * 4,
+                 x_end = a.x_off + uint64_t{a.tokens.end} * a.x_stride * 4,
+                 y_begin = a.y_off + uint64_t{a.tokens.begin} * a.y_stride * 4,
+                 y_end = a.y_off + uint64_t{a.tokens.end} * a.y_stride * 4;
+  if (a.rows_from_table || (y_begin < x_end && x_begin < y_end)) forget_quantized_input();
 
   // 8-token tiles measured best of 8, 12 and 16 (bench/gpu/RESULTS.md).
   constexpr size_t kRowsPerItem = 16, kTileTokens = 8;  // matmul_int8.cl
@@ -268,6 +342,11 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   return launch(name.c_str(), k, 2, global, local);
 }
 
+void GpuKernels::reuse_quantized_inputs() {
+  reuse_quantized_ = true;
+  forget_quantized_input();
+}
+
 cl_event GpuKernels::matmul(cl_mem arena, const MatmulArgs& a) {
   if (a.packed_rows && !has_packed_layout(a.wtype))
     throw Error(Errc::invalid_argument, std::string("gpu_svc: no packed layout for ") +
@@ -276,6 +355,7 @@ cl_event GpuKernels::matmul(cl_mem arena, const MatmulArgs& a) {
   const bool small_enough = uint64_t{a.packed_rows} * (a.k / kQK) * 2 < (uint64_t{1} << 32);
   if (coop_gemv_ && a.tokens.count() <= 4 && small_enough) return gemv_gpu(arena, a);
   if (!a.packed_rows && dev_.info().type == "cpu") return matmul_cpu(arena, a);
+  forget_quantized_input();  // the float paths do not track their outputs
   const uint32_t per_item = a.tokens.count() <= 2 ? 1 : kMatmulTokensPerItem;
   const std::string name = std::string(a.packed_rows ? "matmul_packed_t" : "matmul_t") +
                            (per_item == 1 ? "1_" : "8_") + kernel_type_suffix(a.wtype);
@@ -305,6 +385,7 @@ void GpuKernels::set_gemv_variant(const std::string& variant) {
 // packed tensors have them (the runner packs only 16-byte aligned ones), F16/F32 rows have them
 // when the tensor does (k is a multiple of 32); other tensors take the file-layout kernels.
 cl_event GpuKernels::gemv_gpu(cl_mem arena, const MatmulArgs& a) {
+  forget_quantized_input();
   const size_t rows = a.row_end - a.row_begin;
   const bool plain_float = a.wtype == DType::F16 || a.wtype == DType::F32;
   // Measured on the H100 (bench/gpu/RESULTS.md): tall matrices want few lanes per row, the
@@ -348,6 +429,7 @@ cl_event GpuKernels::gemv_gpu(cl_mem arena, const MatmulArgs& a) {
 }
 
 cl_event GpuKernels::copy(cl_mem src, cl_mem dst, size_t bytes) {
+  forget_quantized_input();
   cl_kernel k = dev_.kernel("copy_f32");
   set_args(k, src, dst);
   const size_t global[1] = {bytes / 64};
@@ -356,6 +438,7 @@ cl_event GpuKernels::copy(cl_mem src, cl_mem dst, size_t bytes) {
 
 cl_event GpuKernels::kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, uint64_t v_off,
                               uint32_t v_stride, const KvArgs& kv, uint64_t tok_off, TokenRange t) {
+  forget_quantized_input();
   cl_kernel k = dev_.kernel("kv_write");
   set_args(k, arena, cl_ulong{k_off}, cl_uint{k_stride}, cl_ulong{v_off}, cl_uint{v_stride}, kv.kv,
            cl_ulong{kv.pages_offset}, cl_ulong{kv.page_bytes}, cl_uint{kv.page_tokens},
@@ -369,8 +452,10 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
                                uint32_t out_stride, const KvArgs& kv, uint64_t tok_off,
                                uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
                                TokenRange t) {
-  // CPU devices: the vectorised kernel (head_dim a multiple of 16, up to ATTN_CPU_VECS * 16).
-  const bool cpu_vec = dev_.info().type == "cpu" && head_dim % 16 == 0 && head_dim <= 128;
+  forget_quantized_input();
+  // CPU devices: the vectorised kernel (head_dim a multiple of 16, up to ATTN_CPU_VECS * 16)
+  // where their compiler built it (clang: PoCL).
+  const bool cpu_vec = attention_cpu_available_ && head_dim % 16 == 0 && head_dim <= 128;
   const char* name = cpu_vec ? "attention_cpu" : "attention";
   cl_kernel k = dev_.kernel(name);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));

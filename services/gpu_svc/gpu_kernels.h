@@ -6,10 +6,13 @@
 // Argument checking is the runner's (GpuRunner validates programs and steps): these enqueue.
 #include <CL/cl.h>
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/dtype.h"
+#include "core/plan.h"
 #include "services/gpu_svc/cl_device.h"
 
 namespace duet::gpu {
@@ -35,6 +38,8 @@ struct MatmulArgs {
   // Non-zero: `w` holds this Q4_0/Q8_0 tensor (all its rows, of which [row_begin, row_end) are
   // computed) in the packed layout of weight_pack.h at w_off; 0: the file's layout.
   uint32_t packed_rows = 0;
+  // Which matmul of the layer: the integer path picks its activation bits by role (none: 16).
+  std::optional<MatmulRole> role;
 };
 
 struct KvArgs {
@@ -54,10 +59,18 @@ struct KvArgs {
 // by default there; the environment variable DUET_GPU_INT8_MATMUL=0 turns it off (the fp32
 // kernels of matmul.cl then run, as on every other device), DUET_GPU_INT8_VNNI=0 keeps it on
 // but uses the portable kernels instead of AVX-512 VNNI (the same bits, slower).
-// DUET_GPU_INT8_ACT_BITS: 16 (default) quantises activations to 16 bits per 32-value block
-// (two 8-bit planes, twice the dot instructions; tiny-fortune's teacher-forced top-1 agrees
-// with the reference at every clear position), 8 to llama.cpp's 8 bits (faster GEMMs; 3-6 of
-// ~285 clear positions flip there, perplexity within 1%: tests/gpu_svc/gpu_int8_model_test).
+// Activations are quantised per 32-value block to 8 bits (llama.cpp's Q8_0) or 16 (two 8-bit
+// planes: twice the dot instructions), per matmul role; 16 for every role by default. Measured
+// on tiny-fortune (teacher-forced top-1 where the reference margin > 0.05, bench/gpu/RESULTS.md):
+// 8 bits everywhere flips 7 of 285 (Q4_0) and 3 of 282 (Q8_0) positions; the least sensitive
+// inputs (o: attention averages; gate/up and logits: RMS-normed rows; 62% of a llama3.2-1b
+// layer's matmul FLOPs) at 8 bits with q/k/v (attention scores) and down (SwiGLU products,
+// outlier channels) at 16 keep every position in the gpu-only plan but flip 1 (Q4_0) and 3
+// (Q8_0) when the solver's tensor plan splits matmuls with the NPU, and smaller 8-bit sets
+// still flip a near-threshold position in some plan or bucket set: so no role is 8-bit by
+// default. DUET_GPU_INT8_ACT_BITS sets them (set_int8_act_bits' spec): "8" or "16" for every
+// role, "role=bits,..." for the roles named, e.g. "16,o=8,gate=8,up=8,logits=8" (prefill at
+// about 1.0x llama.cpp on llama3.2-1b at 54 tokens, 0.9x at 296, bench/gpu/RESULTS.md).
 class GpuKernels {
  public:
   explicit GpuKernels(ClDevice& dev);
@@ -81,8 +94,25 @@ class GpuKernels {
   bool int8_matmul() const { return int8_matmul_; }
   void set_int8_vnni(bool on);
   bool int8_vnni() const { return int8_vnni_; }
-  void set_int8_act_bits(int bits);  // 8 or 16; invalid_argument otherwise
-  int int8_act_bits() const { return int8_act_bits_; }
+  // Activation bits of the integer path, per matmul role (see above): 8 or 16, invalid_argument
+  // otherwise. set_int8_act_bits(bits) sets every role; int8_act_bits() is the widest (what a
+  // matmul without a role gets).
+  void set_int8_act_bits(int bits);
+  void set_int8_act_bits(MatmulRole role, int bits);
+  // Comma-separated items applied in order: "8" or "16" (every role), "role=8" or "role=16"
+  // (roles q k v o gate up down logits); e.g. "16,down=8". Roles not named keep their bits.
+  // invalid_argument for anything else (and nothing changes then).
+  void set_int8_act_bits(const std::string& spec);
+  int int8_act_bits() const;
+  int int8_act_bits(MatmulRole role) const { return int8_act_bits_[static_cast<int>(role)]; }
+
+  // The integer path quantises a matmul's input once for consecutive matmuls of the same rows
+  // (q/k/v, gate/up) when the caller vouches that only ops through these kernels write the
+  // arena: from reuse_quantized_inputs() (the runner, at each step's start) until
+  // forget_quantized_input() (the runner, before an op that waits for another device). Any
+  // other op, and a matmul whose output overlaps the input, forgets it too. Off by default.
+  void reuse_quantized_inputs();
+  void forget_quantized_input() { quantized_.valid = false; }
 
   // packed_rows: as MatmulArgs::packed_rows (a tied table the runner packed for Logits).
   cl_event embed(cl_mem arena, DType wtype, cl_mem w, uint64_t w_off, uint32_t cols,
@@ -132,10 +162,20 @@ class GpuKernels {
   bool coop_gemv_;
   std::string gemv_variant_;  // "": by shape
   bool int8_matmul_ = false, int8_vnni_ = false;
-  int int8_act_bits_ = 16;
+  bool attention_cpu_available_ = false;  // a CPU device whose compiler built attention_cpu
+  std::array<int, kMatmulRoles> int8_act_bits_ = default_int8_act_bits();
+  static std::array<int, kMatmulRoles> default_int8_act_bits();
   // The quantised input rows of the running matmul (one at a time: the queue is in order).
   cl_mem int8_rows_ = nullptr;
   size_t int8_rows_bytes_ = 0;
+  struct QuantizedInput {  // what int8_rows_ holds
+    bool valid = false;
+    cl_mem arena = nullptr;
+    uint64_t x_off = 0;
+    uint32_t x_stride = 0, k = 0, t_begin = 0, t_end = 0, bits = 0, zp_shift = 0;
+    bool operator==(const QuantizedInput&) const = default;
+  } quantized_;
+  bool reuse_quantized_ = false;
 };
 
 // A kernel-name suffix per weight type ("q4_0", ...); throws unsupported for others.

@@ -368,10 +368,12 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
 
   const uint64_t tok = step.tokens_offset;
   const TokenRange all{0, n};
+  kernels_.reuse_quantized_inputs();  // only this step's own ops write the arena, until a wait
   report.next_op = static_cast<uint32_t>(prog.ops.size());
   try {
     for (size_t i = step.first_op; i < prog.ops.size(); ++i) {
       const fb::OpT& op = *prog.ops[i];
+      if (!op.wait_flags.empty()) kernels_.forget_quantized_input();  // another device wrote
       if (preemptible) {
         // Preemption point: a few ops in flight (the one running and the next ones, queued), so
         // the step stops within kPreemptibleOpsInFlight ops of the request while the device
@@ -459,6 +461,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
           a.tok_off = tok;
           a.rows_from_table = op.kind == fb::OpKind::Logits;
           a.packed_rows = packed_.rows(p.weights, op.weight->offset());
+          if (op.role < kMatmulRoles) a.role = static_cast<MatmulRole>(op.role);
           last = kernels_.matmul(p.arena, a);
           break;
         }

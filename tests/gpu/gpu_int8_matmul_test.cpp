@@ -5,11 +5,13 @@
 // - the bits are those of the documented algorithm, emulated here on the host (8-bit blocks,
 //   exact int32 block dots, one fma per block in block order);
 // - and the result stays close to the fp32 matmul of the unquantised input;
-// - F16/F32 weights (fp32 kernels): batch invariance too.
+// - F16/F32 weights (fp32 kernels): batch invariance too;
+// - the activation bits per matmul role, and the reuse of a quantised input (gpu_kernels.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -248,6 +250,114 @@ TEST_P(Int8Matmul, StaysCloseToTheFp32Matmul) {
     }
   EXPECT_LT(worst, bits == 16 ? 5e-5 : 5e-3);
   EXPECT_GT(worst, 0.0) << "bit-equal to fp32: the 8-bit path did not run";
+}
+
+// The activation bits follow the matmul's role (16 for all by default; DUET_GPU_INT8_ACT_BITS
+// or set_int8_act_bits(spec) set them): each role's output has the bits of the documented
+// algorithm at that role's width, a matmul without a role the widest.
+TEST(Int8MatmulRoles, ActivationBitsFollowTheRole) {
+  ClDevice& dev = shared_device();
+  GpuKernels kernels(dev);
+  if (!int8_path_available(kernels)) GTEST_SKIP() << "no 8-bit path on " << dev.info().name;
+  const std::vector<std::pair<MatmulRole, int>> rule = {
+      {MatmulRole::q, 16},   {MatmulRole::k, 16}, {MatmulRole::v, 16},    {MatmulRole::o, 8},
+      {MatmulRole::gate, 8}, {MatmulRole::up, 8}, {MatmulRole::down, 16}, {MatmulRole::logits, 8}};
+  for (const auto& [role, bits] : rule) EXPECT_EQ(kernels.int8_act_bits(role), 16);
+  kernels.set_int8_act_bits(std::string("16,o=8,gate=8,up=8,logits=8"));
+  for (const auto& [role, bits] : rule) EXPECT_EQ(kernels.int8_act_bits(role), bits);
+  EXPECT_EQ(kernels.int8_act_bits(), 16);
+  const uint32_t rows = 40, cols = 256, n = 5;
+  const auto wbytes = random_weights(DType::Q4_0, rows, cols, 21);
+  HostBuffer w(dev, wbytes.size());
+  std::memcpy(w.at(0), wbytes.data(), wbytes.size());
+  w.upload();
+  const auto x = random_floats(size_t{n} * cols, 22, 3.0f);
+  const uint64_t x_off = 4096, y_off = x_off + uint64_t{n} * cols * 4;
+  HostBuffer arena(dev, y_off + uint64_t{n} * rows * 4);
+  std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
+  arena.upload();
+  const size_t row_bytes = wbytes.size() / rows;
+  auto check = [&](std::optional<MatmulRole> role, int bits) {
+    MatmulArgs a{DType::Q4_0, w.mem(), 0,    cols,   x_off, cols, y_off,
+                 rows,        0,       rows, {0, n}, 0,     false};
+    a.role = role;
+    run(kernels.matmul(arena.mem(), a));
+    arena.download();
+    for (uint32_t t = 0; t < n; ++t)
+      for (uint32_t r = 0; r < rows; ++r)
+        ASSERT_EQ(emulate(DType::Q4_0, wbytes.data() + r * row_bytes, x.data() + size_t{t} * cols,
+                          cols, bits),
+                  arena.at<float>(y_off)[size_t{t} * rows + r])
+            << "role " << (role ? std::string(matmul_role_name(*role)) : "none") << " token " << t
+            << " row " << r;
+  };
+  for (const auto& [role, bits] : rule) check(role, bits);
+  check(std::nullopt, 16);
+  kernels.set_int8_act_bits(std::string("down=8,o=16"));
+  check(MatmulRole::down, 8);
+  check(MatmulRole::o, 16);
+  check(MatmulRole::gate, 8);  // unnamed roles keep theirs
+  kernels.set_int8_act_bits(std::string("16"));
+  check(MatmulRole::gate, 16);
+  kernels.set_int8_act_bits(std::string("8,up=16"));  // in order: every role, then up
+  check(MatmulRole::gate, 8);
+  check(MatmulRole::up, 16);
+  kernels.set_int8_act_bits(std::string("16"));
+  for (const char* bad : {"12", "down=4", "fc1=8", "down", "", "q=8,,k=8"}) try {
+      kernels.set_int8_act_bits(std::string(bad));
+      ADD_FAILURE() << "spec '" << bad << "' accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument) << bad;
+    }
+  check(MatmulRole::gate, 16);  // a rejected spec changes nothing
+}
+
+// reuse_quantized_inputs(): consecutive matmuls of the same input rows quantise them once, and
+// a matmul that writes over its input (or any other op) makes the next one quantise again.
+TEST(Int8MatmulRoles, AQuantisedInputIsReusedOnlyWhileItIsCurrent) {
+  ClDevice& dev = shared_device();
+  GpuKernels kernels(dev);
+  if (!int8_path_available(kernels)) GTEST_SKIP() << "no 8-bit path on " << dev.info().name;
+  const uint32_t dim = 128, n = 6;
+  const auto w1 = random_weights(DType::Q4_0, dim, dim, 31),
+             w2 = random_weights(DType::Q8_0, dim, dim, 32);
+  HostBuffer w(dev, w1.size() + w2.size());
+  std::memcpy(w.at(0), w1.data(), w1.size());
+  std::memcpy(w.at(w1.size()), w2.data(), w2.size());
+  w.upload();
+  auto x = random_floats(size_t{n} * dim, 33, 2.0f);
+  const uint64_t x_off = 4096, y_off = x_off + uint64_t{n} * dim * 4;
+  HostBuffer arena(dev, y_off + uint64_t{n} * dim * 4);
+  std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
+  arena.upload();
+  kernels.reuse_quantized_inputs();
+  // y = W x for weights (type, offset) from input rows at `in` to rows at `out`, checked
+  // against the emulation on what the input rows held.
+  auto step = [&](DType type, uint64_t w_off, MatmulRole role, uint64_t in, uint64_t out) {
+    arena.download();
+    const std::vector<float> input(arena.at<float>(in), arena.at<float>(in) + size_t{n} * dim);
+    MatmulArgs a{type, w.mem(), w_off, dim, in, dim, out, dim, 0, dim, {0, n}, 0, false};
+    a.role = role;
+    run(kernels.matmul(arena.mem(), a));
+    arena.download();
+    const uint8_t* wb = (type == DType::Q4_0 ? w1.data() : w2.data());
+    const size_t row_bytes = dtype_row_bytes(type, dim);
+    for (uint32_t t = 0; t < n; ++t)
+      for (uint32_t r = 0; r < dim; ++r)
+        ASSERT_EQ(emulate(type, wb + r * row_bytes, input.data() + size_t{t} * dim, dim,
+                          kernels.int8_act_bits(role)),
+                  arena.at<float>(out)[size_t{t} * dim + r])
+            << matmul_role_name(role) << " token " << t << " row " << r;
+  };
+  step(DType::Q4_0, 0, MatmulRole::q, x_off, y_off);
+  step(DType::Q4_0, 0, MatmulRole::k, x_off, y_off);          // reused
+  step(DType::Q8_0, w1.size(), MatmulRole::v, x_off, y_off);  // another zero point
+  step(DType::Q4_0, 0, MatmulRole::gate, x_off, y_off);       // 8 bits
+  step(DType::Q4_0, 0, MatmulRole::up, x_off, x_off);         // overwrites its input
+  step(DType::Q4_0, 0, MatmulRole::gate, x_off, y_off);       // so quantises again
+  // An op that writes the input rows through these kernels.
+  run(kernels.add(arena.mem(), y_off, dim, y_off, dim, x_off, dim, dim, {0, n}));
+  step(DType::Q4_0, 0, MatmulRole::up, x_off, y_off);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,

@@ -81,4 +81,16 @@ inline std::vector<uint8_t> random_weights(DType type, int64_t rows, int64_t col
   return out;
 }
 
+// Sets an environment variable for its lifetime (what GpuKernels reads when it is built).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 }  // namespace duet::gpu::testing

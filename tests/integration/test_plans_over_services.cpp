@@ -20,11 +20,15 @@
 #include "core/run_dir.h"
 #include "core/solver.h"
 #include "services/frontend/program_engine.h"
+#include "tests/support/teacher_forced.h"
 
 extern char** environ;
 
 namespace duet::frontend {
 namespace {
+
+using test_support::Agreement;
+using test_support::teacher_forced;
 
 using namespace std::chrono_literals;
 
@@ -33,19 +37,6 @@ std::string data_dir() {
 }
 std::string model_path(const std::string& v) {
   return data_dir() + "fortune-" + v + ".gguf";
-}
-
-nlohmann::json load_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
-std::vector<float> load_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  std::vector<float> v(static_cast<size_t>(in.tellg()) / 4);
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  return v;
 }
 
 // One device service process, started the way the supervisor starts it.
@@ -120,43 +111,6 @@ class PlansOverServices : public ::testing::Test {
   std::unique_ptr<ServiceProcess> gpu_, npu_;
 };
 
-// Teacher-forced: the prompt as one prefill step, then every reference token one decode step at
-// a time; counts positions where the reference's margin is clear and top-1 agrees.
-struct Agreement {
-  int clear = 0;
-  int agree = 0;
-};
-
-Agreement teacher_forced(Engine& e, const std::string& variant) {
-  const nlohmann::json j = load_json(data_dir() + "teacher-forced/" + variant + ".json");
-  const std::vector<float> ref = load_f32(data_dir() + "teacher-forced/" + variant + ".logits.f32");
-  const int V = e.model().hp().n_vocab;
-  Agreement a;
-  size_t row = 0;
-  uint64_t seq = 1;
-  for (const auto& s : j["sequences"]) {
-    const std::vector<int32_t> ids = s["ids"];
-    const int n_prompt = s["n_prompt"];
-    e.open_seq(seq, 128);
-    auto check = [&](const std::vector<float>& logits, size_t ref_row) {
-      const float* r = &ref[ref_row * V];
-      std::vector<float> sorted(r, r + V);
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      if (sorted[0] - sorted[1] <= 0.05f) return;
-      ++a.clear;
-      const auto top = [&](const float* v) { return std::max_element(v, v + V) - v; };
-      if (top(logits.data()) == top(r)) ++a.agree;
-    };
-    std::vector<int32_t> prompt(ids.begin(), ids.begin() + n_prompt);
-    check(e.step({{seq, prompt, 0, true}}, nullptr), row + n_prompt - 1);
-    for (size_t p = n_prompt; p < ids.size(); ++p)
-      check(e.step({{seq, {ids[p]}, static_cast<int32_t>(p), true}}, nullptr), row + p);
-    e.close_seq(seq++);
-    row += ids.size();
-  }
-  return a;
-}
-
 Plan tensor_plan_for(const std::string& variant, uint32_t bucket) {
   PlanQuery q;
   q.model_path = model_path(variant);
@@ -179,9 +133,9 @@ TEST_F(PlansOverServices, EveryPlanMatchesTheReferenceTeacherForced) {
       SCOPED_TRACE(std::string(variant) + " " + name);
       auto e = engine(variant, name, plan_for, id_base);
       id_base += 100;
-      const Agreement a = teacher_forced(*e, variant);
+      const Agreement a = teacher_forced(*e, data_dir(), variant);
       EXPECT_GT(a.clear, 100);
-      EXPECT_EQ(a.agree, a.clear);
+      EXPECT_EQ(a.agree, a.clear) << describe(a);
     }
   }
 }
@@ -195,9 +149,9 @@ TEST_F(PlansOverServices, NpuGraphModePlansMatchTheReferenceTeacherForced) {
       SCOPED_TRACE(std::string(variant) + " " + name);
       auto e = engine(variant, name, nullptr, id_base);
       id_base += 100;
-      const Agreement a = teacher_forced(*e, variant);
+      const Agreement a = teacher_forced(*e, data_dir(), variant);
       EXPECT_GT(a.clear, 100);
-      EXPECT_EQ(a.agree, a.clear);
+      EXPECT_EQ(a.agree, a.clear) << describe(a);
       EXPECT_EQ(e->status()["buckets"][1]["plan"], name);
     }
   }

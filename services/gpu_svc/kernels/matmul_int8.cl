@@ -1,8 +1,8 @@
 // ---- CPU devices (PoCL, x86): Q4_0/Q8_0 weights x quantised activations, integer dots (issue 7).
 //
 // As llama.cpp: a matmul's input rows are first quantised per 32-value block (quantize_q8_act:
-// a float scale, the quants as one or two 8-bit planes, their sums; 16-bit quants by default,
-// llama.cpp's 8-bit Q8_0 on request), then every block dot product is an exact int32, formed 4
+// a float scale, the quants as one or two 8-bit planes, their sums; llama.cpp's 8-bit Q8_0 or
+// 16-bit quants, by the matmul's role: gpu_kernels.h), then every block dot product is an exact int32, formed 4
 // products at a time (vpdpbusd: unsigned 8-bit x signed 8-bit; Q4_0 nibbles are 0..15 and Q8_0
 // quants are shifted to 0..255 by XOR 0x80; the zero point times the block's quant sum,
 // subtracted, makes the int exact for the signed weights; 16-bit quants are 256 * hi + lo, two
@@ -31,7 +31,7 @@
 // the int dot is 256 * hi + lo.
 kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_stride, uint k,
                             uint t_begin, uint t_end, global uchar* q, uint q_row_bytes,
-                            uint bits) {
+                            uint bits, uint zp_shift) {
   const uint b = get_global_id(0), i = get_global_id(1);
   const uint n_blocks = k / QK;
   if (b >= n_blocks || t_begin + i >= t_end) return;
@@ -61,12 +61,13 @@ kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_strid
   vstore16(convert_char16(q1hi), 1, (global char*)(row + k + b * QK));
   ((global float*)(row + 2 * k))[b] = d;
   // Sums: plane 0's, and for 16 bits the whole quants' (256 * hi + lo: the matmul folds the
-  // zero point's correction for both planes into plane 1's dot).
+  // zero point's correction for both planes into plane 1's dot), stored as that correction:
+  // -(sum << zp_shift), the weights' zero point being 1 << zp_shift (the dot's starting value).
   const int16 s0 = q0lo + q0hi, s1 = q1lo + q1hi + (s0 << 8) * (int)(bits == 16);
   const int8 t0 = s0.lo + s0.hi, t1 = s1.lo + s1.hi;
   const int4 u0 = t0.lo + t0.hi, u1 = t1.lo + t1.hi;
-  ((global int*)(row + 2 * k + 4 * n_blocks))[b] = u0.x + u0.y + u0.z + u0.w;
-  ((global int*)(row + 2 * k + 8 * n_blocks))[b] = u1.x + u1.y + u1.z + u1.w;
+  ((global int*)(row + 2 * k + 4 * n_blocks))[b] = -((u0.x + u0.y + u0.z + u0.w) << zp_shift);
+  ((global int*)(row + 2 * k + 8 * n_blocks))[b] = -((u1.x + u1.y + u1.z + u1.w) << zp_shift);
 }
 
 // vpdpbusd, emulated: per 32-bit lane, acc + the 4 products of u's unsigned bytes and s's signed
@@ -109,9 +110,9 @@ __attribute__((always_inline)) inline void mmi_transpose(const int4* r, int16* w
 #define MMI_ROW_OF_LANE(L) (4 * ((L) % 4) + (L) / 4)
 
 // A block's weights of the 16 rows as 8 unsigned-byte vectors u[g] (g = the 4-element group,
-// matching x's dwords 0..7) and the 16 scales (lane order as u).
+// matching x's dwords 0..7).
 __attribute__((always_inline)) inline void mmi_block_q4_0(global const uchar* const* wp, ulong off,
-                                                          int16* u, float16* dw) {
+                                                          int16* u) {
   int4 r[16];
 #pragma unroll
   for (uint j = 0; j < 16; ++j) r[j] = as_int4(vload16(0, wp[j] + off + 2));
@@ -122,13 +123,9 @@ __attribute__((always_inline)) inline void mmi_block_q4_0(global const uchar* co
     u[g] = t[g] & 0x0F0F0F0F;
     u[g + 4] = (t[g] >> 4) & 0x0F0F0F0F;
   }
-  int16 h;
-#pragma unroll
-  for (uint L = 0; L < 16; ++L) h[L] = *(global const short*)(wp[MMI_ROW_OF_LANE(L)] + off);
-  *dw = as_float16((h << 13) & (int)0x8FFFE000) * 0x1p112f;  // cpu_scale_bits, exact
 }
 __attribute__((always_inline)) inline void mmi_block_q8_0(global const uchar* const* wp, ulong off,
-                                                          int16* u, float16* dw) {
+                                                          int16* u) {
   int4 r[16];
 #pragma unroll
   for (uint part = 0; part < 2; ++part) {
@@ -138,10 +135,14 @@ __attribute__((always_inline)) inline void mmi_block_q8_0(global const uchar* co
   }
 #pragma unroll
   for (uint g = 0; g < 8; ++g) u[g] ^= (int)0x80808080;  // w + 128: unsigned
+}
+// The 16 rows' fp16 scales of a block (lane order as the quants) as floats, exactly
+// (cpu_scale_bits). 16 scalar loads: a dword gather measured slower (bench/gpu/RESULTS.md).
+__attribute__((always_inline)) inline float16 mmi_scales(global const uchar* const* wp, ulong off) {
   int16 h;
 #pragma unroll
   for (uint L = 0; L < 16; ++L) h[L] = *(global const short*)(wp[MMI_ROW_OF_LANE(L)] + off);
-  *dw = as_float16((h << 13) & (int)0x8FFFE000) * 0x1p112f;
+  return as_float16((h << 13) & (int)0x8FFFE000) * 0x1p112f;
 }
 // 16 rows read side by side are 16 streams, too many for the hardware prefetcher (a Logits
 // GEMV from DRAM ran 3x slower than one row per work-item). The next work-item's 16 rows are one
@@ -152,8 +153,6 @@ __attribute__((always_inline)) inline void mmi_prefetch_lines(global const uchar
   for (uint i = first; i < min(first + count, end); ++i)
     __asm__ volatile("prefetcht0 (%0)" : : "r"(base + (ulong)i * 64));
 }
-#define MMI_ZP_SHIFT_q4_0 3  // zero point 8
-#define MMI_ZP_SHIFT_q8_0 7  // zero point 128 (the XOR above)
 
 // y[t][r] for 16 rows x MMI_T tokens per work-item; the quantised input row of token t is
 // q + (t - t_begin) * q_row_bytes. With rows_from_table, token t writes y row tok[t].logits_row
@@ -200,14 +199,15 @@ __attribute__((always_inline)) inline void mmi_prefetch_lines(global const uchar
       mmi_prefetch_lines(next_base, b * lines_per_block, lines_per_block, next_lines);             \
       int16 u[8];                                                                                  \
       float16 dw;                                                                                  \
-      mmi_block_##NAME(wp, (ulong)b * BLOCK_BYTES_##NAME, u, &dw);                                 \
+      mmi_block_##NAME(wp, (ulong)b * BLOCK_BYTES_##NAME, u);                                      \
+      dw = mmi_scales(wp, (ulong)b * BLOCK_BYTES_##NAME);                                          \
       _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                         \
         global const int* x4 = xq[i] + b * 8;                                                      \
         /* 8 bits: the zero point's correction here; 16: all of it in the low plane's dot. */      \
-        int16 dot = (int16)(BITS == 16 ? 0 : -(xs[i][b] << MMI_ZP_SHIFT_##NAME));                  \
+        int16 dot = (int16)(BITS == 16 ? 0 : xs[i][b]);                                            \
         _Pragma("unroll") for (uint g = 0; g < 8; ++g) dot = DOT4_##ISA(dot, u[g], (int16)(x4[g])); \
         if (BITS == 16) {                                                                          \
-          int16 dot_lo = (int16)(-(xs[i][b + sums1_ints] << MMI_ZP_SHIFT_##NAME));                 \
+          int16 dot_lo = (int16)(xs[i][b + sums1_ints]);                                           \
           _Pragma("unroll") for (uint g = 0; g < 8; ++g)                                           \
             dot_lo = DOT4_##ISA(dot_lo, u[g], (int16)(x4[plane1_ints + g]));                       \
           dot = (dot << 8) + dot_lo;                                                               \
