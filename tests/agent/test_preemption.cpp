@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "services/frontend/program_engine.h"
+#include "tests/support/local_flags.h"
 
 namespace duet::frontend {
 namespace {
@@ -20,14 +21,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string model_path() {
-  return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-q8_0.gguf";
-}
-
-Plan activation_split(int npu_tokens) {
-  Plan p;
-  p.name = "activation_split";
-  for (Placement& pl : p.matmul) pl = {Strategy::activation_split, 0, npu_tokens};
-  return p;
+  return test_support::tiny_fortune_path("q8_0");
 }
 
 std::unique_ptr<ProgramEngine> make_engine(const std::string& tag, Plan plan) {
@@ -84,7 +78,7 @@ std::optional<std::vector<float>> run_preempting(
 }
 
 TEST(AgentPreemption, ResumedPrefillIsBitIdenticalAndRecomputesNothing) {
-  auto proactive = make_engine("pro", activation_split(16));
+  auto proactive = make_engine("pro", test_support::activation_split_plan(16));
   auto reactive = make_engine("re", Plan::gpu_only());
   ASSERT_TRUE(proactive->preemptible());
   const std::vector<int32_t> prompt = prompt_of(30, 1);
@@ -138,7 +132,7 @@ TEST(AgentPreemption, ResumedPrefillIsBitIdenticalAndRecomputesNothing) {
 }
 
 TEST(AgentPreemption, LatencyIsBoundedByTheLongestOpPlusIpc) {
-  auto proactive = make_engine("lat", activation_split(16));
+  auto proactive = make_engine("lat", test_support::activation_split_plan(16));
   const std::vector<int32_t> prompt = prompt_of(32, 2);
   proactive->open_seq(1, 128);
   StepStats whole;

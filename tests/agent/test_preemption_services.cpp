@@ -14,13 +14,13 @@
 #include "services/frontend/program_engine.h"
 #include "services/gpu_svc/gpu_service.h"
 #include "services/npu_svc/npu_service.h"
+#include "tests/support/local_flags.h"
 
 namespace duet::frontend {
 namespace {
 
 TEST(AgentPreemptionOnServices, ResumedPrefillMatchesAndRunsEveryOpOnce) {
-  const std::string model =
-      std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-q8_0.gguf";
+  const std::string model = test_support::tiny_fortune_path("q8_0");
   const SocProfile soc = load_soc_profile("sd8gen3");
   gpu::GpuService gpu(gpu::shared_device(), soc, ShmMemoryResolver("gpu_svc"));
   npu::NpuService npu(soc, 0, ShmMemoryResolver("npu_svc"));
@@ -29,12 +29,7 @@ TEST(AgentPreemptionOnServices, ResumedPrefillMatchesAndRunsEveryOpOnce) {
   o.stack_id = "agentsvc" + std::to_string(getpid());
   o.segment_tag = "pro";
   o.plan_name = "activation_split";
-  o.plan_for = [](uint32_t) {
-    Plan p;
-    p.name = "activation_split";
-    for (Placement& pl : p.matmul) pl = {Strategy::activation_split, 0, 16};
-    return p;
-  };
+  o.plan_for = [](uint32_t) { return test_support::activation_split_plan(16); };
   o.buckets = {4, 32};
   o.max_seqs = 1;
   o.max_ctx = 64;

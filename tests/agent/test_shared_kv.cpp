@@ -15,19 +15,13 @@
 #include "core/error.h"
 #include "services/frontend/program_engine.h"
 #include "shm/segment.h"
+#include "tests/support/local_flags.h"
 
 namespace duet::frontend {
 namespace {
 
 std::string model_path() {
-  return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-q8_0.gguf";
-}
-
-Plan activation_split(int npu_tokens) {
-  Plan p;
-  p.name = "activation_split";
-  for (Placement& pl : p.matmul) pl = {Strategy::activation_split, 0, npu_tokens};
-  return p;
+  return test_support::tiny_fortune_path("q8_0");
 }
 
 const std::string kStack = "sharedkv" + std::to_string(getpid());
@@ -38,7 +32,8 @@ std::unique_ptr<ProgramEngine> make_engine(const std::string& tag, std::shared_p
   o.model_path = model_path();
   o.stack_id = kStack;
   o.segment_tag = tag;
-  const Plan plan = activation_split(16);  // both devices in every step: both are preempted
+  const Plan plan =
+      test_support::activation_split_plan(16);  // both devices in every step: both are preempted
   o.plan_name = plan.name;
   o.plan_for = [plan](uint32_t) { return plan; };
   o.buckets = {4, 32};

@@ -23,11 +23,7 @@ namespace {
 
 using testing::HostBuffer;
 using testing::random_floats;
-
-void run(cl_event e) {
-  check_cl(clWaitForEvents(1, &e), "clWaitForEvents");
-  clReleaseEvent(e);
-}
+using testing::run;
 
 // Scales a block may carry: zero, negative, half subnormals (down to the smallest, 2^-24),
 // the smallest normal, ordinary and near the top of the half range.

@@ -30,11 +30,7 @@ namespace {
 using testing::HostBuffer;
 using testing::random_floats;
 using testing::random_weights;
-
-void run(cl_event e) {
-  check_cl(clWaitForEvents(1, &e), "clWaitForEvents");
-  clReleaseEvent(e);
-}
+using testing::run;
 
 bool int8_path_available(GpuKernels& k) {
   try {
@@ -186,9 +182,7 @@ TEST(FloatMatmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
     SCOPED_TRACE(dtype_name(type));
     const uint32_t rows = 37, cols = 160, table = 21;
     const auto wbytes = random_weights(type, rows, cols, 4);
-    HostBuffer w(dev, wbytes.size());
-    std::memcpy(w.at(0), wbytes.data(), wbytes.size());
-    w.upload();
+    HostBuffer w(dev, wbytes);
     const auto x = random_floats(size_t{table} * cols, 8, 2.0f);
     const uint64_t x_off = 4096, y_off = x_off + uint64_t{table} * cols * 4;
     const uint64_t alone_off = y_off + uint64_t{table} * rows * 4;
@@ -223,9 +217,7 @@ TEST_P(Int8Matmul, StaysCloseToTheFp32Matmul) {
   kernels.set_int8_act_bits(bits);
   const uint32_t rows = 96, cols = 512, n = 9;
   const auto wbytes = random_weights(type, rows, cols, 3);
-  HostBuffer w(dev, wbytes.size());
-  std::memcpy(w.at(0), wbytes.data(), wbytes.size());
-  w.upload();
+  HostBuffer w(dev, wbytes);
   const auto x = random_floats(size_t{n} * cols, 9, 1.5f);
   const uint64_t x_off = 4096, y_off = x_off + uint64_t{n} * cols * 4;
   HostBuffer arena(dev, y_off + uint64_t{n} * rows * 4);
@@ -268,9 +260,7 @@ TEST(Int8MatmulRoles, ActivationBitsFollowTheRole) {
   EXPECT_EQ(kernels.int8_act_bits(), 16);
   const uint32_t rows = 40, cols = 256, n = 5;
   const auto wbytes = random_weights(DType::Q4_0, rows, cols, 21);
-  HostBuffer w(dev, wbytes.size());
-  std::memcpy(w.at(0), wbytes.data(), wbytes.size());
-  w.upload();
+  HostBuffer w(dev, wbytes);
   const auto x = random_floats(size_t{n} * cols, 22, 3.0f);
   const uint64_t x_off = 4096, y_off = x_off + uint64_t{n} * cols * 4;
   HostBuffer arena(dev, y_off + uint64_t{n} * rows * 4);

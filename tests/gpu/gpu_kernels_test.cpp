@@ -16,6 +16,7 @@ namespace {
 using testing::HostBuffer;
 using testing::random_floats;
 using testing::random_weights;
+using testing::run;
 
 const DType kTypes[] = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0};
 const uint32_t kOddCounts[] = {1, 31, 33, 257};
@@ -25,11 +26,6 @@ float max_abs_diff(const float* a, const float* b, size_t n) {
   float d = 0;
   for (size_t i = 0; i < n; ++i) d = std::max(d, std::fabs(a[i] - b[i]));
   return d;
-}
-
-void run(cl_event e) {
-  check_cl(clWaitForEvents(1, &e), "clWaitForEvents");
-  clReleaseEvent(e);
 }
 
 // The token table: id, position, sequence, logits row.
@@ -186,9 +182,7 @@ TEST_F(GpuKernelsTest, MatmulMatchesReferenceForTypesSizesAndSplits) {
 TEST_F(GpuKernelsTest, MatmulWritesOnlyItsRowAndTokenRanges) {
   const uint32_t rows = 33, k_in = 64, n = 31;
   const auto wbytes = random_weights(DType::Q4_0, rows, k_in, 5);
-  HostBuffer w(dev, wbytes.size());
-  std::memcpy(w.at(0), wbytes.data(), wbytes.size());
-  w.upload();
+  HostBuffer w(dev, wbytes);
   const auto x = random_floats(n * k_in, 6);
   HostBuffer arena(dev, 4096 + (n * k_in + n * rows) * 4);
   const uint64_t y_off = 4096 + n * k_in * 4;
@@ -218,9 +212,7 @@ TEST_F(GpuKernelsTest, MatmulWritesOnlyItsRowAndTokenRanges) {
 TEST_F(GpuKernelsTest, LogitsWritesOnlyTokensWithALogitsRow) {
   const uint32_t vocab = 257, k_in = 64, n = 33;
   const auto wbytes = random_weights(DType::Q8_0, vocab, k_in, 9);
-  HostBuffer w(dev, wbytes.size());
-  std::memcpy(w.at(0), wbytes.data(), wbytes.size());
-  w.upload();
+  HostBuffer w(dev, wbytes);
   const auto x = random_floats(n * k_in, 10);
   const uint64_t x_off = 4096, y_off = x_off + n * k_in * 4;
   HostBuffer arena(dev, y_off + 2 * vocab * 4);

@@ -23,11 +23,7 @@ namespace {
 using testing::HostBuffer;
 using testing::random_floats;
 using testing::random_weights;
-
-void run(cl_event e) {
-  check_cl(clWaitForEvents(1, &e), "clWaitForEvents");
-  clReleaseEvent(e);
-}
+using testing::run;
 
 float max_abs(const std::vector<float>& v) {
   float m = 1;

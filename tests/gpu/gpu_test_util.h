@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -31,6 +33,11 @@ class HostBuffer {
         CL_MEM_READ_WRITE | (dev.zero_copy() ? CL_MEM_USE_HOST_PTR : CL_MEM_COPY_HOST_PTR), bytes_,
         host_.get(), &err);
     check_cl(err, "clCreateBuffer");
+  }
+  // A copy of `bytes` (weights), already on the device.
+  HostBuffer(ClDevice& dev, const std::vector<uint8_t>& bytes) : HostBuffer(dev, bytes.size()) {
+    std::memcpy(host_.get(), bytes.data(), bytes.size());
+    upload();
   }
   ~HostBuffer() { clReleaseMemObject(mem_); }
   HostBuffer(const HostBuffer&) = delete;
@@ -64,6 +71,12 @@ class HostBuffer {
   cl_mem mem_ = nullptr;
 };
 
+// Waits for a kernel launch and releases its event.
+inline void run(cl_event e) {
+  check_cl(clWaitForEvents(1, &e), "clWaitForEvents");
+  clReleaseEvent(e);
+}
+
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(-scale, scale);
@@ -82,15 +95,25 @@ inline std::vector<uint8_t> random_weights(DType type, int64_t rows, int64_t col
 }
 
 // Sets an environment variable for its lifetime (what GpuKernels reads when it is built).
+// The value it had before is put back (or the variable removed) when it goes.
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
   const char* name_;
+  std::optional<std::string> old_;
 };
 
 }  // namespace duet::gpu::testing

@@ -1,6 +1,7 @@
 #pragma once
-// What the single-process program tests (tests/program, tests/gpu, tests/npu) share: completion
-// flags in process memory instead of shm, and the tiny-fortune model files. Header-only:
+// What the single-process program tests (tests/program, tests/gpu, tests/npu, tests/agent) share:
+// completion flags in process memory instead of shm, the tiny-fortune model files, a plan that
+// keeps both devices busy. Header-only:
 // DUET_SOURCE_DIR is defined per test executable (tests/CMakeLists.txt).
 #include <atomic>
 #include <chrono>
@@ -17,6 +18,15 @@ namespace duet::test_support {
 // tests/data/tiny-fortune/fortune-<variant>.gguf (variant: f16, q8_0, q4_0).
 inline std::string tiny_fortune_path(const std::string& variant) {
   return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-" + variant + ".gguf";
+}
+
+// Every matmul split by tokens: the NPU takes `npu_tokens` of each step's tokens, the GPU the
+// rest (so both devices run in every step, as the preemption tests need).
+inline Plan activation_split_plan(int npu_tokens) {
+  Plan p;
+  p.name = "activation_split";
+  for (Placement& pl : p.matmul) pl = {Strategy::activation_split, 0, npu_tokens};
+  return p;
 }
 
 // Flags in process memory; waits spin-yield until a deadline and then throw Error(timeout).
