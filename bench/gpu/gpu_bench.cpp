@@ -7,7 +7,7 @@
 //   has each round's own ratios): on a loaded machine both sides of a ratio see the same load.
 //   --paths T1,T2,..: CPU devices' matmul paths side by side (fp32 kernels of matmul.cl, the
 //         integer kernels of matmul_int8.cl: portable and VNNI with 16-bit activations, VNNI
-//         with 8-bit ones) on Q4_0 and Q8_0
+//         with 8-bit ones; on the tiled weight layout, and "_file" on the file's) on Q4_0 and Q8_0
 //         [gemm-rows, gemm-cols] x T tokens, host wall clock per call (quantisation included).
 #include <CL/cl.h>
 #include <cblas.h>
@@ -25,6 +25,7 @@
 #include "core/op_shape.h"
 #include "core/quant.h"
 #include "services/gpu_svc/gpu_profiler.h"
+#include "services/gpu_svc/tiled_weights.h"
 
 namespace {
 
@@ -108,14 +109,21 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
     cl_mem wbuf = clCreateBuffer(dev.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, w.size(),
                                  w.data(), &err);
     check_cl(err, "clCreateBuffer");
+    // The integer path's tiled copy (what gpu_svc's runner matmuls use; the file layout's
+    // kernels serve tensors without one).
+    const duet::gpu::TiledTensor tiled(dev, type, rows, cols, w.data());
     struct Path {
       const char* name;
       bool int8, vnni;
       int bits;
+      bool tiled;
     };
     for (const Path p :
-         {Path{"fp32", false, false, 0}, Path{"int8_portable_a16", true, false, 16},
-          Path{"int8_vnni_a16", true, true, 16}, Path{"int8_vnni_a8", true, true, 8}}) {
+         {Path{"fp32", false, false, 0, false}, Path{"int8_portable_a16", true, false, 16, true},
+          Path{"int8_vnni_a16_file", true, true, 16, false},
+          Path{"int8_vnni_a16", true, true, 16, true},
+          Path{"int8_vnni_a8_file", true, true, 8, false},
+          Path{"int8_vnni_a8", true, true, 8, true}}) {
       try {
         kernels.set_int8_matmul(p.int8);
         if (p.int8) {
@@ -138,6 +146,7 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
                                 0,
                                 static_cast<uint32_t>(rows),
                                 {0, static_cast<uint32_t>(n)}};
+        if (p.tiled) a.tiled = tiled.mem();
         double best = 1e30;
         for (int r = 0; r <= reps; ++r) {
           const auto t0 = std::chrono::steady_clock::now();

@@ -283,18 +283,19 @@ cl_event GpuKernels::matmul_cpu(cl_mem arena, const MatmulArgs& a) {
 // One token takes the T = 1 kernel (no tile to fill), more the 8-token tile: the same bits.
 cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   const uint32_t n = a.tokens.count();
-  const size_t row_bytes = int8_row_bytes(a.k);
+  const size_t tile_bytes = int8_tile_bytes(a.k);
   if (n == 0 || a.row_end <= a.row_begin) {
     const size_t none[1] = {0};
     return launch("matmul_i8", nullptr, 1, none, nullptr);
   }
-  if (row_bytes * n > int8_rows_bytes_) {
+  const size_t tiles = (n + kInt8TileTokens - 1) / kInt8TileTokens;
+  if (tile_bytes * tiles > int8_rows_bytes_) {
     forget_quantized_input();
     if (int8_rows_) clReleaseMemObject(int8_rows_);  // queued users keep it alive
     int8_rows_ = nullptr;
     int8_rows_bytes_ = 0;
     cl_int err = CL_SUCCESS;
-    const size_t bytes = row_bytes * std::max<uint32_t>(n, 64);
+    const size_t bytes = tile_bytes * std::max<size_t>(tiles, 8);
     int8_rows_ = clCreateBuffer(dev_.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
     check_cl(err, "clCreateBuffer(int8 rows)");
     int8_rows_bytes_ = bytes;
@@ -309,8 +310,7 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
     cl_kernel qk = dev_.kernel("quantize_q8_act");
     set_args(qk, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.k},
              cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, int8_rows_,
-             cl_uint{static_cast<uint32_t>(row_bytes)}, cl_uint{static_cast<uint32_t>(bits)},
-             cl_uint{zp_shift});
+             cl_uint{static_cast<uint32_t>(bits)}, cl_uint{zp_shift});
     const size_t qglobal[2] = {a.k / static_cast<size_t>(kQK), n};
     clReleaseEvent(launch("quantize_q8_act", qk, 2, qglobal, nullptr));
     quantized_ = input;
@@ -323,20 +323,22 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   if (a.rows_from_table || (y_begin < x_end && x_begin < y_end)) forget_quantized_input();
 
   // 8-token tiles measured best of 8, 12 and 16 (bench/gpu/RESULTS.md).
-  constexpr size_t kRowsPerItem = 16, kTileTokens = 8;  // matmul_int8.cl
-  const size_t tokens_per_item = n == 1 ? 1 : kTileTokens;
+  constexpr size_t kRowsPerItem = 16;  // matmul_int8.cl
+  const size_t tokens_per_item = n == 1 ? 1 : kInt8TileTokens;
   const std::string name = std::string("matmul_i8_") + kernel_type_suffix(a.wtype) + "_t" +
                            std::to_string(tokens_per_item) + (int8_vnni_ ? "_vnni" : "_portable") +
-                           "_a" + std::to_string(bits);
+                           "_a" + std::to_string(bits) + (a.tiled ? "_tiled" : "_file");
   cl_kernel k = dev_.kernel(name);
-  set_args(k, a.w, cl_ulong{a.w_off}, cl_uint{a.k}, arena, cl_ulong{a.y_off}, cl_uint{a.y_stride},
-           cl_uint{a.row_begin}, cl_uint{a.row_end}, cl_uint{a.tokens.begin}, cl_uint{a.tokens.end},
-           cl_ulong{a.tok_off}, cl_int{a.rows_from_table ? 1 : 0}, int8_rows_,
-           cl_uint{static_cast<uint32_t>(row_bytes)});
+  set_args(k, a.tiled ? a.tiled : a.w, cl_ulong{a.tiled ? 0 : a.w_off}, cl_uint{a.k}, arena,
+           cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
+           cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
+           cl_int{a.rows_from_table ? 1 : 0}, int8_rows_);
   // PoCL runs a work-group per thread: groups of 4 items (64 rows) spread a K/V projection's
   // 512 rows over 8 groups.
   constexpr size_t kGroup = 4;
-  const size_t items = (a.row_end - a.row_begin + kRowsPerItem - 1) / kRowsPerItem;
+  // Tiled: the 16-row groups from the one holding row_begin; the file's layout: from row_begin.
+  const size_t first_row = a.tiled ? a.row_begin / kRowsPerItem * kRowsPerItem : a.row_begin;
+  const size_t items = (a.row_end - first_row + kRowsPerItem - 1) / kRowsPerItem;
   const size_t global[2] = {round_up(items, kGroup), (n + tokens_per_item - 1) / tokens_per_item};
   const size_t local[2] = {kGroup, 1};
   return launch(name.c_str(), k, 2, global, local);

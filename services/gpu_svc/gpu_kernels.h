@@ -38,6 +38,9 @@ struct MatmulArgs {
   // Non-zero: `w` holds this Q4_0/Q8_0 tensor (all its rows, of which [row_begin, row_end) are
   // computed) in the packed layout of weight_pack.h at w_off; 0: the file's layout.
   uint32_t packed_rows = 0;
+  // CPU integer path: the tensor's tiled copy (tiled_weights.h; all its rows, w_off 0), or null
+  // for the file's layout in `w`.
+  cl_mem tiled = nullptr;
   // Which matmul of the layer: the integer path picks its activation bits by role (none: 16).
   std::optional<MatmulRole> role;
 };
@@ -58,7 +61,9 @@ struct KvArgs {
 // batch-invariant (a token's output bits do not depend on the other tokens of the launch). On
 // by default there; the environment variable DUET_GPU_INT8_MATMUL=0 turns it off (the fp32
 // kernels of matmul.cl then run, as on every other device), DUET_GPU_INT8_VNNI=0 keeps it on
-// but uses the portable kernels instead of AVX-512 VNNI (the same bits, slower).
+// but uses the portable kernels instead of AVX-512 VNNI (the same bits, slower). Weights are
+// read from their tiled copy (MatmulArgs::tiled, tiled_weights.h: the runner makes one per
+// tensor) or, without one, from the file's layout (transposed block by block: ~25% slower).
 // Activations are quantised per 32-value block to 8 bits (llama.cpp's Q8_0) or 16 (two 8-bit
 // planes: twice the dot instructions), per matmul role; 16 for every role by default. Measured
 // on tiny-fortune (teacher-forced top-1 where the reference margin > 0.05, bench/gpu/RESULTS.md):
@@ -69,8 +74,8 @@ struct KvArgs {
 // (Q8_0) when the solver's tensor plan splits matmuls with the NPU, and smaller 8-bit sets
 // still flip a near-threshold position in some plan or bucket set: so no role is 8-bit by
 // default. DUET_GPU_INT8_ACT_BITS sets them (set_int8_act_bits' spec): "8" or "16" for every
-// role, "role=bits,..." for the roles named, e.g. "16,o=8,gate=8,up=8,logits=8" (prefill at
-// about 1.0x llama.cpp on llama3.2-1b at 54 tokens, 0.9x at 296, bench/gpu/RESULTS.md).
+// role, "role=bits,..." for the roles named, e.g. "16,o=8,gate=8,up=8,logits=8" (a speed
+// option for prefill: bench/gpu/RESULTS.md).
 class GpuKernels {
  public:
   explicit GpuKernels(ClDevice& dev);
@@ -141,10 +146,10 @@ class GpuKernels {
   // dst = src, 64 bytes per work-item (bytes a multiple of 64): bench/gpu's bandwidth yardstick.
   cl_event copy(cl_mem src, cl_mem dst, size_t bytes);
 
-  // Bytes of one quantised input row of k values (matmul_int8.cl: 2 planes, scales, 2 sums).
-  static size_t int8_row_bytes(uint32_t k) {
-    return (2 * size_t{k} + 12 * (k / 32) + 63) / 64 * 64;
-  }
+  // The quantised input of the integer path by tiles of 8 tokens (MMI_TILE in matmul_int8.cl):
+  // per 32-value block of a tile, 8 x (2 x 32 quants) + 8 scales + 2 x 8 sums, in 640 bytes.
+  static constexpr uint32_t kInt8TileTokens = 8;
+  static size_t int8_tile_bytes(uint32_t k) { return size_t{k} / 32 * 640; }
   static constexpr uint32_t kMatmulTokensPerItem = 8;  // the prefill variant's MM_TN in matmul.cl
   static constexpr uint32_t kGemvLanes = 16;           // GEMV_LWS in matmul_gpu.cl
   static constexpr uint32_t kGemvRows = 16;            // GEMV_ROWS in matmul_gpu.cl

@@ -23,6 +23,7 @@
 #include "core/soc_profile.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "services/gpu_svc/tiled_weights.h"
 #include "services/gpu_svc/weight_pack.h"
 
 namespace duet::gpu {
@@ -93,6 +94,8 @@ class GpuRunner {
   std::map<std::pair<const void*, uint64_t>, cl_mem> buffers_;
   // Copies mode: the matmul weights packed in place in those buffers (weight_pack.h).
   PackedWeights packed_;
+  // CPU integer path: the matmul weights' tiled copies (tiled_weights.h), shared by programs.
+  TiledWeights tiled_;
   std::atomic<int> pending_callbacks_{0};
 };
 

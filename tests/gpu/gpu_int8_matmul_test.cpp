@@ -1,6 +1,8 @@
 // The 8-bit activation matmul of CPU devices (matmul_int8.cl, issue 7):
 // - batch invariance: every token's output row of a launch of n tokens (1..20, any place in a
 //   tile, Logits rows from the token table too) has the bits of that token computed alone;
+// - the tiled weight layout (tiled_weights.h: what the runner uses) gives the file layout's bits,
+//   for row ranges that start and end inside a 16-row group too;
 // - the VNNI and the portable kernels give the same bits;
 // - the bits are those of the documented algorithm, emulated here on the host (8-bit blocks,
 //   exact int32 block dots, one fma per block in block order);
@@ -22,6 +24,7 @@
 #include "core/ops.h"
 #include "core/quant.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "services/gpu_svc/tiled_weights.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace duet::gpu {
@@ -98,6 +101,7 @@ TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
     HostBuffer w(dev, 2 + wbytes.size());  // 2-byte offset: blocks at unaligned addresses
     std::memcpy(w.at(2), wbytes.data(), wbytes.size());
     w.upload();
+    const TiledTensor tiled(dev, type, s.rows, s.cols, wbytes.data());
     constexpr uint32_t kTable = 23, kBegin = 3;
     auto x = random_floats(size_t{kTable} * s.cols, 5, 2.0f);
     x[size_t{kBegin} * s.cols + 5] = 0.0f;  // a block of zeros: scale 0
@@ -110,9 +114,11 @@ TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
     for (uint32_t t = 0; t < kTable; ++t)  // Logits rows: reversed, every third token none
       tok[4 * t + 3] = t % 3 == 1 ? -1 : static_cast<int32_t>(kTable - 1 - t);
     arena.upload();
-    auto args = [&](uint32_t t0, uint32_t t1, uint64_t out, bool table) {
-      return MatmulArgs{type,   w.mem(),     2,         s.cols,   x_off,   s.cols, out,
-                        s.rows, s.row_begin, s.row_end, {t0, t1}, tok_off, table};
+    auto args = [&](uint32_t t0, uint32_t t1, uint64_t out, bool table, bool tiled_layout = false) {
+      MatmulArgs a{type,   w.mem(),     2,         s.cols,   x_off,   s.cols, out,
+                   s.rows, s.row_begin, s.row_end, {t0, t1}, tok_off, table};
+      if (tiled_layout) a.tiled = tiled.mem();
+      return a;
     };
     std::vector<std::vector<float>> alone(isas.size());
     for (size_t v = 0; v < isas.size(); ++v) {
@@ -135,22 +141,24 @@ TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
                                    x.data() + size_t{t} * s.cols, s.cols, bits);
         ASSERT_EQ(want, alone[0][size_t{t} * s.rows + r]) << "token " << t << " row " << r;
       }
-    for (size_t v = 0; v < isas.size(); ++v) {
-      kernels.set_int8_vnni(isas[v]);
-      SCOPED_TRACE(isas[v] ? "vnni" : "portable");
+    for (size_t v = 0; v < isas.size() * 2; ++v) {
+      const bool tiled_layout = v >= isas.size();
+      kernels.set_int8_vnni(isas[v % isas.size()]);
+      SCOPED_TRACE(std::string(isas[v % isas.size()] ? "vnni" : "portable") +
+                   (tiled_layout ? ", tiled weights" : ""));
       for (uint32_t n = 1; n <= kTable - kBegin; ++n)
         for (const bool table : {false, true}) {
           std::fill(arena.at<float>(y_off), arena.at<float>(y_off) + size_t{kTable} * s.rows,
                     -7.0f);
           arena.upload();
-          run(kernels.matmul(arena.mem(), args(kBegin, kBegin + n, y_off, table)));
+          run(kernels.matmul(arena.mem(), args(kBegin, kBegin + n, y_off, table, tiled_layout)));
           arena.download();
           for (uint32_t t = kBegin; t < kBegin + n; ++t) {
             const int32_t out = table ? tok[4 * t + 3] : static_cast<int32_t>(t);
             if (out < 0) continue;
             for (uint32_t r = s.row_begin; r < s.row_end; ++r) {
               const float got = arena.at<float>(y_off)[size_t(out) * s.rows + r];
-              const float want = alone[v][size_t{t} * s.rows + r];
+              const float want = alone[v % isas.size()][size_t{t} * s.rows + r];
               ASSERT_EQ(0, std::memcmp(&got, &want, 4))
                   << "n " << n << " token " << t << " row " << r << (table ? " (table)" : "")
                   << ": " << got << " vs alone " << want;

@@ -22,16 +22,24 @@
 // Only for clang-compiled x86 targets (PoCL): the GPU path never builds these.
 #if defined(__x86_64__) && defined(__clang__)
 
-// A row of the quantised input, at q + token * q_row_bytes (GpuKernels::int8_row_bytes):
-// plane 0 (k int8), plane 1 (k int8), n_blocks float scales d, n_blocks int32 sums of plane 0,
-// n_blocks int32 sums of the block's quants (16 bits) or of plane 1 (8 bits: zeros). With
-// bits = 8 (llama.cpp's Q8_0 activations) a block is q = round(x / d), d = amax / 127, in plane 0.
-// With bits = 16, q = round(x / d) with d = amax / (127 * 256), split as q = 256 * q_hi + q_lo
-// (q_hi in plane 0, q_lo in [-128, 127] in plane 1), so the same 8-bit dot instruction serves and
-// the int dot is 256 * hi + lo.
+// The quantised input, by tiles of MMI_TILE tokens (counted from t_begin) and blocks: the group of
+// tile t and block b starts at q + (t * n_blocks + b) * MMI_GROUP_BYTES and holds, for token slot
+// s = 0..7 of the tile, its plane 0 (32 int8) at s * 64 and plane 1 at s * 64 + 32, then the 8
+// float scales d (at 512), 8 int32 sums of plane 0 (at 544) and 8 int32 sums of the block's
+// quants or of plane 1 (at 576); 640 bytes, ten cache lines. A matmul's work-item then reads a
+// whole block of its 8 tokens at fixed offsets from one pointer (with a row per token it kept 24
+// pointers, reloaded from the stack in the inner loop). With bits = 8 (llama.cpp's Q8_0
+// activations) a block is q = round(x / d), d = amax / 127, in plane 0. With bits = 16,
+// q = round(x / d) with d = amax / (127 * 256), split as q = 256 * q_hi + q_lo (q_hi in plane 0,
+// q_lo in [-128, 127] in plane 1), so the same 8-bit dot instruction serves and the int dot is
+// 256 * hi + lo.
+#define MMI_TILE 8
+#define MMI_GROUP_BYTES 640
+#define MMI_SCALES 512
+#define MMI_SUMS0 544
+#define MMI_SUMS1 576
 kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_stride, uint k,
-                            uint t_begin, uint t_end, global uchar* q, uint q_row_bytes,
-                            uint bits, uint zp_shift) {
+                            uint t_begin, uint t_end, global uchar* q, uint bits, uint zp_shift) {
   const uint b = get_global_id(0), i = get_global_id(1);
   const uint n_blocks = k / QK;
   if (b >= n_blocks || t_begin + i >= t_end) return;
@@ -54,20 +62,22 @@ kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_strid
     q0lo = hlo;
     q0hi = hhi;
   }
-  global uchar* row = q + (ulong)i * q_row_bytes;
-  vstore16(convert_char16(q0lo), 0, (global char*)(row + b * QK));
-  vstore16(convert_char16(q0hi), 1, (global char*)(row + b * QK));
-  vstore16(convert_char16(q1lo), 0, (global char*)(row + k + b * QK));
-  vstore16(convert_char16(q1hi), 1, (global char*)(row + k + b * QK));
-  ((global float*)(row + 2 * k))[b] = d;
+  const uint slot = i % MMI_TILE;
+  global uchar* group = q + ((ulong)(i / MMI_TILE) * n_blocks + b) * MMI_GROUP_BYTES;
+  global char* quants = (global char*)(group + slot * 64);
+  vstore16(convert_char16(q0lo), 0, quants);
+  vstore16(convert_char16(q0hi), 1, quants);
+  vstore16(convert_char16(q1lo), 2, quants);
+  vstore16(convert_char16(q1hi), 3, quants);
+  ((global float*)(group + MMI_SCALES))[slot] = d;
   // Sums: plane 0's, and for 16 bits the whole quants' (256 * hi + lo: the matmul folds the
   // zero point's correction for both planes into plane 1's dot), stored as that correction:
   // -(sum << zp_shift), the weights' zero point being 1 << zp_shift (the dot's starting value).
   const int16 s0 = q0lo + q0hi, s1 = q1lo + q1hi + (s0 << 8) * (int)(bits == 16);
   const int8 t0 = s0.lo + s0.hi, t1 = s1.lo + s1.hi;
   const int4 u0 = t0.lo + t0.hi, u1 = t1.lo + t1.hi;
-  ((global int*)(row + 2 * k + 4 * n_blocks))[b] = -((u0.x + u0.y + u0.z + u0.w) << zp_shift);
-  ((global int*)(row + 2 * k + 8 * n_blocks))[b] = -((u1.x + u1.y + u1.z + u1.w) << zp_shift);
+  ((global int*)(group + MMI_SUMS0))[slot] = -((u0.x + u0.y + u0.z + u0.w) << zp_shift);
+  ((global int*)(group + MMI_SUMS1))[slot] = -((u1.x + u1.y + u1.z + u1.w) << zp_shift);
 }
 
 // vpdpbusd, emulated: per 32-bit lane, acc + the 4 products of u's unsigned bytes and s's signed
@@ -111,11 +121,15 @@ __attribute__((always_inline)) inline void mmi_transpose(const int4* r, int16* w
 
 // A block's weights of the 16 rows as 8 unsigned-byte vectors u[g] (g = the 4-element group,
 // matching x's dwords 0..7).
-__attribute__((always_inline)) inline void mmi_block_q4_0(global const uchar* const* wp, ulong off,
-                                                          int16* u) {
+// Row j of the item is w + min(j, n_rows - 1) * row_bytes: with n_rows = 16 (every item but a
+// range's last) the addresses are one pointer plus multiples of the stride, which the compiler
+// keeps in a few registers (16 row pointers did not fit and were reloaded in the inner loop).
+#define MMI_ROW(w, j, n_rows, row_bytes) ((w) + (ulong)min((uint)(j), (n_rows) - 1) * (row_bytes))
+__attribute__((always_inline)) inline void mmi_block_q4_0(global const uchar* w, ulong row_bytes,
+                                                          uint n_rows, int16* u) {
   int4 r[16];
 #pragma unroll
-  for (uint j = 0; j < 16; ++j) r[j] = as_int4(vload16(0, wp[j] + off + 2));
+  for (uint j = 0; j < 16; ++j) r[j] = as_int4(vload16(0, MMI_ROW(w, j, n_rows, row_bytes) + 2));
   int16 t[4];
   mmi_transpose(r, t);
 #pragma unroll
@@ -124,13 +138,14 @@ __attribute__((always_inline)) inline void mmi_block_q4_0(global const uchar* co
     u[g + 4] = (t[g] >> 4) & 0x0F0F0F0F;
   }
 }
-__attribute__((always_inline)) inline void mmi_block_q8_0(global const uchar* const* wp, ulong off,
-                                                          int16* u) {
+__attribute__((always_inline)) inline void mmi_block_q8_0(global const uchar* w, ulong row_bytes,
+                                                          uint n_rows, int16* u) {
   int4 r[16];
 #pragma unroll
   for (uint part = 0; part < 2; ++part) {
 #pragma unroll
-    for (uint j = 0; j < 16; ++j) r[j] = as_int4(vload16(0, wp[j] + off + 2 + 16 * part));
+    for (uint j = 0; j < 16; ++j)
+      r[j] = as_int4(vload16(0, MMI_ROW(w, j, n_rows, row_bytes) + 2 + 16 * part));
     mmi_transpose(r, u + 4 * part);
   }
 #pragma unroll
@@ -138,114 +153,175 @@ __attribute__((always_inline)) inline void mmi_block_q8_0(global const uchar* co
 }
 // The 16 rows' fp16 scales of a block (lane order as the quants) as floats, exactly
 // (cpu_scale_bits). 16 scalar loads: a dword gather measured slower (bench/gpu/RESULTS.md).
-__attribute__((always_inline)) inline float16 mmi_scales(global const uchar* const* wp, ulong off) {
+__attribute__((always_inline)) inline float16 mmi_scales(global const uchar* w, ulong row_bytes,
+                                                         uint n_rows) {
   int16 h;
 #pragma unroll
-  for (uint L = 0; L < 16; ++L) h[L] = *(global const short*)(wp[MMI_ROW_OF_LANE(L)] + off);
+  for (uint L = 0; L < 16; ++L)
+    h[L] = *(global const short*)MMI_ROW(w, MMI_ROW_OF_LANE(L), n_rows, row_bytes);
   return as_float16((h << 13) & (int)0x8FFFE000) * 0x1p112f;
 }
 // 16 rows read side by side are 16 streams, too many for the hardware prefetcher (a Logits
 // GEMV from DRAM ran 3x slower than one row per work-item). The next work-item's 16 rows are one
 // contiguous range: a few of its lines are prefetched per block of this one, in order (better
 // than each row's line some blocks ahead, measured). Prefetches never fault.
-__attribute__((always_inline)) inline void mmi_prefetch_lines(global const uchar* base,
-                                                              uint first, uint count, uint end) {
-  for (uint i = first; i < min(first + count, end); ++i)
-    __asm__ volatile("prefetcht0 (%0)" : : "r"(base + (ulong)i * 64));
+__attribute__((always_inline)) inline void mmi_prefetch_lines(global const uchar* first,
+                                                              uint count) {
+  for (uint i = 0; i < count; ++i) __asm__ volatile("prefetcht0 (%0)" : : "r"(first + i * 64));
 }
 
-// y[t][r] for 16 rows x MMI_T tokens per work-item; the quantised input row of token t is
-// q + (t - t_begin) * q_row_bytes. With rows_from_table, token t writes y row tok[t].logits_row
-// (nothing for -1), as matmul.cl's kernels.
-#define DEFINE_MATMUL_INT8(NAME, MMI_T, ISA, BITS)                                                 \
-  MMI_TARGET_##ISA void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_item(                      \
+// Tiled weights (tiled_weights.h): a group's block is 32 bytes of scales in lane order, then the
+// quants as the lane vectors themselves.
+#define TILED_BYTES_q4_0 288
+#define TILED_BYTES_q8_0 544
+__attribute__((always_inline)) inline void mmi_tiled_q4_0(global const uchar* wb, int16* u) {
+#pragma unroll
+  for (uint g = 0; g < 4; ++g) {
+    const int16 t = vload16(g, (global const int*)(wb + 32));
+    u[g] = t & 0x0F0F0F0F;
+    u[g + 4] = (t >> 4) & 0x0F0F0F0F;
+  }
+}
+__attribute__((always_inline)) inline void mmi_tiled_q8_0(global const uchar* wb, int16* u) {
+#pragma unroll
+  for (uint g = 0; g < 8; ++g) u[g] = vload16(g, (global const int*)(wb + 32));
+}
+__attribute__((always_inline)) inline float16 mmi_tiled_scales(global const uchar* wb) {
+  const int16 h = convert_int16(vload16(0, (global const short*)wb));
+  return as_float16((h << 13) & (int)0x8FFFE000) * 0x1p112f;
+}
+
+// One block of a matmul_i8 work-item (DEFINE_MATMUL_INT8): acc[i] += the 16 rows' dots (u, the
+// weights' lane vectors; dw, their scales) with token i's block b.
+#define MMI_BLOCK_DOTS(MMI_T, ISA, BITS)                                                           \
+  {                                                                                                \
+    global const uchar* group = groups + (ulong)b * MMI_GROUP_BYTES;                               \
+    int16 dot[MMI_T], dot_lo[MMI_T];                                                               \
+    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
+      /* 8 bits: the zero point's correction here; 16: all of it in the low plane's dot. */        \
+      dot[i] = (int16)(BITS == 16 ? 0 : ((global const int*)(group + MMI_SUMS0))[slot0 + i]);      \
+      dot_lo[i] = (int16)(((global const int*)(group + MMI_SUMS1))[slot0 + i]);                    \
+    }                                                                                              \
+    _Pragma("unroll") for (uint g = 0; g < 8; ++g) {                                               \
+      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot[i] =                                  \
+          DOT4_##ISA(dot[i], u[g], (int16)(((global const int*)(group + (slot0 + i) * 64))[g]));   \
+      if (BITS == 16)                                                                              \
+        _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot_lo[i] = DOT4_##ISA(                 \
+            dot_lo[i], u[g], (int16)(((global const int*)(group + (slot0 + i) * 64))[8 + g]));     \
+    }                                                                                              \
+    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
+      const int16 d = BITS == 16 ? (dot[i] << 8) + dot_lo[i] : dot[i];                             \
+      const float16 scale = dw * ((global const float*)(group + MMI_SCALES))[slot0 + i];           \
+      acc[i] = fma(convert_float16(d), scale, acc[i]);                                             \
+    }                                                                                              \
+  }
+
+// The block loop over the file's layout: the item's first row r0, N_ROWS of its 16 rows valid.
+#define MMI_LOOP_file(NAME, MMI_T, ISA, BITS, N_ROWS)                                              \
+  for (uint b = 0; b < n_blocks; ++b) {                                                            \
+    mmi_prefetch_lines(next_base + (ulong)b * lines_per_block * 64, lines_per_block);              \
+    global const uchar* wb = w_item + (ulong)b * BLOCK_BYTES_##NAME;                               \
+    int16 u[8];                                                                                    \
+    mmi_block_##NAME(wb, row_bytes, N_ROWS, u);                                                    \
+    const float16 dw = mmi_scales(wb, row_bytes, N_ROWS);                                          \
+    MMI_BLOCK_DOTS(MMI_T, ISA, BITS)                                                               \
+  }
+// Items of the file's layout start at row_begin; two copies of the loop: all 16 rows valid
+// (strided addresses), or a range's last rows.
+#define MMI_ITEM_file(NAME, MMI_T, ISA, BITS)                                                      \
+  const uint r0 = row_begin + item_rows * 16;                                                      \
+  MMI_ITEM_START(MMI_T)                                                                            \
+  const ulong row_bytes = (ulong)n_blocks * BLOCK_BYTES_##NAME;                                    \
+  global const uchar* w_item = w + w_off + (ulong)r0 * row_bytes;                                  \
+  /* The next item's rows (the next 16, one contiguous range), a few lines per block (a few       \
+     past its end at most: prefetches never fault). */                                            \
+  const uint next_rows = r0 + 16 < row_end ? min(16u, row_end - r0 - 16) : 0;                      \
+  global const uchar* next_base = w_item + 16 * row_bytes;                                         \
+  const uint next_lines = (uint)((next_rows * row_bytes + 63) / 64);                               \
+  const uint lines_per_block = (next_lines + n_blocks - 1) / n_blocks;                             \
+  if (r0 + 16 <= row_end)                                                                          \
+    MMI_LOOP_file(NAME, MMI_T, ISA, BITS, 16u) else MMI_LOOP_file(NAME, MMI_T, ISA, BITS,          \
+                                                                  row_end - r0)
+// Items of the tiled layout are its 16-row groups (w: the whole tensor's copy, w_off 0), from the
+// one holding row_begin; the next item's group is contiguous, prefetched block by block.
+#define MMI_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                     \
+  const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
+  MMI_ITEM_START(MMI_T)                                                                            \
+  global const uchar* w_item = w + (ulong)(r0 / 16) * n_blocks * TILED_BYTES_##NAME;               \
+  const uint next_lines = r0 + 16 < row_end ? (TILED_BYTES_##NAME + 63) / 64 : 0;                  \
+  for (uint b = 0; b < n_blocks; ++b) {                                                            \
+    global const uchar* wb = w_item + (ulong)b * TILED_BYTES_##NAME;                               \
+    mmi_prefetch_lines(wb + (ulong)n_blocks * TILED_BYTES_##NAME, next_lines);                     \
+    int16 u[8];                                                                                    \
+    mmi_tiled_##NAME(wb, u);                                                                       \
+    const float16 dw = mmi_tiled_scales(wb);                                                       \
+    MMI_BLOCK_DOTS(MMI_T, ISA, BITS)                                                               \
+  }
+// Shared by both: the item's output rows, the tile of its tokens, the accumulators.
+#define MMI_ITEM_START(MMI_T)                                                                      \
+  const uint t0 = t_begin + item_tokens * MMI_T;                                                   \
+  if (r0 >= row_end || t0 >= t_end) return;                                                        \
+  global const int* tok = (global const int*)(arena + tok_off);                                    \
+  int out_row[MMI_T];                                                                              \
+  int any_row = 0;                                                                                 \
+  _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                             \
+    out_row[i] = t0 + i < t_end ? matmul_out_row(tok, rows_from_table, t0 + i) : -1;               \
+    any_row |= out_row[i] >= 0;                                                                    \
+  }                                                                                                \
+  if (!any_row) return;                                                                            \
+  const uint n_blocks = k / QK;                                                                    \
+  /* The tile's groups (slots past t_end hold stale data: their outputs are not written). */      \
+  const uint slot0 = (t0 - t_begin) % MMI_TILE;                                                    \
+  global const uchar* groups =                                                                     \
+      q + (ulong)((t0 - t_begin) / MMI_TILE) * n_blocks * MMI_GROUP_BYTES;                         \
+  float16 acc[MMI_T];                                                                              \
+  _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] = (float16)(0.0f);
+
+// y[t][r] for 16 rows x MMI_T tokens per work-item (MMI_T = 1 or MMI_TILE: an item's tokens lie
+// in one tile of the quantised input). With rows_from_table, token t writes y row
+// tok[t].logits_row (nothing for -1), as matmul.cl's kernels. Only rows in [row_begin, row_end)
+// are written.
+#define DEFINE_MATMUL_INT8(NAME, MMI_T, ISA, BITS, LAYOUT)                                         \
+  MMI_TARGET_##ISA void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(           \
       global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \
       uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, int rows_from_table,  \
-      global const uchar* q, uint q_row_bytes, uint item_rows, uint item_tokens) {                 \
-    const uint r0 = row_begin + item_rows * 16;                                                    \
-    const uint t0 = t_begin + item_tokens * MMI_T;                                                 \
-    if (r0 >= row_end || t0 >= t_end) return;                                                      \
-    global const int* tok = (global const int*)(arena + tok_off);                                  \
-    int out_row[MMI_T];                                                                            \
-    int any_row = 0;                                                                               \
-    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
-      out_row[i] = t0 + i < t_end ? matmul_out_row(tok, rows_from_table, t0 + i) : -1;             \
-      any_row |= out_row[i] >= 0;                                                                  \
-    }                                                                                              \
-    if (!any_row) return;                                                                          \
-    const uint n_blocks = k / QK;                                                                  \
-    const ulong row_bytes = (ulong)n_blocks * BLOCK_BYTES_##NAME;                                  \
-    global const uchar* wp[16];                                                                    \
-    _Pragma("unroll") for (uint j = 0; j < 16; ++j)                                                 \
-      wp[j] = w + w_off + (ulong)min(r0 + j, row_end - 1) * row_bytes;                             \
-    global const int* xq[MMI_T];                                                                   \
-    global const float* xd[MMI_T];                                                                 \
-    global const int* xs[MMI_T];                                                                   \
-    const uint plane1_ints = k / 4, sums1_ints = n_blocks;                                         \
-    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
-      global const uchar* row = q + (ulong)(min(t0 + i, t_end - 1) - t_begin) * q_row_bytes;       \
-      xq[i] = (global const int*)row;                                                              \
-      xd[i] = (global const float*)(row + 2 * k);                                                  \
-      xs[i] = (global const int*)(row + 2 * k + 4 * n_blocks);                                     \
-    }                                                                                              \
-    /* The next item's rows (the next 16, one contiguous range), a few lines per block. */         \
-    const uint next_rows = r0 + 16 < row_end ? min(16u, row_end - r0 - 16) : 0;                    \
-    global const uchar* next_base = w + w_off + (ulong)(r0 + 16) * row_bytes;                      \
-    const uint next_lines = (uint)((next_rows * row_bytes + 63) / 64);                             \
-    const uint lines_per_block = (next_lines + n_blocks - 1) / n_blocks;                           \
-    float16 acc[MMI_T];                                                                            \
-    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] = (float16)(0.0f);                   \
-    for (uint b = 0; b < n_blocks; ++b) {                                                          \
-      mmi_prefetch_lines(next_base, b * lines_per_block, lines_per_block, next_lines);             \
-      int16 u[8];                                                                                  \
-      float16 dw;                                                                                  \
-      mmi_block_##NAME(wp, (ulong)b * BLOCK_BYTES_##NAME, u);                                      \
-      dw = mmi_scales(wp, (ulong)b * BLOCK_BYTES_##NAME);                                          \
-      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                         \
-        global const int* x4 = xq[i] + b * 8;                                                      \
-        /* 8 bits: the zero point's correction here; 16: all of it in the low plane's dot. */      \
-        int16 dot = (int16)(BITS == 16 ? 0 : xs[i][b]);                                            \
-        _Pragma("unroll") for (uint g = 0; g < 8; ++g) dot = DOT4_##ISA(dot, u[g], (int16)(x4[g])); \
-        if (BITS == 16) {                                                                          \
-          int16 dot_lo = (int16)(xs[i][b + sums1_ints]);                                           \
-          _Pragma("unroll") for (uint g = 0; g < 8; ++g)                                           \
-            dot_lo = DOT4_##ISA(dot_lo, u[g], (int16)(x4[plane1_ints + g]));                       \
-          dot = (dot << 8) + dot_lo;                                                               \
-        }                                                                                          \
-        const float16 scale = dw * xd[i][b];                                                       \
-        acc[i] = fma(convert_float16(dot), scale, acc[i]);                                         \
-      }                                                                                            \
-    }                                                                                              \
-    global float* y = (global float*)(arena + y_off);                                              \
+      global const uchar* q, uint item_rows, uint item_tokens) {                                   \
+    MMI_ITEM_##LAYOUT(NAME, MMI_T, ISA, BITS) global float* y = (global float*)(arena + y_off);    \
     _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
       if (out_row[i] < 0) continue;                                                                \
       global float* yr = y + (ulong)out_row[i] * y_stride + r0;                                    \
-      if (r0 + 16 <= row_end) {                                                                    \
+      if (r0 >= row_begin && r0 + 16 <= row_end) {                                                 \
         vstore16(__builtin_shufflevector(acc[i], acc[i], 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, \
                                          7, 11, 15),                                               \
                  0, yr);                                                                           \
       } else {                                                                                     \
-        _Pragma("unroll") for (uint L = 0; L < 16; ++L)                                            \
-          if (r0 + MMI_ROW_OF_LANE(L) < row_end) yr[MMI_ROW_OF_LANE(L)] = acc[i][L];               \
+        _Pragma("unroll") for (uint L = 0; L < 16; ++L) {                                          \
+          const uint r = r0 + MMI_ROW_OF_LANE(L);                                                  \
+          if (r >= row_begin && r < row_end) yr[MMI_ROW_OF_LANE(L)] = acc[i][L];                   \
+        }                                                                                          \
       }                                                                                            \
     }                                                                                              \
   }                                                                                                \
-  kernel void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS(                                       \
+  kernel void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT(                            \
       global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \
       uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, int rows_from_table,  \
-      global const uchar* q, uint q_row_bytes) {                                                   \
-    matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_item(                                          \
+      global const uchar* q) {                                                                     \
+    matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(                               \
         w, w_off, k, arena, y_off, y_stride, row_begin, row_end, t_begin, t_end, tok_off,          \
-        rows_from_table, q, q_row_bytes, get_global_id(0), get_global_id(1));                      \
+        rows_from_table, q, get_global_id(0), get_global_id(1));                                   \
   }
-#define DEFINE_MATMUL_INT8_ALL(NAME, MMI_T)                                                        \
-  DEFINE_MATMUL_INT8(NAME, MMI_T, portable, 8)                                                     \
-  DEFINE_MATMUL_INT8(NAME, MMI_T, vnni, 8)                                                         \
-  DEFINE_MATMUL_INT8(NAME, MMI_T, portable, 16)                                                    \
-  DEFINE_MATMUL_INT8(NAME, MMI_T, vnni, 16)
-DEFINE_MATMUL_INT8_ALL(q4_0, 1)
-DEFINE_MATMUL_INT8_ALL(q4_0, 8)
-DEFINE_MATMUL_INT8_ALL(q8_0, 1)
-DEFINE_MATMUL_INT8_ALL(q8_0, 8)
+#define DEFINE_MATMUL_INT8_ALL(NAME, MMI_T, LAYOUT)                                                \
+  DEFINE_MATMUL_INT8(NAME, MMI_T, portable, 8, LAYOUT)                                             \
+  DEFINE_MATMUL_INT8(NAME, MMI_T, vnni, 8, LAYOUT)                                                 \
+  DEFINE_MATMUL_INT8(NAME, MMI_T, portable, 16, LAYOUT)                                            \
+  DEFINE_MATMUL_INT8(NAME, MMI_T, vnni, 16, LAYOUT)
+DEFINE_MATMUL_INT8_ALL(q4_0, 1, file)
+DEFINE_MATMUL_INT8_ALL(q4_0, 8, file)  // MMI_TILE
+DEFINE_MATMUL_INT8_ALL(q8_0, 1, file)
+DEFINE_MATMUL_INT8_ALL(q8_0, 8, file)
+DEFINE_MATMUL_INT8_ALL(q4_0, 1, tiled)
+DEFINE_MATMUL_INT8_ALL(q4_0, 8, tiled)
+DEFINE_MATMUL_INT8_ALL(q8_0, 1, tiled)
+DEFINE_MATMUL_INT8_ALL(q8_0, 8, tiled)
 
 #endif  // __x86_64__ && __clang__
