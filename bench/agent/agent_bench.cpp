@@ -416,6 +416,8 @@ nlohmann::json run_stack(const std::vector<Req>& trace, bool agent, const std::s
   j["preempt_latency_max_us"] = a.value("preempt_latency_max_us", 0.0);
   j["steps"] = nullptr;  // the frontend counts steps per lane; see "agent_status"
   j["agent_status"] = a;
+  // Where the frontend's time went while proactive work waited (stack_driver.h).
+  if (!run.proactive_time_ms.is_null()) j["proactive_time_ms"] = run.proactive_time_ms;
   // Load: the fraction of the trace the engines were stepping (near 1: saturated), and the
   // tokens per second of engine time (what the stack serves while busy).
   j["busy_fraction"] = run.makespan_us > 0 ? run.busy_ms * 1000.0 / run.makespan_us : 0.0;
@@ -502,6 +504,19 @@ int main(int argc, char** argv) {
                  "stack mode: DUET_AGENT_PREEMPT for the Agent's frontend (on: proactive steps "
                  "preemptible; off: plain steps; unset: the frontend's default)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string overlap;
+  app.add_option("--overlap", overlap,
+                 "stack mode: DUET_AGENT_OVERLAP for the Agent's frontend (off | proactive | "
+                 "all; unset: the frontend's default)")
+      ->check(CLI::IsMember({"off", "proactive", "all"}));
+  std::string proactive_plan;
+  app.add_option("--proactive-plan", proactive_plan,
+                 "stack mode: DUET_AGENT_PROACTIVE_PLAN for the Agent's frontend (a stack plan; "
+                 "unset: the frontend's default)");
+  std::string proactive_step_tokens;
+  app.add_option("--proactive-step-tokens", proactive_step_tokens,
+                 "stack mode: DUET_AGENT_PROACTIVE_STEP_TOKENS for the Agent's frontend (64-512; "
+                 "unset: the frontend's default)");
   CLI11_PARSE(app, argc, argv);
   if (mode != "measured" && mode != "modeled" && mode != "both" && mode != "stack") {
     std::fprintf(stderr, "agent_bench: --mode must be measured, modeled, both or stack, not '%s'\n",
@@ -546,7 +561,8 @@ int main(int argc, char** argv) {
     if (mode == "stack") {
       const std::vector<Req> trace = make_trace(t);
       const std::string id = "agentb" + std::to_string(getpid());
-      const AgentKnobs knobs{cfg.decode_cap, cfg.aging_ms, rider_slack, carry, preempt};
+      const AgentKnobs knobs{cfg.decode_cap, cfg.aging_ms, rider_slack,    carry,
+                             preempt,        overlap,      proactive_plan, proactive_step_tokens};
       const nlohmann::json f =
           run_stack(trace, false, duet, model, id + "f", t.compress, stack_timeout_s, knobs);
       const nlohmann::json a =
@@ -555,6 +571,10 @@ int main(int argc, char** argv) {
                       {"rider_slack", rider_slack.empty() ? "default" : rider_slack},
                       {"carry", carry.empty() ? "default" : carry},
                       {"preempt", preempt.empty() ? "default" : preempt},
+                      {"overlap", overlap.empty() ? "default" : overlap},
+                      {"proactive_plan", proactive_plan.empty() ? "default" : proactive_plan},
+                      {"proactive_step_tokens",
+                       proactive_step_tokens.empty() ? "default" : proactive_step_tokens},
                       {"offered", offered_load(trace)},
                       {"fcfs", f},
                       {"agent", a},

@@ -46,6 +46,14 @@ class Stack {
                                  : " DUET_AGENT_PROACTIVE_CARRY='" + knobs.carry + "'") +
             (knobs.preempt.empty() ? std::string()
                                    : " DUET_AGENT_PREEMPT='" + knobs.preempt + "'") +
+            (knobs.overlap.empty() ? std::string()
+                                   : " DUET_AGENT_OVERLAP='" + knobs.overlap + "'") +
+            (knobs.proactive_plan.empty()
+                 ? std::string()
+                 : " DUET_AGENT_PROACTIVE_PLAN='" + knobs.proactive_plan + "'") +
+            (knobs.proactive_step_tokens.empty()
+                 ? std::string()
+                 : " DUET_AGENT_PROACTIVE_STEP_TOKENS='" + knobs.proactive_step_tokens + "'") +
             " '" + duet_ + "' stack up --stack " + id_ + " --model '" + model + "'",
         &rc);
     if (rc != 0) {
@@ -93,6 +101,8 @@ StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
                                        m["step_tokens"].get<uint64_t>()};
   };
   const auto [busy_ms0, busy_tokens0] = engine_time();
+  const nlohmann::json time_before =
+      c.status()["agent"].value("proactive_time_ms", nlohmann::json::object());
   std::map<uint64_t, size_t> item_of;  // client request id -> trace item
   size_t next = 0, done = 0;
   const auto t0 = Clock::now();
@@ -136,6 +146,11 @@ StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
   }
   out.makespan_us = us_since(t0);
   out.agent_status = c.status()["agent"];
+  if (out.agent_status.contains("proactive_time_ms")) {
+    out.proactive_time_ms = nlohmann::json::object();
+    for (const auto& [k, v] : out.agent_status["proactive_time_ms"].items())
+      out.proactive_time_ms[k] = v.get<double>() - time_before.value(k, 0.0);
+  }
   const auto [busy_ms1, busy_tokens1] = engine_time();
   out.busy_ms = busy_ms1 - busy_ms0;
   out.busy_tokens = busy_tokens1 - busy_tokens0;

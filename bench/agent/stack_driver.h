@@ -28,6 +28,9 @@ struct ItemTiming {
 struct StackRun {
   std::vector<ItemTiming> timings;  // per trace item
   nlohmann::json agent_status;      // the frontend's status()["agent"] at the end
+  // The frontend's proactive time book (services/frontend/proactive_time.h) over the trace
+  // alone: its status counters at the end minus those after the warm-up; null without one.
+  nlohmann::json proactive_time_ms;
   double makespan_us = 0;
   // After the trace (agent runs only): each reactive request alone on the idle stack, submit to
   // Done: the floor of the reactive latency.
@@ -41,14 +44,17 @@ struct StackRun {
 
 // `duet` is the CLI binary; the stack is torn down (processes, segments, run dir) before return.
 // The Agent's knobs reach its frontend as DUET_AGENT_DECODE_CAP, DUET_AGENT_AGING_MS and
-// DUET_AGENT_RIDER_SLACK, DUET_AGENT_PROACTIVE_CARRY and DUET_AGENT_PREEMPT (unset: the
-// frontend's defaults).
+// DUET_AGENT_RIDER_SLACK, DUET_AGENT_PROACTIVE_CARRY, DUET_AGENT_PREEMPT, DUET_AGENT_OVERLAP,
+// DUET_AGENT_PROACTIVE_PLAN and DUET_AGENT_PROACTIVE_STEP_TOKENS (unset: the frontend's defaults).
 struct AgentKnobs {
   int decode_cap = 3;
   double aging_ms = 30000;
-  std::string rider_slack;  // a number, "inf", or empty for the frontend's default
-  std::string carry;        // DUET_AGENT_PROACTIVE_CARRY: on, off, or empty for the default
-  std::string preempt;      // DUET_AGENT_PREEMPT: on, off, or empty for the default
+  std::string rider_slack;     // a number, "inf", or empty for the frontend's default
+  std::string carry;           // DUET_AGENT_PROACTIVE_CARRY: on, off, or empty for the default
+  std::string preempt;         // DUET_AGENT_PREEMPT: on, off, or empty for the default
+  std::string overlap;         // DUET_AGENT_OVERLAP: off, proactive, all, or empty for the default
+  std::string proactive_plan;  // DUET_AGENT_PROACTIVE_PLAN: a stack plan, or empty
+  std::string proactive_step_tokens;  // DUET_AGENT_PROACTIVE_STEP_TOKENS, or empty
 };
 StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
                             const std::string& duet, const std::string& model,

@@ -45,6 +45,19 @@ def metrics(d):
     }
 
 
+def key_of(d):
+    r = d["run"]
+    key = r["rider_slack"]
+    for knob in ("carry", "preempt"):
+        if r.get(knob, "default") != "default":
+            key += f" {knob} {r[knob]}"
+    if r.get("extra"):
+        key += " " + r["extra"]
+    if r.get("plan", "auto") != "auto":
+        key += f" plan {r['plan']}"
+    return (key, r["compress"])
+
+
 def fmt(vals, digits=0):
     med = statistics.median(vals)
     if len(vals) == 1:
@@ -58,11 +71,7 @@ def main():
     groups = defaultdict(list)
     for d in rows:
         r = d["run"]
-        key = r["rider_slack"]
-        for knob in ("carry", "preempt"):
-            if r.get(knob, "default") != "default":
-                key += f" {knob} {r[knob]}"
-        groups[(key, r["compress"])].append((r, metrics(d)))
+        groups[key_of(d)].append((r, metrics(d)))
     print("| slack | compress | runs | offered tok/s (pro) | FCFS busy | FCFS serves tok/s | "
           "FCFS mean | Agent mean | floor | reduction % | best possible % | pro ratio | "
           "shared tok | slack-refused | target met |")
@@ -75,6 +84,25 @@ def main():
               f"{fmt(col('agent_mean'))} | {fmt(col('floor'))} | {fmt(col('reduction'))} | "
               f"{fmt(col('best'))} | {fmt(col('pro_ratio'), 3)} | {fmt(col('shared'))} | "
               f"{fmt(col('refused'))} | {sum(1 for x in m if x['met'])}/{len(m)} |")
+    if "--time" in sys.argv:
+        # Where the Agent frontend's time went while proactive work waited (proactive_time.h),
+        # medians in ms; FCFS's makespan to the last proactive Done beside it.
+        keys = ["pending", "proactive_lane", "main_proactive", "main_shared", "main_reactive_only",
+                "no_step", "gated_prefill", "decoders_held", "parked", "overlapped"]
+        print()
+        print("| config | compress | runs | FCFS last pro (s) | Agent last pro (s) | " +
+              " | ".join(keys) + " |")
+        print("|---|---|---|---|---|" + "---|" * len(keys))
+        for (slack, comp), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+            ds = [d for d in rows if key_of(d) == (slack, comp)]
+            ts = [d["stack"]["agent"].get("proactive_time_ms") for d in ds]
+            ts = [t for t in ts if t]
+            if not ts:
+                continue
+            fl = [d["stack"]["fcfs"]["proactive_last_done_s"] for d in ds]
+            al = [d["stack"]["agent"]["proactive_last_done_s"] for d in ds]
+            print(f"| {slack} | {comp:g} | {len(ts)} | {fmt(fl, 2)} | {fmt(al, 2)} | " +
+                  " | ".join(fmt([t.get(k, 0.0) for t in ts]) for k in keys) + " |")
     if "--runs" in sys.argv:
         print()
         print("| slack | compress | seed | start (UTC) | load | FCFS busy | FCFS mean | Agent mean | "

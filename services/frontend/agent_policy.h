@@ -43,6 +43,16 @@ struct AgentConfig {
   // step keeps a few ops in flight ahead of its check (gpu_runner.cpp) and now costs about what
   // a plain one does; bench/agent/RESULTS.md measures the trade (17:34 section).
   bool preempt_proactive = true;
+  // Overlap (§4.5 ①, compute slack: "proactive prefill can overlap with the decode pipeline
+  // whenever no reactive prefill is pending"): the proactive engine's prefill step runs on a
+  // worker while the main engine steps. off: the two take turns, one step at a time. proactive:
+  // beside main steps that carry proactive work only (a main step with reactive work parks it
+  // first; the lane stays gated while reactive work runs). all: beside any main step while no
+  // reactive prefill is pending, reactive decode included (a reactive prefill parks it). Needs
+  // riding (the engines share one KV pool); the steps overlap on the host only where they use
+  // different devices (each device service runs one step at a time).
+  enum class Overlap : uint8_t { off, proactive, all };
+  Overlap overlap = Overlap::off;
 };
 
 // A request as the policies see it.

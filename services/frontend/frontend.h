@@ -28,7 +28,9 @@
 #include <functional>
 #include "core/messaging.h"
 #include "core/tokenizer.h"
+#include "services/frontend/async_step.h"
 #include "services/frontend/engine.h"
+#include "services/frontend/proactive_time.h"
 #include "services/frontend/request.h"
 #include "services/frontend/scheduler.h"
 #include "services/frontend/step_watch.h"
@@ -138,7 +140,16 @@ class Frontend {
                    const StepStats& stats);
   void close_seq_of(Request& r);  // deferred while r's step is parked
   nlohmann::json agent_status() const;
+  // step() books its wall time by what ran while proactive work waited (proactive_time.h).
   void step();
+  StepKind step_lanes();
+  ProactiveState proactive_state() const;
+  // Overlap (AgentConfig::overlap, frontend_overlap.cpp): the proactive step on a worker beside
+  // the main engine's steps. Its batch is parked_batch_ from its start (its requests are
+  // in_parked_step: no main step touches them) until it ends.
+  StepKind step_overlapped(const StepBatch& main, StepKind main_kind, double now);
+  void start_overlapped_step(std::optional<StepBatch> fresh);  // nullopt: resume the parked one
+  void collect_overlapped_step();                              // blocks until it is over
   void apply_part(const StepPart& part, std::span<const float> logits, const StepStats& stats,
                   double now);
   void accept_token(Request& r, int32_t token, double now);
@@ -164,8 +175,11 @@ class Frontend {
   StackMetrics metrics_;
   // Agent.xpu lane state (frontend_step.cpp).
   std::unique_ptr<Engine> proactive_engine_;  // options_.make_proactive_engine's
-  std::optional<StepBatch> parked_batch_;     // the proactive step stopped at an op boundary
-  std::vector<uint64_t> deferred_close_;      // sequences released while their step was parked
+  AsyncStep async_;  // after proactive_engine_: it waits for a running step before the engine goes
+  bool async_resuming_ = false;
+  double async_asked_us_ = 0;              // when a preemption of the overlapped step was asked
+  std::optional<StepBatch> parked_batch_;  // the proactive step stopped at an op boundary
+  std::vector<uint64_t> deferred_close_;   // sequences released while their step was parked
   Lane last_lane_ = Lane::main;
   StepWatch watch_;
   struct AgentMetrics {
@@ -177,6 +191,7 @@ class Frontend {
     uint64_t carried_tokens = 0;  // proactive decode tokens done in proactive prefill steps
     double preempt_latency_us_sum = 0, preempt_latency_us_max = 0;
   } agent_metrics_;
+  ProactiveTimeBook proactive_time_;
 };
 
 double now_ms();  // steady clock, milliseconds

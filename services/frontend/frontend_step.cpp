@@ -48,10 +48,51 @@ void Frontend::open_request(Request* r) {
   }
   r->seq_open = true;
   r->admitted_ms = now_ms();
-  r->restarts_at_start = engine_restarts(engine_of(*r));
+  // The proactive engine is its worker's while an overlapped step runs: ask the main one then.
+  r->restarts_at_start =
+      engine_restarts(r->proactive_lane && async_.running() ? *engine_ : engine_of(*r));
+}
+
+ProactiveState Frontend::proactive_state() const {
+  ProactiveState s;
+  s.pending = scheduler_.queued(Priority::proactive) > 0;
+  s.in_flight = async_.running();
+  s.parked = parked_batch_.has_value() && !s.in_flight;
+  for (const Request* r : scheduler_.running_requests()) {
+    if (!r->finish_reason.empty()) continue;
+    if (r->priority == Priority::reactive) {
+      s.reactive = true;
+      continue;
+    }
+    s.pending = true;
+    s.prefill_due = s.prefill_due || r->prefilling() || r->in_parked_step;
+    s.decoders = s.decoders || r->decoding();
+  }
+  return s;
 }
 
 void Frontend::step() {
+  const ProactiveState before = proactive_state();
+  const double t0 = now_ms();
+  const StepKind kind = step_lanes();
+  proactive_time_.on_step(t0, now_ms(), before, kind, proactive_state());
+}
+
+namespace {
+
+StepKind kind_of_main(const StepBatch& batch) {
+  bool reactive = false, proactive = false;
+  for (const StepPart& p : batch.parts)
+    (p.request->priority == Priority::reactive ? reactive : proactive) = true;
+  if (batch.empty()) return StepKind::none;
+  return reactive && proactive ? StepKind::main_shared
+         : reactive            ? StepKind::main_reactive
+                               : StepKind::main_proactive;
+}
+
+}  // namespace
+
+StepKind Frontend::step_lanes() {
   std::vector<std::pair<Request*, Error>> refused;
   try {
     scheduler_.admit([&](Request* r) {
@@ -70,12 +111,19 @@ void Frontend::step() {
   scheduler_.set_riding(proactive_engine_ && engine_->kv_share() &&
                             engine_->kv_share() == proactive_engine_->kv_share(),
                         options_.max_running);
+  // An overlapped proactive step that ended meanwhile: its results first, so that a prompt it
+  // finished decodes in this pass's main step.
+  if (async_.running() && async_.done()) collect_overlapped_step();
   const double now = now_ms();
   StepBatch main = scheduler_.build(engine_->max_step_tokens(), now, Lane::main);
+  // Classified before the step: its requests may be gone after it.
+  const StepKind main_kind = kind_of_main(main);
   if (!proactive_engine_) {
     run_main_step(main);
-    return;
+    return main_kind;
   }
+  if (scheduler_.agent_config().overlap != agent::AgentConfig::Overlap::off && scheduler_.riding())
+    return step_overlapped(main, main_kind, now);
   // The proactive lane: a parked step resumes once the gating of the lane lets it (no reactive
   // work, or one of its requests aged); else a fresh proactive batch, gated the same way.
   bool proactive_ready = false;
@@ -95,10 +143,14 @@ void Frontend::step() {
   if (!main.empty() && (!proactive_ready || last_lane_ == Lane::proactive)) {
     last_lane_ = Lane::main;
     run_main_step(main);
-  } else if (proactive_ready) {
+    return main_kind;
+  }
+  if (proactive_ready) {
     last_lane_ = Lane::proactive;
     run_proactive_step(std::move(fresh));
+    return StepKind::proactive_lane;
   }
+  return StepKind::none;
 }
 
 void Frontend::run_main_step(const StepBatch& batch) {
@@ -268,7 +320,8 @@ nlohmann::json Frontend::agent_status() const {
   nlohmann::json j = {
       {"proactive_engine", proactive_engine_ != nullptr},
       {"preemptible", proactive_engine_ && proactive_engine_->preemptible()},
-      {"parked", parked_batch_.has_value()},
+      {"parked", parked_batch_.has_value() && !async_.running()},
+      {"in_flight", async_.running()},
       {"preemptions", m.preemptions},
       {"resumes", m.resumes},
       {"proactive_steps", m.proactive_steps},
@@ -288,9 +341,16 @@ nlohmann::json Frontend::agent_status() const {
       {"slack_refused", scheduler_.slack_refused()},
       {"carry", scheduler_.agent_config().carry_decoders},
       {"preempt_proactive", scheduler_.agent_config().preempt_proactive},
+      {"overlap", scheduler_.agent_config().overlap == agent::AgentConfig::Overlap::off ? "off"
+                  : scheduler_.agent_config().overlap == agent::AgentConfig::Overlap::proactive
+                      ? "proactive"
+                      : "all"},
+      {"proactive_plan", proactive_engine_ ? proactive_engine_->plan_name() : ""},
       {"carried_tokens", m.carried_tokens},
-      {"aging_ms", scheduler_.agent_config().aging_ms}};
-  if (proactive_engine_) j["engine"] = proactive_engine_->status();
+      {"aging_ms", scheduler_.agent_config().aging_ms},
+      {"proactive_time_ms", proactive_time_.to_json()}};
+  // (Not while its step runs on a worker: the engine is that thread's until the step ends.)
+  if (proactive_engine_ && !async_.running()) j["engine"] = proactive_engine_->status();
   // What the slack rule predicts from: the main engine's mean step time per token count (ms).
   nlohmann::json step_ms = nlohmann::json::object();
   const agent::StepTimeModel& model = scheduler_.step_times();

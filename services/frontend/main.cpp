@@ -90,13 +90,50 @@ int main(int argc, char** argv) {
         options.agent.carry_decoders = on_off("DUET_AGENT_PROACTIVE_CARRY", "off");
         // Proactive steps preemptible (the default) or plain (agent_policy.h).
         options.agent.preempt_proactive = on_off("DUET_AGENT_PREEMPT", "on");
+        // Overlap (agent_policy.h): the proactive prefill step beside the main engine's steps:
+        // off (they take turns), proactive (beside proactive-only main steps), all (beside
+        // reactive decode too; a reactive prefill parks it).
+        const std::string overlap = env_or("DUET_AGENT_OVERLAP", "off");
+        if (overlap == "off")
+          options.agent.overlap = frontend::agent::AgentConfig::Overlap::off;
+        else if (overlap == "proactive")
+          options.agent.overlap = frontend::agent::AgentConfig::Overlap::proactive;
+        else if (overlap == "all")
+          options.agent.overlap = frontend::agent::AgentConfig::Overlap::all;
+        else
+          throw Error(Errc::invalid_argument, "frontend: DUET_AGENT_OVERLAP='" + overlap +
+                                                  "' is not off, proactive or all");
+        if (overlap != "off" && options.agent.carry_decoders)
+          throw Error(Errc::invalid_argument,
+                      "frontend: DUET_AGENT_PROACTIVE_CARRY=on and DUET_AGENT_OVERLAP=" + overlap +
+                          " exclude each other (carried decoders would be in both lanes' steps)");
+        // The proactive engine's plan. The paper puts proactive prefill mainly on the NPU
+        // (§4.3 ①) so that it overlaps decode on the GPU; here both devices share the host's
+        // cores and, measured, proactive prefill runs fastest on gpu_svc alone (tiny-fortune,
+        // 451 tokens: gpu-only 65-101 ms, the solver's tensor split 85-133, npu-only 137-165) and
+        // the overlap loses (bench/agent/RESULTS.md, 2026-11-22 18:50-19:43 section). So when the
+        // stack splits prefill across both devices (auto, tensor), the proactive engine runs
+        // gpu-only; a stack pinned to one placement keeps it for both engines.
+        const std::string proactive_plan =
+            env_or("DUET_AGENT_PROACTIVE_PLAN",
+                   plan == "auto" || plan == "tensor" ? "gpu-only" : plan.c_str());
         // The two share one KV pool: a proactive request's decode rides in the main engine's
         // steps (Algorithm 2) with no KV byte copied.
         frontend::StackEngineConfig lanes = config;
         if (plan != "reference" && env_or("DUET_AGENT", "on") != std::string("off")) {
+          if (!frontend::is_stack_plan(proactive_plan) || proactive_plan == "reference")
+            throw Error(Errc::invalid_argument,
+                        "frontend: DUET_AGENT_PROACTIVE_PLAN='" + proactive_plan +
+                            "' is not one of " + frontend::stack_plan_list() + " (but reference)");
           lanes.kv_share = std::make_shared<frontend::KvShare>();
-          options.make_proactive_engine = [lanes, plan] {
-            return frontend::make_stack_engine(lanes, plan, kProactiveInstance);
+          // The proactive engine's steps (prefill only, preemptible) may carry more tokens than
+          // the main engine's 64: fewer, larger steps (agent_bench --proactive-step-tokens). 64
+          // by default: 256 measured far slower per token on this host (RESULTS.md, same section).
+          frontend::StackEngineConfig proactive = lanes;
+          proactive.max_step_tokens =
+              static_cast<int>(env_number("DUET_AGENT_PROACTIVE_STEP_TOKENS", 64, 64, 512));
+          options.make_proactive_engine = [proactive, proactive_plan] {
+            return frontend::make_stack_engine(proactive, proactive_plan, kProactiveInstance);
           };
         }
         frontend = std::make_unique<frontend::Frontend>(frontend::make_stack_engine(lanes, plan, 0),

@@ -37,6 +37,17 @@ bool Scheduler::reactive_present() const {
   });
 }
 
+bool Scheduler::reactive_prefill_present() const {
+  return std::any_of(running_.begin(), running_.end(), [](const Request* r) {
+    return r->priority == Priority::reactive && r->finish_reason.empty() && r->prefilling();
+  });
+}
+
+bool Scheduler::proactive_lane_open() const {
+  if (!reactive_present()) return true;
+  return agent_.overlap == agent::AgentConfig::Overlap::all && !reactive_prefill_present();
+}
+
 StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   if (now_ms < 0)
     now_ms = std::chrono::duration<double, std::milli>(
@@ -84,13 +95,14 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   const bool proactive_lane = lane == Lane::proactive;
   // Contention gating of the proactive lane (scheduler.h): only promoted requests go while a
   // reactive request waits or runs.
-  const bool gated = proactive_lane && reactive_present();
+  const bool gated = proactive_lane && !proactive_lane_open();
   auto in_lane = [&](const Request* r) {
     return r->proactive_lane == proactive_lane && (!gated || promoted(r));
   };
   // Carrying (scheduler.h): no reactive work, no parked step, and a proactive prefill to run:
   // the proactive decoders go in that prefill step, after its prompt rows.
-  const bool carry = riding_ && agent_.carry_decoders && !reactive_running &&
+  const bool carry = riding_ && agent_.carry_decoders &&
+                     agent_.overlap == agent::AgentConfig::Overlap::off && !reactive_running &&
                      std::none_of(running_.begin(), running_.end(),
                                   [](const Request* r) { return r->in_parked_step; }) &&
                      std::any_of(running_.begin(), running_.end(), [](const Request* r) {

@@ -54,6 +54,11 @@ class Scheduler {
   StepBatch build(int max_step_tokens, double now_ms = -1, Lane lane = Lane::main);
   // A reactive request is running (admitted, unfinished): the proactive lane is gated (build).
   bool reactive_present() const;
+  // A reactive request is admitted and not fully prefilled.
+  bool reactive_prefill_present() const;
+  // Whether the proactive lane may step now (contention gating): no reactive request runs, or
+  // (AgentConfig::overlap all) none of them is prefilling.
+  bool proactive_lane_open() const;
   // Agent.xpu rules (agent_policy.h): while any reactive request runs, proactive decoders ride
   // along only up to decode_cap (the longest contexts wait first); a proactive request waiting
   // past aging_ms (for its first or next token) is promoted: it bypasses the cap and its
@@ -61,7 +66,8 @@ class Scheduler {
   // Without riding, the proactive lane's KV is on the other engine, so a proactive step is a step
   // of its own between reactive ones. Contention gating (may_overlap: memory-bound decode of
   // different classes does not overlap; a proactive prefill would be preempted at once) holds the
-  // whole lane while reactive work is present, promoted requests excepted.
+  // whole lane while reactive work is present, promoted requests excepted (AgentConfig::overlap
+  // all: only while a reactive prompt is being prefilled; proactive_lane_open()).
   // Riding (set_riding: the two engines share one KV pool, kv_share.h): the proactive lane's
   // decoders decode in the MAIN lane's steps, picked by Algorithm 2 like any proactive decoder
   // (all of them when no reactive request runs, else up to the cap), and the proactive lane

@@ -74,12 +74,13 @@ class LazyEngine : public Engine {
  public:
   LazyEngine(const std::string& model_path, std::string plan,
              std::function<std::unique_ptr<Engine>()> build, int replan_after_ms,
-             std::shared_ptr<KvShare> kv_share)
+             std::shared_ptr<KvShare> kv_share, int max_step_tokens)
       : model_(LlamaModel::load(model_path)),
         plan_(std::move(plan)),
         build_(std::move(build)),
         replan_after_(replan_after_ms),
-        kv_share_(std::move(kv_share)) {}
+        kv_share_(std::move(kv_share)),
+        max_step_tokens_(max_step_tokens) {}
   const LlamaModel& model() const override { return inner_ ? inner_->model() : *model_; }
   std::string plan_name() const override { return plan_; }
   void open_seq(uint64_t id, int n) override {
@@ -98,7 +99,7 @@ class LazyEngine : public Engine {
     return ready().step(b, s);
   }
   int max_step_tokens() const override {
-    return inner_ ? inner_->max_step_tokens() : kMaxStepTokens;
+    return inner_ ? inner_->max_step_tokens() : max_step_tokens_;
   }
   // Known before the engine is built: the build joins this share.
   const KvShare* kv_share() const override { return kv_share_.get(); }
@@ -171,6 +172,7 @@ class LazyEngine : public Engine {
   std::unique_ptr<Engine> inner_;
   std::string last_error_;
   std::shared_ptr<KvShare> kv_share_;
+  int max_step_tokens_;
 };
 
 // Asks solver_svc for the plan of one token bucket, retrying while it starts (the stack starts
@@ -247,7 +249,7 @@ std::unique_ptr<Engine> make_stack_engine(const StackEngineConfig& c, const std:
   if (plan != "reference")
     return std::make_unique<LazyEngine>(
         c.model_path, plan, [c, plan, instance] { return build_engine(c, plan, instance); },
-        c.replan_after_ms, c.kv_share);
+        c.replan_after_ms, c.kv_share, std::max(c.max_step_tokens, LazyEngine::kMaxStepTokens));
   return build_engine(c, plan, instance);
 }
 
@@ -270,6 +272,8 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   // 4: a reactive-first decode step (Algorithm 2: one reactive decoder and up to 3 proactive
   // riders) runs a program sized for it, not the 16-token one.
   o.buckets = {1, 4, 16, static_cast<uint32_t>(LazyEngine::kMaxStepTokens)};
+  if (c.max_step_tokens > LazyEngine::kMaxStepTokens)
+    o.buckets.push_back(static_cast<uint32_t>(c.max_step_tokens));
   o.max_seqs = static_cast<uint32_t>(std::max(1, c.max_seqs));
   o.max_ctx = static_cast<uint32_t>(c.max_ctx);
   o.segment_tag = tag_of(plan, instance);

@@ -35,6 +35,10 @@ struct StackEngineConfig {
   // sequences per sharing engine (kKvSharers). Null: each engine has a KV segment of its own.
   std::shared_ptr<KvShare> kv_share;
   static constexpr uint32_t kKvSharers = 2;
+  // The most tokens one step carries: programs are built for 1, 4, 16 and 64 tokens, and for
+  // this many when it is larger (Agent.xpu's proactive engine: its prefill-only steps may be
+  // longer, being preemptible).
+  int max_step_tokens = 64;
 };
 
 // Every plan a stack serves, and the same list for error messages ("reference, gpu-only, ...").

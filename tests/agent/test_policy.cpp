@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "services/frontend/agent_policy.h"
+#include "services/frontend/proactive_time.h"
 
 namespace duet::frontend::agent {
 namespace {
@@ -182,6 +183,42 @@ TEST(AgentPolicy, SlackRidersAdmitWhatTheMeasuredStepTimesAllow) {
   EXPECT_EQ(slack_riders(steep, 1, 3, 0.5), 0);
   EXPECT_THROW(slack_riders(cpu, 1, 1, -0.1), Error);
   EXPECT_THROW(slack_riders(cpu, 1, -1, 0.5), Error);
+}
+
+// The frontend's time book (proactive_time.h): every millisecond with proactive work pending
+// lands in exactly one `by what ran` bucket (the gap between steps as `no step`), the `while`
+// buckets mark why the proactive engine waited, and time with nothing proactive pending counts
+// nowhere.
+TEST(ProactiveTime, BooksPendingTimeByWhatRanAndWhy) {
+  using duet::frontend::ProactiveState;
+  using duet::frontend::ProactiveTimeBook;
+  using duet::frontend::StepKind;
+  ProactiveTimeBook b;
+  ProactiveState idle;                                         // nothing proactive
+  ProactiveState gated{true, true, true, true, false, false};  // prompt due, reactive runs
+  ProactiveState parked = gated;
+  parked.parked = true;
+  ProactiveState flowing{true, true, true, false, false, true};  // a step in flight beside
+  b.on_step(0, 4, idle, StepKind::main_reactive, gated);         // not pending: nothing
+  b.on_step(5, 7, gated, StepKind::main_reactive, parked);       // gap 1 ms (gated) + 2 ms reactive
+  b.on_step(7, 8, parked, StepKind::main_shared, flowing);
+  b.on_step(10, 13, flowing, StepKind::main_proactive, flowing);  // gap 2 ms + 3 ms
+  b.on_step(13, 20, flowing, StepKind::proactive_lane, idle);
+  b.on_step(30, 31, idle, StepKind::none, idle);  // the gap after `idle`: nothing
+  EXPECT_DOUBLE_EQ(b.pending_ms, 1 + 2 + 1 + 2 + 3 + 7);
+  EXPECT_DOUBLE_EQ(b.no_step_ms, 1 + 2);
+  EXPECT_DOUBLE_EQ(b.main_reactive_only_ms, 2);
+  EXPECT_DOUBLE_EQ(b.main_shared_ms, 1);
+  EXPECT_DOUBLE_EQ(b.main_proactive_ms, 3);
+  EXPECT_DOUBLE_EQ(b.proactive_lane_ms, 7);
+  EXPECT_DOUBLE_EQ(b.pending_ms, b.no_step_ms + b.main_reactive_only_ms + b.main_shared_ms +
+                                     b.main_proactive_ms + b.proactive_lane_ms);
+  EXPECT_DOUBLE_EQ(b.decoders_held_ms, 2);  // the reactive-only step while decoders waited
+  EXPECT_DOUBLE_EQ(b.gated_prefill_ms, 1 + 2 + 1);
+  EXPECT_DOUBLE_EQ(b.parked_ms, 1);
+  EXPECT_DOUBLE_EQ(b.overlapped_ms, 2 + 3 + 7);
+  EXPECT_EQ(b.reactive_only_steps, 1u);
+  EXPECT_DOUBLE_EQ(b.to_json()["pending"].get<double>(), b.pending_ms);
 }
 
 }  // namespace

@@ -121,6 +121,46 @@ TEST(AgentScheduler, ProactiveLaneIsGatedWhileReactiveRunsAgedWorkExcepted) {
   EXPECT_TRUE(s.build(64, 1002, Lane::main).empty());
 }
 
+// Overlap (AgentConfig::overlap, §4.5 ① compute slack): under `all` the proactive lane opens
+// beside reactive DECODE (its prefill may run on the other device meanwhile) but stays gated
+// while a reactive prompt is being prefilled; under `off` and `proactive` any running reactive
+// request gates it.
+TEST(AgentScheduler, OverlapAllOpensTheProactiveLaneBesideReactiveDecodeNotReactivePrefill) {
+  using Overlap = agent::AgentConfig::Overlap;
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(decoding(1, Priority::reactive, 10, 1000));
+  rs.push_back(prefilling(2, Priority::proactive, 900));
+  rs[1]->proactive_lane = true;
+  Scheduler s(8, 8);
+  s.set_riding(true, 8);
+  admit_all(s, rs);
+  agent::AgentConfig cfg;
+  for (Overlap o : {Overlap::off, Overlap::proactive}) {
+    cfg.overlap = o;
+    s.set_agent_config(cfg);
+    EXPECT_FALSE(s.proactive_lane_open());
+    EXPECT_TRUE(s.build(64, 1001, Lane::proactive).empty());
+  }
+  cfg.overlap = Overlap::all;
+  s.set_agent_config(cfg);
+  EXPECT_TRUE(s.proactive_lane_open());
+  EXPECT_EQ(seqs(s.build(64, 1001, Lane::proactive)), (std::vector<uint64_t>{2}));
+  // The main lane is unchanged: the reactive decoder alone (the prefill is the other engine's).
+  EXPECT_EQ(seqs(s.build(64, 1001, Lane::main)), (std::vector<uint64_t>{1}));
+  // A reactive prompt arrives: the prefill pipeline is reactive-first, the lane closes again.
+  auto re_prefill = prefilling(3, Priority::reactive, 1000);
+  s.enqueue(re_prefill.get());
+  s.admit([](Request*) {});
+  EXPECT_TRUE(s.reactive_prefill_present());
+  EXPECT_FALSE(s.proactive_lane_open());
+  EXPECT_TRUE(s.build(64, 1002, Lane::proactive).empty());
+  // Its prompt done (decoding now): open again.
+  re_prefill->n_prefilled = re_prefill->prompt.size();
+  re_prefill->next_token = 5;
+  EXPECT_TRUE(s.proactive_lane_open());
+  EXPECT_EQ(seqs(s.build(64, 1003, Lane::proactive)), (std::vector<uint64_t>{2}));
+}
+
 // Algorithm 2 for real: with the two engines sharing one KV pool, the proactive lane's decoders
 // decode in the main lane's steps (riding): with a reactive request, up to the cap (the longest
 // context evicted) and after the reactive prefill; without one, all of them. The proactive lane

@@ -227,6 +227,95 @@ TEST_F(AgentServingStack, ProactiveDecodeRidesInReactiveStepsUnderTheCap) {
   EXPECT_EQ(a["engine"]["kv_pages_free"], a["engine"]["kv_pages_total"]);
 }
 
+// Overlap (DUET_AGENT_OVERLAP=all, §4.5 ① compute slack) with the proactive engine on the NPU
+// (DUET_AGENT_PROACTIVE_PLAN=npu-only, §4.3 ①): a proactive prompt submitted while a reactive
+// request decodes is prefilled on the NPU beside the reactive decode steps on the GPU, in another
+// thread of the frontend: its prefill makes progress before the reactive request is done (with
+// overlap off the lane is gated until then), the reactive request keeps decoding meanwhile, and
+// both requests' tokens equal their runs alone on the same stack, with no KV byte copied.
+TEST_F(AgentServingStack, OverlappedProactivePrefillProgressesWhileAReactiveRequestDecodes) {
+  ::setenv("DUET_AGENT_OVERLAP", "all", 1);
+  ::setenv("DUET_AGENT_PROACTIVE_PLAN", "npu-only", 1);
+  up();
+  ::unsetenv("DUET_AGENT_OVERLAP");
+  ::unsetenv("DUET_AGENT_PROACTIVE_PLAN");
+  const std::vector<int32_t> pro_prompt = prompt(448, 7), re_prompt = prompt(24, 8);
+  const int pro_tokens = 8, re_tokens = 300;
+  client::Client c(endpoint());
+  const client::GenerateResult pro_clean =
+      c.generate(request(client::Priority::proactive, pro_prompt, pro_tokens), {}, 120s);
+  const client::GenerateResult re_clean =
+      c.generate(request(client::Priority::reactive, re_prompt, re_tokens), {}, 120s);
+  ASSERT_EQ(pro_clean.ids.size(), size_t(pro_tokens));
+  ASSERT_EQ(re_clean.ids.size(), size_t(re_tokens));
+  const nlohmann::json a0 = agent_status();
+  ASSERT_EQ(a0["overlap"], "all") << a0.dump();
+  ASSERT_EQ(a0["proactive_plan"], "npu-only") << a0.dump();
+  ASSERT_TRUE(a0["riding"].get<bool>()) << "overlap needs the shared KV pool: " << a0.dump();
+
+  client::Client re(endpoint()), pro(endpoint()), st(endpoint());
+  const uint64_t re_id = re.submit(request(client::Priority::reactive, re_prompt, re_tokens));
+  // The reactive request decoding: then the proactive prompt arrives.
+  bool reactive_decoding = false;
+  for (const auto deadline = Clock::now() + 90s; !reactive_decoding && Clock::now() < deadline;) {
+    const nlohmann::json status = st.status();
+    if (std::getenv("AGENT_TEST_DEBUG")) std::printf("%s\n", status["running"].dump().c_str());
+    for (const auto& r : status["running"])
+      if (r["priority"] == "reactive" && r["generated"].get<size_t>() > 0) reactive_decoding = true;
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(reactive_decoding) << "the reactive request never started decoding";
+  const uint64_t pro_id = pro.submit(request(client::Priority::proactive, pro_prompt, pro_tokens));
+  // While the reactive request still runs: the proactive prompt's prefill moves.
+  size_t prefilled_beside = 0, reactive_generated = 0;
+  bool reactive_seen = false;
+  for (const auto deadline = Clock::now() + 60s; Clock::now() < deadline;) {
+    bool reactive_running = false;
+    size_t prefilled = 0;
+    const nlohmann::json status = st.status();
+    if (std::getenv("AGENT_TEST_DEBUG")) std::printf("%s\n", status["running"].dump().c_str());
+    for (const auto& r : status["running"]) {
+      if (r["priority"] == "reactive") {
+        reactive_running = true;
+        reactive_generated = r["generated"].get<size_t>();
+      } else {
+        prefilled = r["prefilled"].get<size_t>();
+      }
+    }
+    if (!reactive_running && reactive_seen) break;  // it is done
+    reactive_seen = reactive_seen || reactive_running;
+    prefilled_beside = std::max(prefilled_beside, prefilled);
+    if (prefilled_beside > 0 && reactive_generated < size_t(re_tokens) / 2) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  std::printf(
+      "proactive prompt tokens prefilled while the reactive request decoded: %zu of %zu "
+      "(reactive at token %zu of %d)\n",
+      prefilled_beside, pro_prompt.size(), reactive_generated, re_tokens);
+  EXPECT_GT(prefilled_beside, 0u) << "the proactive prefill waited for the reactive request";
+  auto done_of = [](client::Client& cl, uint64_t id) {
+    for (;;) {
+      auto ev = cl.next_event(120s);
+      if (!ev) throw Error(Errc::timeout, "no reply");
+      if (ev->request_id == id && ev->kind == client::Event::Kind::done) return ev->done;
+      if (ev->request_id == id && ev->kind == client::Event::Kind::error)
+        throw Error(ev->code, ev->message);
+    }
+  };
+  const client::GenerateResult re_done = done_of(re, re_id), pro_done = done_of(pro, pro_id);
+  EXPECT_EQ(re_done.ids, re_clean.ids) << "the reactive request's tokens";
+  EXPECT_EQ(pro_done.ids, pro_clean.ids) << "the overlapped proactive request's tokens";
+  EXPECT_EQ(pro_done.stats.kv_bytes_copied, 0u);
+  EXPECT_EQ(re_done.stats.kv_bytes_copied, 0u);
+  const nlohmann::json a = agent_status();
+  std::printf("%s\n", a.dump().c_str());
+  EXPECT_GT(a["proactive_time_ms"]["overlapped"].get<double>(), 0.0);
+  EXPECT_FALSE(a["in_flight"].get<bool>());
+  EXPECT_FALSE(a["parked"].get<bool>());
+  EXPECT_EQ(a["engine"]["open_sequences"], 0) << "the shared pool freed every sequence";
+  EXPECT_EQ(a["engine"]["kv_pages_free"], a["engine"]["kv_pages_total"]);
+}
+
 TEST_F(AgentServingStack, ReactiveRequestsNeverPreemptEachOtherAndRunFifo) {
   up();
   // The main engine is built by its first request (programs registered, the solver asked): not
