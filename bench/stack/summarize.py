@@ -18,7 +18,7 @@ def main(path):
            "Produced by `bench/stack/run.sh` (driver) with `stack_bench` (one generation through a",
            "running stack or with all roles in one process) and `bench/llamacpp/llamacpp_bench.mjs`",
            "(node-llama-cpp's prebuilt llama.cpp CPU build), all side by side in one run on the",
-           "2-core machine shared with other engineers' builds (load average 4-8): absolute numbers",
+           "2-core machine, often shared with other engineers' builds (the load of each run is in its Reading section): absolute numbers",
            "are noisy; compare rows of one run only. Prompts are synthetic ids (BOS + cycling ids),",
            "greedy decode of exactly the mix's tokens (ignore_eos; `STOP_AT_EOS=1` stops at EOS: see the",
            "`generated` column). Table 4 mixes (54/374, 296/340,",
