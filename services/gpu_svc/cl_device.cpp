@@ -1,12 +1,16 @@
 #include "services/gpu_svc/cl_device.h"
 
 #include <unistd.h>
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -297,6 +301,67 @@ ClDevice& shared_device() {
   static std::unique_ptr<ClDevice> dev;
   std::call_once(once, [] { dev = ClDevice::open(); });
   return *dev;
+}
+
+namespace {
+
+// What a waiter blocks on until the event's completion callback (run by the OpenCL runtime's
+// thread) marks it. Shared: a waiter that gives up at its deadline leaves it to the callback.
+struct EventSignal {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+};
+
+void CL_CALLBACK signal_on_complete(cl_event, cl_int, void* user) {
+  auto* holder = static_cast<std::shared_ptr<EventSignal>*>(user);
+  {
+    std::lock_guard lock((*holder)->m);
+    (*holder)->done = true;
+  }
+  (*holder)->cv.notify_all();
+  delete holder;
+}
+
+}  // namespace
+
+// A short spin for the ops of a decode step (microseconds), then a blocking wait on the event's
+// completion callback. Polling in sleeps instead (every 20 us, as before) woke this thread ~20k
+// times in a 1.5 s prefill, and on a CPU device every wake-up preempts a worker running the
+// kernels (perf: 46k context switches in one 296-token prefill).
+void ClDevice::wait(cl_event e, std::chrono::steady_clock::time_point deadline, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  check_cl(clFlush(queue_), "clFlush");
+  const auto status_of = [&] {
+    cl_int status = CL_QUEUED;
+    check_cl(clGetEventInfo(e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr),
+             "clGetEventInfo");
+    if (status < 0)
+      throw Error(Errc::internal, std::string("gpu_svc: ") + what +
+                                      " failed on the device: " + cl_error_name(status));
+    return status;
+  };
+  const auto timeout = [&] {
+    return Error(Errc::timeout,
+                 std::string("gpu_svc: ") + what + " did not finish by its deadline");
+  };
+  const auto spin_until = std::min(deadline, Clock::now() + std::chrono::microseconds(50));
+  while (Clock::now() < spin_until) {
+    if (status_of() == CL_COMPLETE) return;
+    std::this_thread::yield();
+  }
+  auto signal = std::make_shared<EventSignal>();
+  auto* holder = new std::shared_ptr<EventSignal>(signal);
+  if (const cl_int err = clSetEventCallback(e, CL_COMPLETE, signal_on_complete, holder);
+      err != CL_SUCCESS) {
+    delete holder;
+    check_cl(err, "clSetEventCallback");
+  }
+  {
+    std::unique_lock lock(signal->m);
+    if (!signal->cv.wait_until(lock, deadline, [&] { return signal->done; })) throw timeout();
+  }
+  if (status_of() != CL_COMPLETE) throw timeout();  // the callback also runs on a failure
 }
 
 }  // namespace duet::gpu

@@ -5,6 +5,7 @@
 // compile time.
 #include <CL/cl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -55,6 +56,10 @@ class ClDevice {
   const DeviceInfo& info() const { return info_; }
   cl_context context() const { return context_; }
   cl_command_queue queue() const { return queue_; }
+  // Flushes the queue and waits for `e` until `deadline`: a short spin, then a blocking wait on
+  // the event's completion callback. Throws Error(timeout) at the deadline, Error(internal) when
+  // the command failed; both name `what`.
+  void wait(cl_event e, std::chrono::steady_clock::time_point deadline, const char* what);
   cl_device_id id() const { return device_; }
   // Host memory can be used in place (CL_MEM_USE_HOST_PTR without copies): CPU devices and
   // GPUs reporting host-unified memory. Otherwise the runner copies and says so.

@@ -1,8 +1,6 @@
 #include "services/gpu_svc/gpu_runner.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -246,66 +244,6 @@ cl_event GpuRunner::read_back_output(const Program& p, const fb::OpT& op, const 
   return e;
 }
 
-namespace {
-
-// What a waiter blocks on until the event's completion callback (run by the OpenCL runtime's
-// thread) marks it. Shared: a waiter that gives up at its deadline leaves it to the callback.
-struct EventSignal {
-  std::mutex m;
-  std::condition_variable cv;
-  bool done = false;
-};
-
-void CL_CALLBACK signal_on_complete(cl_event, cl_int, void* user) {
-  auto* holder = static_cast<std::shared_ptr<EventSignal>*>(user);
-  {
-    std::lock_guard lock((*holder)->m);
-    (*holder)->done = true;
-  }
-  (*holder)->cv.notify_all();
-  delete holder;
-}
-
-}  // namespace
-
-// A short spin for the ops of a decode step (microseconds), then a blocking wait on the event's
-// completion callback. Polling in sleeps instead (every 20 us, as before) woke this thread ~20k
-// times in a 1.5 s prefill, and on a CPU device every wake-up preempts a worker running the
-// kernels (perf: 46k context switches in one 296-token prefill).
-void GpuRunner::wait_event(cl_event e, Clock::time_point deadline, const char* what) {
-  check_cl(clFlush(dev_.queue()), "clFlush");
-  const auto status_of = [&] {
-    cl_int status = CL_QUEUED;
-    check_cl(clGetEventInfo(e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr),
-             "clGetEventInfo");
-    if (status < 0)
-      throw Error(Errc::internal, std::string("gpu_svc: ") + what +
-                                      " failed on the device: " + cl_error_name(status));
-    return status;
-  };
-  const auto timeout = [&] {
-    return Error(Errc::timeout,
-                 std::string("gpu_svc: ") + what + " did not finish by its deadline");
-  };
-  const auto spin_until = std::min(deadline, Clock::now() + std::chrono::microseconds(50));
-  while (Clock::now() < spin_until) {
-    if (status_of() == CL_COMPLETE) return;
-    std::this_thread::yield();
-  }
-  auto signal = std::make_shared<EventSignal>();
-  auto* holder = new std::shared_ptr<EventSignal>(signal);
-  if (const cl_int err = clSetEventCallback(e, CL_COMPLETE, signal_on_complete, holder);
-      err != CL_SUCCESS) {
-    delete holder;
-    check_cl(err, "clSetEventCallback");
-  }
-  {
-    std::unique_lock lock(signal->m);
-    if (!signal->cv.wait_until(lock, deadline, [&] { return signal->done; })) throw timeout();
-  }
-  if (status_of() != CL_COMPLETE) throw timeout();  // the callback also runs on a failure
-}
-
 void GpuRunner::wait_callbacks(Clock::time_point deadline) {
   while (pending_callbacks_.load(std::memory_order_acquire) > 0) {
     if (Clock::now() >= deadline)
@@ -431,8 +369,8 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
         // never waits for the host's check (with one op in flight the queue drained and PoCL's
         // workers went idle at every op).
         if (op_events.size() >= kPreemptibleOpsInFlight)
-          wait_event(op_events[op_events.size() - kPreemptibleOpsInFlight].second, deadline,
-                     "an earlier op");
+          dev_.wait(op_events[op_events.size() - kPreemptibleOpsInFlight].second, deadline,
+                    "an earlier op");
         bool go = !flags->preempt_requested();
         const auto w0 = Clock::now();
         for (size_t w = 0; go && w < op.wait_flags.size(); ++w)
@@ -455,7 +393,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
           check_cl(clEnqueueMarkerWithWaitList(q, 0, nullptr, &drained),
                    "clEnqueueMarkerWithWaitList");
           try {
-            wait_event(drained, deadline, "the read-backs before a cross-device input");
+            dev_.wait(drained, deadline, "the read-backs before a cross-device input");
           } catch (...) {
             clReleaseEvent(drained);
             throw;
@@ -571,7 +509,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       cl_event e;
       ~Release() { clReleaseEvent(e); }
     } release_end{end};
-    wait_event(end, deadline, "the step's kernels");
+    dev_.wait(end, deadline, "the step's kernels");
     wait_callbacks(deadline);
   } catch (...) {
     // Callbacks of ops already enqueued hold `flags`, which the caller may free once we

@@ -82,7 +82,6 @@ class GpuRunner {
   cl_event read_back_output(const Program& p, const fb::OpT& op, const void* token_rows,
                             const int32_t* page_tables, const StepArgs& step, uint32_t t0,
                             uint32_t t1);
-  void wait_event(cl_event e, std::chrono::steady_clock::time_point deadline, const char* what);
   void wait_callbacks(std::chrono::steady_clock::time_point deadline);
 
   ClDevice& dev_;
