@@ -70,5 +70,7 @@ bench_model() {  # name path mixes plans
 models=${MODELS:-"tiny 1b"}  # which models to run (APPEND=1 keeps earlier results)
 [[ " $models " == *" tiny "* ]] && bench_model tiny-fortune "$tiny_model" "$mixes_tiny" "$plans"
 [[ " $models " == *" 1b "* ]] && bench_model llama3.2-1b-q4_0 "$model_1b" "$mixes_1b" "$plans_1b"
-python3 bench/stack/summarize.py "$out" > bench/stack/RESULTS.md
+# The tables are regenerated; the file's hand-written sections (readings of earlier runs) stay.
+python3 bench/stack/summarize.py "$out" bench/stack/RESULTS.md > bench/stack/RESULTS.md.new
+mv bench/stack/RESULTS.md.new bench/stack/RESULTS.md
 cat bench/stack/RESULTS.md

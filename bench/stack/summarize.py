@@ -65,8 +65,28 @@ def main(path):
         out.append(f"| {m} | {mix} | {f(bp[1]['prefill_tok_s'])} ({bp[0]}) | {f(l['prefill_tok_s'])} | "
                    f"{f(pr, 2)}x | {f(bd[1]['decode_tok_s'])} ({bd[0]}) | {f(l['decode_tok_s'])} | "
                    f"{f(dr, 2)}x |")
-    print("\n".join(out))
+    return out
+
+
+def kept_sections(path):
+    """The hand-written sections of an earlier RESULTS.md (every "## " section whose heading is
+    not one of the tables above), so that a new run does not erase the readings kept there."""
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return []
+    generated = ("## Per plan", "## Stack overhead (full stack", "## duet (best measured plan)")
+    kept, keep = [], False
+    for line in lines:
+        if line.startswith("## "):
+            keep = not line.startswith(generated)
+        if keep:
+            kept.append(line)
+    return kept
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/stack/results.jsonl")
+    # usage: summarize.py [results.jsonl] [earlier RESULTS.md whose other sections are kept]
+    out = main(sys.argv[1] if len(sys.argv) > 1 else "bench/stack/results.jsonl")
+    kept = kept_sections(sys.argv[2]) if len(sys.argv) > 2 else []
+    print("\n".join(out + ([""] + kept if kept else [])))
