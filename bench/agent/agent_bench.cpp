@@ -427,6 +427,12 @@ nlohmann::json run_stack(const std::vector<Req>& trace, bool agent, const std::s
   for (double us : run.isolated_reactive_us) isolated += us / 1000.0;
   j["reactive_isolated_mean_ms"] =
       run.isolated_reactive_us.empty() ? 0.0 : isolated / double(run.isolated_reactive_us.size());
+  double isolated_ttft = 0;
+  for (double ms : run.isolated_reactive_ttft_ms) isolated_ttft += ms;
+  j["reactive_isolated_ttft_mean_ms"] =
+      run.isolated_reactive_ttft_ms.empty()
+          ? 0.0
+          : isolated_ttft / double(run.isolated_reactive_ttft_ms.size());
   return j;
 }
 

@@ -163,8 +163,9 @@ StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
       r.ignore_eos = true;
       r.stream = false;
       const auto t1 = Clock::now();
-      (void)c.generate(r, {}, std::chrono::seconds(120));
+      const client::GenerateResult alone = c.generate(r, {}, std::chrono::seconds(120));
       out.isolated_reactive_us.push_back(us_since(t1));
+      out.isolated_reactive_ttft_ms.push_back(alone.stats.ttft_ms);
     }
   return out;
 }

@@ -35,6 +35,7 @@ struct StackRun {
   // After the trace (agent runs only): each reactive request alone on the idle stack, submit to
   // Done: the floor of the reactive latency.
   std::vector<double> isolated_reactive_us;
+  std::vector<double> isolated_reactive_ttft_ms;  // the same requests' TTFT (the frontend's)
   // The frontend's engine time over the trace (warm-up excluded): milliseconds spent in engine
   // steps of either lane, and the tokens they carried. busy_ms / makespan is the fraction of the
   // trace the stack was stepping: near 1, the stack is saturated.
