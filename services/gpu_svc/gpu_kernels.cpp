@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "services/gpu_svc/tiled_weights.h"
 #include "services/gpu_svc/weight_pack.h"
 
 namespace duet::gpu {
@@ -70,7 +71,7 @@ GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type ==
 }
 
 GpuKernels::~GpuKernels() {
-  if (int8_rows_) clReleaseMemObject(int8_rows_);
+  if (int8_tiles_) clReleaseMemObject(int8_tiles_);
 }
 
 // matmul_int8.cl is built for clang's x86 targets only, and only a CPU device shares the
@@ -277,7 +278,7 @@ cl_event GpuKernels::matmul_cpu(cl_mem arena, const MatmulArgs& a) {
   return launch(name.c_str(), k, 2, global, local);
 }
 
-// Two launches: quantize_q8_act writes the token rows' quantised blocks into int8_rows_ (grown on
+// Two launches: quantize_q8_act writes the token rows' quantised blocks into int8_tiles_ (grown on
 // demand), then matmul_i8_* reads them. The returned event is the matmul's (profiling then
 // counts the matmul only; the quantisation reads k floats per token, ~1/rows of the matmul).
 // One token takes the T = 1 kernel (no tile to fill), more the 8-token tile: the same bits.
@@ -289,16 +290,16 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
     return launch("matmul_i8", nullptr, 1, none, nullptr);
   }
   const size_t tiles = (n + kInt8TileTokens - 1) / kInt8TileTokens;
-  if (tile_bytes * tiles > int8_rows_bytes_) {
+  if (tile_bytes * tiles > int8_tiles_bytes_) {
     forget_quantized_input();
-    if (int8_rows_) clReleaseMemObject(int8_rows_);  // queued users keep it alive
-    int8_rows_ = nullptr;
-    int8_rows_bytes_ = 0;
+    if (int8_tiles_) clReleaseMemObject(int8_tiles_);  // queued users keep it alive
+    int8_tiles_ = nullptr;
+    int8_tiles_bytes_ = 0;
     cl_int err = CL_SUCCESS;
     const size_t bytes = tile_bytes * std::max<size_t>(tiles, 8);
-    int8_rows_ = clCreateBuffer(dev_.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
-    check_cl(err, "clCreateBuffer(int8 rows)");
-    int8_rows_bytes_ = bytes;
+    int8_tiles_ = clCreateBuffer(dev_.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    check_cl(err, "clCreateBuffer(int8 tiles)");
+    int8_tiles_bytes_ = bytes;
   }
   const int bits = a.role ? int8_act_bits(*a.role) : int8_act_bits();
   // The weights' zero point as a shift: Q4_0 nibbles are w + 8, Q8_0 bytes w + 128 (the XOR).
@@ -309,7 +310,7 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   if (!(reuse_quantized_ && quantized_ == input)) {
     cl_kernel qk = dev_.kernel("quantize_q8_act");
     set_args(qk, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.k},
-             cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, int8_rows_,
+             cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, int8_tiles_,
              cl_uint{static_cast<uint32_t>(bits)}, cl_uint{zp_shift});
     const size_t qglobal[2] = {a.k / static_cast<size_t>(kQK), n};
     clReleaseEvent(launch("quantize_q8_act", qk, 2, qglobal, nullptr));
@@ -323,7 +324,7 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   if (a.rows_from_table || (y_begin < x_end && x_begin < y_end)) forget_quantized_input();
 
   // 8-token tiles measured best of 8, 12 and 16 (bench/gpu/RESULTS.md).
-  constexpr size_t kRowsPerItem = 16;  // matmul_int8.cl
+  constexpr size_t kRowsPerItem = kTiledRows;  // matmul_int8.cl: a work-item is a 16-row group
   const size_t tokens_per_item = n == 1 ? 1 : kInt8TileTokens;
   const std::string name = std::string("matmul_i8_") + kernel_type_suffix(a.wtype) + "_t" +
                            std::to_string(tokens_per_item) + (int8_vnni_ ? "_vnni" : "_portable") +
@@ -332,7 +333,7 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   set_args(k, a.tiled ? a.tiled : a.w, cl_ulong{a.tiled ? 0 : a.w_off}, cl_uint{a.k}, arena,
            cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
            cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
-           cl_int{a.rows_from_table ? 1 : 0}, int8_rows_);
+           cl_int{a.rows_from_table ? 1 : 0}, int8_tiles_);
   // PoCL runs a work-group per thread: groups of 4 items (64 rows) spread a K/V projection's
   // 512 rows over 8 groups.
   constexpr size_t kGroup = 4;

@@ -170,10 +170,11 @@ class GpuKernels {
   bool attention_cpu_available_ = false;  // a CPU device whose compiler built attention_cpu
   std::array<int, kMatmulRoles> int8_act_bits_ = default_int8_act_bits();
   static std::array<int, kMatmulRoles> default_int8_act_bits();
-  // The quantised input rows of the running matmul (one at a time: the queue is in order).
-  cl_mem int8_rows_ = nullptr;
-  size_t int8_rows_bytes_ = 0;
-  struct QuantizedInput {  // what int8_rows_ holds
+  // The quantised input of the running matmul, by 8-token tiles (one at a time: the queue is in
+  // order).
+  cl_mem int8_tiles_ = nullptr;
+  size_t int8_tiles_bytes_ = 0;
+  struct QuantizedInput {  // what int8_tiles_ holds
     bool valid = false;
     cl_mem arena = nullptr;
     uint64_t x_off = 0;

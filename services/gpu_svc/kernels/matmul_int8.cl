@@ -119,6 +119,17 @@ __attribute__((always_inline)) inline void mmi_transpose(const int4* r, int16* w
 }
 #define MMI_ROW_OF_LANE(L) (4 * ((L) % 4) + (L) / 4)
 
+// Q4_0 quants as unsigned bytes: lane vector t (dword g of each row's qs) holds elements 4g..4g+3
+// in its low nibbles and 4g+16..4g+19 in its high ones, i.e. u[g] and u[g + 4].
+__attribute__((always_inline)) inline void mmi_nibbles(int16 t, uint g, int16* u) {
+  u[g] = t & 0x0F0F0F0F;
+  u[g + 4] = (t >> 4) & 0x0F0F0F0F;
+}
+// 16 fp16 bit patterns (sign-extended) as floats, exactly (cpu_scale_bits).
+__attribute__((always_inline)) inline float16 mmi_fp16_to_float(int16 h) {
+  return as_float16((h << 13) & (int)0x8FFFE000) * 0x1p112f;
+}
+
 // A block's weights of the 16 rows as 8 unsigned-byte vectors u[g] (g = the 4-element group,
 // matching x's dwords 0..7).
 // Row j of the item is w + min(j, n_rows - 1) * row_bytes: with n_rows = 16 (every item but a
@@ -133,10 +144,7 @@ __attribute__((always_inline)) inline void mmi_block_q4_0(global const uchar* w,
   int16 t[4];
   mmi_transpose(r, t);
 #pragma unroll
-  for (uint g = 0; g < 4; ++g) {  // qs byte m: element m (low nibble) and m + 16 (high)
-    u[g] = t[g] & 0x0F0F0F0F;
-    u[g + 4] = (t[g] >> 4) & 0x0F0F0F0F;
-  }
+  for (uint g = 0; g < 4; ++g) mmi_nibbles(t[g], g, u);
 }
 __attribute__((always_inline)) inline void mmi_block_q8_0(global const uchar* w, ulong row_bytes,
                                                           uint n_rows, int16* u) {
@@ -151,15 +159,15 @@ __attribute__((always_inline)) inline void mmi_block_q8_0(global const uchar* w,
 #pragma unroll
   for (uint g = 0; g < 8; ++g) u[g] ^= (int)0x80808080;  // w + 128: unsigned
 }
-// The 16 rows' fp16 scales of a block (lane order as the quants) as floats, exactly
-// (cpu_scale_bits). 16 scalar loads: a dword gather measured slower (bench/gpu/RESULTS.md).
+// The 16 rows' fp16 scales of a block (lane order as the quants) as floats. 16 scalar loads: a
+// dword gather measured slower (bench/gpu/RESULTS.md).
 __attribute__((always_inline)) inline float16 mmi_scales(global const uchar* w, ulong row_bytes,
                                                          uint n_rows) {
   int16 h;
 #pragma unroll
   for (uint L = 0; L < 16; ++L)
     h[L] = *(global const short*)MMI_ROW(w, MMI_ROW_OF_LANE(L), n_rows, row_bytes);
-  return as_float16((h << 13) & (int)0x8FFFE000) * 0x1p112f;
+  return mmi_fp16_to_float(h);
 }
 // 16 rows read side by side are 16 streams, too many for the hardware prefetcher (a Logits
 // GEMV from DRAM ran 3x slower than one row per work-item). The next work-item's 16 rows are one
@@ -176,19 +184,14 @@ __attribute__((always_inline)) inline void mmi_prefetch_lines(global const uchar
 #define TILED_BYTES_q8_0 544
 __attribute__((always_inline)) inline void mmi_tiled_q4_0(global const uchar* wb, int16* u) {
 #pragma unroll
-  for (uint g = 0; g < 4; ++g) {
-    const int16 t = vload16(g, (global const int*)(wb + 32));
-    u[g] = t & 0x0F0F0F0F;
-    u[g + 4] = (t >> 4) & 0x0F0F0F0F;
-  }
+  for (uint g = 0; g < 4; ++g) mmi_nibbles(vload16(g, (global const int*)(wb + 32)), g, u);
 }
 __attribute__((always_inline)) inline void mmi_tiled_q8_0(global const uchar* wb, int16* u) {
 #pragma unroll
   for (uint g = 0; g < 8; ++g) u[g] = vload16(g, (global const int*)(wb + 32));
 }
 __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const uchar* wb) {
-  const int16 h = convert_int16(vload16(0, (global const short*)wb));
-  return as_float16((h << 13) & (int)0x8FFFE000) * 0x1p112f;
+  return mmi_fp16_to_float(convert_int16(vload16(0, (global const short*)wb)));
 }
 
 // One block of a matmul_i8 work-item (DEFINE_MATMUL_INT8): acc[i] += the 16 rows' dots (u, the
