@@ -565,6 +565,13 @@ void Frontend::reap(double now) {
       gone.push_back(r.get());
   }
   for (Request* r : gone) {
+    // A client that stopped its KeepAlives may still be listening (a stalled thread, a loop that
+    // only reads events): it learns why its request ended instead of waiting for a Done forever.
+    if (!r->vanished)
+      reply_error(r->routing, r->client_request_id, Errc::timeout,
+                  "request " + std::to_string(r->client_request_id) + ": no KeepAlive for " +
+                      std::to_string(static_cast<int64_t>(now - r->last_seen_ms)) +
+                      " ms (heartbeat_ms " + std::to_string(r->heartbeat_ms) + "): cancelled");
     r->vanished = true;
     finish(*r, "disconnected");
   }

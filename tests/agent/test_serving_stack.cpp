@@ -23,6 +23,9 @@ class AgentServingStack : public ChaosStack {
     r.max_tokens = max_tokens;
     r.priority = priority;
     r.ignore_eos = true;  // fixed lengths: the runs compare token for token
+    // The tests read submitted requests' events in loops that send no KeepAlive: on a loaded
+    // machine a run past 3 s would be reaped as a silent client.
+    r.heartbeat_ms = 0;
     return r;
   }
   // A prompt of n ids the tiny model's vocabulary holds (BOS first).
@@ -191,7 +194,9 @@ TEST_F(AgentServingStack, ProactiveDecodeRidesInReactiveStepsUnderTheCap) {
   int reactive_sent = 0;
   for (; reactive_sent < 3 && done.empty(); ++reactive_sent) {
     const uint64_t id = re.submit(request(client::Priority::reactive, re_prompt, re_tokens));
-    for (;;) {
+    for (const auto deadline = Clock::now() + 60s;;) {
+      ASSERT_LT(Clock::now(), deadline)
+          << "reactive request " << reactive_sent << " never finished";
       take_proactive(1ms, true);
       auto ev = re.next_event(1ms);
       if (!ev || ev->request_id != id) continue;

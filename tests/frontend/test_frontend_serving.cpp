@@ -164,11 +164,18 @@ TEST_F(FrontendTest, SilentClientWithoutKeepAlivesIsReaped) {
   req.max_tokens = 4;
   req.stream = false;
   req.heartbeat_ms = 20;
-  c->submit(req);  // and never a KeepAlive: the client is alive but silent
+  const uint64_t id = c->submit(req);  // and never a KeepAlive: the client is alive but silent
   const auto s = wait_status([](const nlohmann::json& j) {
     return j["metrics"]["requests"]["reaped"] == 1 && j["engine"]["open_seqs"] == 0;
   });
   EXPECT_EQ(s["metrics"]["requests"]["completed"], 0);
+  // Still listening, the client hears why (a loop waiting for its Done would otherwise hang).
+  const auto e = c->next_event(std::chrono::seconds(5));
+  ASSERT_TRUE(e.has_value()) << "the reaped request's client got no word";
+  EXPECT_EQ(e->request_id, id);
+  ASSERT_EQ(e->kind, client::Event::Kind::error);
+  EXPECT_EQ(e->code, Errc::timeout);
+  EXPECT_NE(e->message.find("no KeepAlive"), std::string::npos) << e->message;
   // The same request with its KeepAlives (the client sends them while it waits) completes. A
   // roomier period: a client thread held off the CPU for 80 ms (3 periods + 20 ms) on a loaded
   // machine would be reaped too.
