@@ -50,7 +50,8 @@ bool env_off(const char* name) {
 
 }  // namespace
 
-GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type == "gpu") {
+GpuKernels::GpuKernels(ClDevice& dev)
+    : dev_(dev), coop_gemv_(dev.info().type == "gpu"), pin_work_groups_(dev.info().type == "cpu") {
   int8_matmul_ = !env_off("DUET_GPU_INT8_MATMUL") && int8_kernels_available();
   int8_vnni_ = int8_matmul_ && !env_off("DUET_GPU_INT8_VNNI") && host_has_vnni();
   if (dev_.info().type == "cpu") {
@@ -176,6 +177,24 @@ cl_event GpuKernels::launch(const char* name, cl_kernel k, cl_uint dims, const s
                "clEnqueueMarkerWithWaitList");
       return e;
     }
+  // PoCL compiles a kernel again for every work-group size it is launched with (LLVM, at the
+  // first such launch: 0.1-3 s a kernel). Left to choose, it makes a group of the whole token
+  // dimension, so each step token count not seen before on the machine recompiled every kernel
+  // without a fixed group: serving stalled 3 s in a step the first time it held, say, 57 tokens.
+  // On a CPU device those launches get a pinned group instead: 1 along the token dimension (the
+  // last one), a divisor of the model-shaped size along the others, so a kernel compiles once
+  // per model. GPU drivers do not recompile per group size: they keep choosing.
+  size_t pinned[3] = {1, 1, 1};
+  if (!local && pin_work_groups_ && dims >= 2) {
+    size_t room = 1024;  // work-items a group; PoCL's limit is 4096
+    for (cl_uint d = 0; d + 1 < dims; ++d) {
+      size_t g = std::min(global[d], room);
+      while (global[d] % g != 0) --g;
+      pinned[d] = g;
+      room /= g;
+    }
+    local = pinned;
+  }
   cl_event e = nullptr;
   const cl_int err =
       clEnqueueNDRangeKernel(dev_.queue(), k, dims, nullptr, global, local, 0, nullptr, &e);
@@ -218,11 +237,12 @@ cl_event GpuKernels::rmsnorm(cl_mem arena, uint64_t x_off, uint32_t x_stride, ui
 cl_event GpuKernels::rope(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t n_heads,
                           uint32_t head_dim, float freq_base, uint64_t tok_off, TokenRange t) {
   forget_quantized_input();
-  if (dev_.info().type == "cpu") {  // the angle once per pair and token (rope_heads)
+  if (dev_.info().type == "cpu") {  // the frequency once per pair, the angle once per token
     cl_kernel k = dev_.kernel("rope_heads");
     set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{head_dim}, cl_float{freq_base},
-             cl_ulong{tok_off}, cl_uint{t.begin}, cl_uint{n_heads});
-    const size_t global[2] = {head_dim / 2u, t.count()};
+             cl_ulong{tok_off}, cl_uint{t.begin}, cl_uint{n_heads}, cl_uint{t.count()});
+    const size_t global[2] = {head_dim / 2u,
+                              (t.count() + kRopeTokensPerItem - 1) / kRopeTokensPerItem};
     return launch("rope_heads", k, 2, global, nullptr);
   }
   cl_kernel k = dev_.kernel("rope");
@@ -232,26 +252,42 @@ cl_event GpuKernels::rope(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint3
   return launch("rope", k, 3, global, nullptr);
 }
 
+namespace {
+
+// A kernel of elementwise.cl that combines two arena tensors into a third (swiglu, add), its
+// arguments set, and its range: a work-item per column and token.
+struct ElementwiseLaunch {
+  cl_kernel kernel;
+  size_t global[2];
+};
+
+ElementwiseLaunch elementwise2(ClDevice& dev, const char* name, cl_mem arena, uint64_t a_off,
+                               uint32_t a_stride, uint64_t b_off, uint32_t b_stride,
+                               uint64_t out_off, uint32_t out_stride, uint32_t cols, TokenRange t) {
+  cl_kernel k = dev.kernel(name);
+  set_args(k, arena, cl_ulong{a_off}, cl_uint{a_stride}, cl_ulong{b_off}, cl_uint{b_stride},
+           cl_ulong{out_off}, cl_uint{out_stride}, cl_uint{t.begin});
+  return {k, {cols, t.count()}};
+}
+
+}  // namespace
+
 cl_event GpuKernels::swiglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
                             uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                             TokenRange t) {
   forget_quantized_input();
-  cl_kernel k = dev_.kernel("swiglu");
-  set_args(k, arena, cl_ulong{g_off}, cl_uint{g_stride}, cl_ulong{u_off}, cl_uint{u_stride},
-           cl_ulong{out_off}, cl_uint{out_stride}, cl_uint{t.begin});
-  const size_t global[2] = {cols, t.count()};
-  return launch("swiglu", k, 2, global, nullptr);
+  const ElementwiseLaunch l = elementwise2(dev_, "swiglu", arena, g_off, g_stride, u_off, u_stride,
+                                           out_off, out_stride, cols, t);
+  return launch("swiglu", l.kernel, 2, l.global, nullptr);
 }
 
 cl_event GpuKernels::add(cl_mem arena, uint64_t a_off, uint32_t a_stride, uint64_t b_off,
                          uint32_t b_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                          TokenRange t) {
   forget_quantized_input();
-  cl_kernel k = dev_.kernel("add");
-  set_args(k, arena, cl_ulong{a_off}, cl_uint{a_stride}, cl_ulong{b_off}, cl_uint{b_stride},
-           cl_ulong{out_off}, cl_uint{out_stride}, cl_uint{t.begin});
-  const size_t global[2] = {cols, t.count()};
-  return launch("add", k, 2, global, nullptr);
+  const ElementwiseLaunch l = elementwise2(dev_, "add", arena, a_off, a_stride, b_off, b_stride,
+                                           out_off, out_stride, cols, t);
+  return launch("add", l.kernel, 2, l.global, nullptr);
 }
 
 // CPU devices (PoCL): the GEMV runs one row per work-item (matmul_t1_*), the GEMM tiles of

@@ -155,6 +155,7 @@ class GpuKernels {
   static constexpr uint32_t kGemvRows = 16;            // GEMV_ROWS in matmul_gpu.cl
   static constexpr uint32_t kGemvLaneGroups = 8;       // PG_GROUPS in matmul_gpu.cl
   static constexpr uint32_t kMaxHeadDim = 256;         // ATTN_MAX_HEAD_DIM in attention.cl
+  static constexpr uint32_t kRopeTokensPerItem = 8;    // ROPE_TOKENS in elementwise.cl
 
  private:
   cl_event launch(const char* name, cl_kernel k, cl_uint dims, const size_t* global,
@@ -165,6 +166,7 @@ class GpuKernels {
   bool int8_kernels_available();
   ClDevice& dev_;
   bool coop_gemv_;
+  bool pin_work_groups_;      // a CPU device: see launch()
   std::string gemv_variant_;  // "": by shape
   bool int8_matmul_ = false, int8_vnni_ = false;
   bool attention_cpu_available_ = false;  // a CPU device whose compiler built attention_cpu

@@ -80,15 +80,18 @@ TEST_F(AgentServingStack, ReactiveArrivalPreemptsProactivePrefillWhichResumesBit
   ASSERT_EQ(re_alone.ids.size(), 4u);
 
   // Disturbed: the reactive request arrives while the proactive prefill runs. If it happens to
-  // land between two steps, nothing needs preempting (it simply goes first): try again.
+  // land between two steps, nothing needs preempting (it simply goes first): try again. The
+  // status reply comes between two steps (messages wait while a step runs), so each attempt sends
+  // the reactive request a little later into the next one (a 64-token step takes a few ms).
   uint64_t preemptions = 0;
-  for (int attempt = 0; attempt < 4 && preemptions == 0; ++attempt) {
+  for (int attempt = 0; attempt < 8 && preemptions == 0; ++attempt) {
     client::Client pro(endpoint()), re(endpoint());
     const uint64_t pro_id =
         pro.submit(request(client::Priority::proactive, long_prompt, pro_tokens));
     // Not seeing it half-way (all of it ran between two status polls) only makes this attempt
     // one without a preemption.
     (void)wait_prefilling(long_prompt.size(), 20s);
+    std::this_thread::sleep_for(std::chrono::microseconds(500 * attempt));
     const client::GenerateResult fast =
         re.generate(request(client::Priority::reactive, prompt(24, 2), 4), {}, 60s);
     EXPECT_EQ(fast.ids, re_alone.ids) << "the reactive request's tokens";

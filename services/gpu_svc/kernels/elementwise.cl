@@ -108,24 +108,28 @@ kernel void copy_f32(global const float* src, global float* dst) {
   vstore16(vload16(i, src), i, dst);
 }
 
-// rope for CPU devices: one work-item per (pair, token) computes the angle once (double pow,
-// cos and sin are long scalar library calls on PoCL) and rotates that pair in every head; the
-// same arithmetic per element as rope above, so the same bits.
+// rope for CPU devices: one work-item per pair and ROPE_TOKENS tokens computes the pair's
+// frequency once (double pow, cos and sin are long scalar library calls on PoCL), then each
+// token's angle, and rotates that pair in every head; the same arithmetic per element as rope
+// above, so the same bits.
+#define ROPE_TOKENS 8
 kernel void rope_heads(global uchar* arena, ulong x_off, uint x_stride, uint head_dim,
-                       float freq_base, ulong tok_off, uint t_begin, uint n_heads) {
+                       float freq_base, ulong tok_off, uint t_begin, uint n_heads, uint t_count) {
   const uint i = get_global_id(0);
-  const uint t = t_begin + get_global_id(1);
+  const uint t0 = get_global_id(1) * ROPE_TOKENS;
   global const int* tok = (global const int*)(arena + tok_off);
-  const int pos = tok[4 * t + TOK_POS];
-  const ROPE_REAL theta =
-      (ROPE_REAL)pos * pow((ROPE_REAL)freq_base, (ROPE_REAL)(-2.0) * (ROPE_REAL)i / (ROPE_REAL)head_dim);
-  const float c = (float)cos(theta);
-  const float s = (float)sin(theta);
-  global float* row = (global float*)(arena + x_off) + (ulong)t * x_stride + 2 * i;
-  for (uint h = 0; h < n_heads; ++h) {
-    global float* pair = row + h * head_dim;
-    const float a = pair[0], b = pair[1];
-    pair[0] = a * c - b * s;
-    pair[1] = a * s + b * c;
+  const ROPE_REAL freq = pow((ROPE_REAL)freq_base, (ROPE_REAL)(-2.0) * (ROPE_REAL)i / (ROPE_REAL)head_dim);
+  for (uint k = 0; k < ROPE_TOKENS && t0 + k < t_count; ++k) {
+    const uint t = t_begin + t0 + k;
+    const ROPE_REAL theta = (ROPE_REAL)tok[4 * t + TOK_POS] * freq;
+    const float c = (float)cos(theta);
+    const float s = (float)sin(theta);
+    global float* row = (global float*)(arena + x_off) + (ulong)t * x_stride + 2 * i;
+    for (uint h = 0; h < n_heads; ++h) {
+      global float* pair = row + h * head_dim;
+      const float a = pair[0], b = pair[1];
+      pair[0] = a * c - b * s;
+      pair[1] = a * s + b * c;
+    }
   }
 }
