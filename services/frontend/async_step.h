@@ -10,13 +10,14 @@
 #include <zmq.hpp>
 
 #include "services/frontend/engine.h"
+#include "services/frontend/wake_fd.h"
 
 namespace duet::frontend {
 
 class AsyncStep {
  public:
   using Result = std::optional<std::vector<float>>;  // nullopt: preempted (parked)
-  AsyncStep();   // an eventfd the worker signals when the step is over
+  AsyncStep();
   ~AsyncStep();  // waits for a running step (the engine outlives this object)
   AsyncStep(const AsyncStep&) = delete;
   AsyncStep& operator=(const AsyncStep&) = delete;
@@ -32,7 +33,7 @@ class AsyncStep {
   Result collect(StepStats* stats);
 
  private:
-  int fd_ = -1;
+  WakeFd wake_;  // the worker signals it when the step is over
   std::future<Result> future_;
   StepStats stats_;
 };

@@ -144,6 +144,9 @@ class Frontend {
   void step();
   StepKind step_lanes();
   ProactiveState proactive_state() const;
+  // A request of the parked proactive step has waited past the aging threshold since its
+  // arrival or its last token: the step resumes even with reactive work present.
+  bool parked_step_aged(double now) const;
   // Overlap (AgentConfig::overlap, frontend_overlap.cpp): the proactive step on a worker beside
   // the main engine's steps. Its batch is parked_batch_ from its start (its requests are
   // in_parked_step: no main step touches them) until it ends.

@@ -39,11 +39,7 @@ StepKind Frontend::step_overlapped(const StepBatch& main, StepKind main_kind, do
     bool ready = false;
     std::optional<StepBatch> fresh;
     if (parked_batch_) {
-      ready = scheduler_.proactive_lane_open();
-      for (const StepPart& p : parked_batch_->parts)
-        if (p.request && now - std::max(p.request->arrived_ms, p.request->last_token_ms) >
-                             scheduler_.agent_config().aging_ms)
-          ready = true;
+      ready = scheduler_.proactive_lane_open() || parked_step_aged(now);
     } else {
       fresh = scheduler_.build(proactive_engine_->max_step_tokens(), now, Lane::proactive);
       ready = !fresh->empty();

@@ -53,6 +53,14 @@ void Frontend::open_request(Request* r) {
       engine_restarts(r->proactive_lane && async_.running() ? *engine_ : engine_of(*r));
 }
 
+bool Frontend::parked_step_aged(double now) const {
+  for (const StepPart& p : parked_batch_->parts)
+    if (p.request && now - std::max(p.request->arrived_ms, p.request->last_token_ms) >
+                         scheduler_.agent_config().aging_ms)
+      return true;
+  return false;
+}
+
 ProactiveState Frontend::proactive_state() const {
   ProactiveState s;
   s.pending = scheduler_.queued(Priority::proactive) > 0;
@@ -129,11 +137,7 @@ StepKind Frontend::step_lanes() {
   bool proactive_ready = false;
   std::optional<StepBatch> fresh;
   if (parked_batch_) {
-    proactive_ready = !scheduler_.reactive_present();
-    for (const StepPart& p : parked_batch_->parts)
-      if (p.request && now - std::max(p.request->arrived_ms, p.request->last_token_ms) >
-                           scheduler_.agent_config().aging_ms)
-        proactive_ready = true;
+    proactive_ready = !scheduler_.reactive_present() || parked_step_aged(now);
   } else {
     fresh = scheduler_.build(proactive_engine_->max_step_tokens(), now, Lane::proactive);
     proactive_ready = !fresh->empty();

@@ -10,14 +10,14 @@
 #include <zmq.hpp>
 
 #include "core/messaging.h"
+#include "services/frontend/wake_fd.h"
 
 namespace duet::frontend {
 
 class StepWatch {
  public:
   using Work = std::function<std::optional<std::vector<float>>()>;
-  StepWatch();  // an eventfd the worker signals when the step is over
-  ~StepWatch();
+  StepWatch();
   StepWatch(const StepWatch&) = delete;
   StepWatch& operator=(const StepWatch&) = delete;
 
@@ -30,7 +30,7 @@ class StepWatch {
       const std::function<void(const msg::Envelope&)>& on_message);
 
  private:
-  int fd_ = -1;
+  WakeFd wake_;  // the worker signals it when the step is over
 };
 
 }  // namespace duet::frontend
