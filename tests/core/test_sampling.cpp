@@ -83,6 +83,18 @@ TEST(Sampling, InvalidParametersAndLogitsAreRejected) {
   EXPECT_THROW(s.sample({}), Error);
   const std::vector<float> nan_logits = {0.0f, NAN};
   EXPECT_THROW(s.sample(nan_logits), Error);
+  // The error names the first NaN, wherever it is and however large the maximum.
+  std::vector<float> row(4096, 1.0f);
+  row[3000] = 50.0f;
+  row[1234] = NAN;
+  row[2000] = NAN;
+  try {
+    s.sample(row);
+    ADD_FAILURE() << "a row with NaNs was sampled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("logit 1234 is NaN"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
