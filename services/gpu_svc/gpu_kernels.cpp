@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -46,6 +47,26 @@ bool host_has_vnni() {
 bool env_off(const char* name) {
   const char* e = std::getenv(name);
   return e && std::string(e) == "0";
+}
+
+// PoCL's own choice (pocl_default_local_size_optimizer) of a group along one dimension of
+// `global` items: the largest divisor that is a multiple of gcd(global, the preferred multiple)
+// and fits the device's group limit, then split until there is a group per compute unit, as long
+// as a group keeps at least 4 preferred multiples.
+size_t cpu_group_size(size_t global, size_t multiple, size_t max_group, size_t compute_units) {
+  const size_t grain = std::gcd(std::max<size_t>(multiple, 1), global);
+  size_t units = std::min(global, std::max<size_t>(max_group, 1)) / grain;
+  while (units > 1 && (global / grain) % units != 0) --units;
+  size_t group = std::max<size_t>(units, 1) * grain;
+  const size_t min_group = std::min(4 * std::max<size_t>(multiple, 1), max_group);
+  for (;;) {
+    size_t splits = compute_units / (global / group);
+    if (splits <= 1 || group < splits * min_group) break;
+    while (splits > 1 && !(group % splits == 0 && (group / splits) % grain == 0)) --splits;
+    if (splits <= 1) break;
+    group /= splits;
+  }
+  return group;
 }
 
 }  // namespace
@@ -181,18 +202,18 @@ cl_event GpuKernels::launch(const char* name, cl_kernel k, cl_uint dims, const s
   // first such launch: 0.1-3 s a kernel). Left to choose, it makes a group of the whole token
   // dimension, so each step token count not seen before on the machine recompiled every kernel
   // without a fixed group: serving stalled 3 s in a step the first time it held, say, 57 tokens.
-  // On a CPU device those launches get a pinned group instead: 1 along the token dimension (the
-  // last one), a divisor of the model-shaped size along the others, so a kernel compiles once
-  // per model. GPU drivers do not recompile per group size: they keep choosing.
+  // On a CPU device those launches get a pinned group instead: 1 along the tokens (the last
+  // dimension), and along the first the size PoCL itself picks for a one-token launch (one group
+  // per core where the groups stay large enough), so decode runs as before and a kernel compiles
+  // once per model. GPU drivers do not recompile per group size: they keep choosing.
   size_t pinned[3] = {1, 1, 1};
   if (!local && pin_work_groups_ && dims >= 2) {
-    size_t room = 1024;  // work-items a group; PoCL's limit is 4096
-    for (cl_uint d = 0; d + 1 < dims; ++d) {
-      size_t g = std::min(global[d], room);
-      while (global[d] % g != 0) --g;
-      pinned[d] = g;
-      room /= g;
-    }
+    size_t multiple = 1;
+    check_cl(clGetKernelWorkGroupInfo(k, dev_.id(), CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE,
+                                      sizeof multiple, &multiple, nullptr),
+             "clGetKernelWorkGroupInfo");
+    pinned[0] = cpu_group_size(global[0], multiple, dev_.info().max_work_group,
+                               static_cast<size_t>(dev_.info().compute_units));
     local = pinned;
   }
   cl_event e = nullptr;
