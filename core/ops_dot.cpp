@@ -5,6 +5,7 @@
 
 #include "core/fp16.h"
 #include "core/quant.h"
+#include "core/stream_dispatch.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define DUET_DOT_AVX2 1
@@ -15,6 +16,7 @@
 // unscaled values are summed into the lanes, then the lanes are scaled by the block's d and added.
 // Each kernel runs N independent streams (row s with activations x[s]) in one loop.
 namespace duet::ops {
+static_assert(kMaxStreams == kMaxDotStreams);
 namespace {
 
 #if DUET_DOT_AVX2
@@ -208,16 +210,8 @@ void dot_unpacked_n(DType type, const float* q, const float* scales, const float
 
 void dot_rows(DType type, const void* const* rows, const float* const* xs, int count, int64_t n,
               float* out) {
-  switch (count) {
-    case 1:
-      return dot_rows_n<1>(type, rows, xs, n, out);
-    case 2:
-      return dot_rows_n<2>(type, rows, xs, n, out);
-    case 3:
-      return dot_rows_n<3>(type, rows, xs, n, out);
-    case 4:
-      return dot_rows_n<4>(type, rows, xs, n, out);
-  }
+  with_stream_count(
+      count, [&](auto streams) { dot_rows_n<decltype(streams)::value>(type, rows, xs, n, out); });
 }
 
 float dot_row(DType type, const void* row, const float* x, int64_t n) {
@@ -260,16 +254,9 @@ void unpack_row(DType type, const void* row, float* q, float* scales, int64_t n)
 
 void dot_unpacked(DType type, const float* q, const float* scales, const float* const* xs,
                   int count, int64_t n, float* out) {
-  switch (count) {
-    case 1:
-      return dot_unpacked_n<1>(type, q, scales, xs, n, out);
-    case 2:
-      return dot_unpacked_n<2>(type, q, scales, xs, n, out);
-    case 3:
-      return dot_unpacked_n<3>(type, q, scales, xs, n, out);
-    case 4:
-      return dot_unpacked_n<4>(type, q, scales, xs, n, out);
-  }
+  with_stream_count(count, [&](auto streams) {
+    dot_unpacked_n<decltype(streams)::value>(type, q, scales, xs, n, out);
+  });
 }
 
 }  // namespace duet::ops

@@ -1,12 +1,8 @@
 // The in-process device link: the service's own handlers, called on a worker thread with the
 // very messages ServiceLink would send over ZeroMQ. Only the transport differs from the stack.
-#include <condition_variable>
-#include <mutex>
-#include <optional>
-#include <thread>
-
 #include "core/error.h"
 #include "services/frontend/program_engine.h"
+#include "services/frontend/step_worker.h"
 
 namespace duet::frontend {
 namespace {
@@ -19,15 +15,7 @@ class LocalServiceLink : public DeviceLink {
       : name_(std::move(name)),
         register_(std::move(register_program)),
         run_(std::move(run_step)),
-        worker_([this] { loop(); }) {}
-  ~LocalServiceLink() override {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
+        worker_(name_) {}
 
   std::string name() const override { return name_; }
   // gpu_svc and npu_svc honour RunStep.first_op and the preempt flag.
@@ -35,62 +23,37 @@ class LocalServiceLink : public DeviceLink {
 
   void register_program(uint32_t program_id, const fb::ProgramT& program) override {
     const msg::Bytes request = build_register_program(next_id_++, program_id, program);
-    std::lock_guard lock(mu_);  // never while a step runs
-    check_registered(name_, register_(*msg::verify_control(request)));
+    // Between steps: a step started meanwhile waits for the registration.
+    worker_.between_steps(
+        [&] { check_registered(name_, register_(*msg::verify_control(request))); });
   }
 
   void start_step(uint32_t program_id, const StepArgs& step) override {
-    std::lock_guard lock(mu_);
-    request_ = build_run_step(program_id, step);
-    reply_.reset();
-    cv_.notify_all();
+    worker_.start([this, request = build_run_step(program_id, step)] {
+      try {
+        return run_(*msg::verify_control(request));
+      } catch (const Error& e) {
+        return msg::make_error_reply(0, e.code(), e.what());
+      }
+    });
   }
 
   bool failed_early(uint64_t) override {
-    std::lock_guard lock(mu_);
-    if (!reply_) return false;
-    return msg::verify_control(*reply_)->body_type() != fb::Body::StepDone;
+    return worker_.failed([](const msg::Bytes& reply) {
+      return msg::verify_control(reply)->body_type() != fb::Body::StepDone;
+    });
   }
 
   Report finish_step(uint64_t step_seq, Clock::time_point deadline) override {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_until(lock, deadline, [&] { return reply_.has_value(); }))
-      throw Error(Errc::timeout,
-                  name_ + ": step " + std::to_string(step_seq) + " did not report in time");
-    msg::Bytes reply = std::move(*reply_);
-    reply_.reset();
+    const msg::Bytes reply = worker_.finish(step_seq, deadline);
     return parse_step_reply(name_, reply);
   }
 
  private:
-  void loop() {
-    std::unique_lock lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || request_.has_value(); });
-      if (stop_) return;
-      msg::Bytes request = std::move(*request_);
-      request_.reset();
-      lock.unlock();
-      msg::Bytes reply;
-      try {
-        reply = run_(*msg::verify_control(request));
-      } catch (const Error& e) {
-        reply = msg::make_error_reply(0, e.code(), e.what());
-      }
-      lock.lock();
-      reply_ = std::move(reply);
-      cv_.notify_all();
-    }
-  }
-
   std::string name_;
   ControlHandler register_, run_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::optional<msg::Bytes> request_, reply_;
   uint64_t next_id_ = uint64_t{1} << 62;
-  std::thread worker_;  // last: starts once everything above exists
+  StepWorker<msg::Bytes> worker_;  // last: its thread starts once everything above exists
 };
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "core/fp16.h"
 #include "core/quant.h"
+#include "core/stream_dispatch.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define DUET_NPU_DOT_AVX512 1
@@ -22,6 +23,7 @@
 // The AVX-512 and portable paths do the same operations in the same order (fma per lane, the
 // same reduction tree), so they differ only in speed.
 namespace duet::npu {
+static_assert(kDotStreams == kMaxDotStreams);
 namespace {
 
 constexpr int kLanes = 16;
@@ -213,16 +215,8 @@ constexpr auto kMicro = micro_table(std::make_integer_sequence<int, kMicroRows>{
 
 void dot_stored_rows(DType type, const void* const* rows, int count, const float* x, int64_t n,
                      float* out) {
-  switch (count) {
-    case 1:
-      return stored_rows_n<1>(type, rows, x, n, out);
-    case 2:
-      return stored_rows_n<2>(type, rows, x, n, out);
-    case 3:
-      return stored_rows_n<3>(type, rows, x, n, out);
-    case 4:
-      return stored_rows_n<4>(type, rows, x, n, out);
-  }
+  with_stream_count(
+      count, [&](auto streams) { stored_rows_n<decltype(streams)::value>(type, rows, x, n, out); });
 }
 
 void dot_dequantised(const float* w, int64_t w_stride, int64_t n_rows, const float* x,

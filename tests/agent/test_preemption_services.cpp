@@ -9,23 +9,16 @@
 #include <future>
 #include <thread>
 
-#include "core/soc_profile.h"
-#include "services/device/program_memory.h"
 #include "services/frontend/program_engine.h"
-#include "services/gpu_svc/gpu_service.h"
-#include "services/npu_svc/npu_service.h"
+#include "tests/support/in_process_services.h"
 #include "tests/support/local_flags.h"
 
 namespace duet::frontend {
 namespace {
 
 TEST(AgentPreemptionOnServices, ResumedPrefillMatchesAndRunsEveryOpOnce) {
-  const std::string model = test_support::tiny_fortune_path("q8_0");
-  const SocProfile soc = load_soc_profile("sd8gen3");
-  gpu::GpuService gpu(gpu::shared_device(), soc, ShmMemoryResolver("gpu_svc"));
-  npu::NpuService npu(soc, 0, ShmMemoryResolver("npu_svc"));
   ProgramEngineOptions o;
-  o.model_path = model;
+  o.model_path = test_support::tiny_fortune_path("q8_0");
   o.stack_id = "agentsvc" + std::to_string(getpid());
   o.segment_tag = "pro";
   o.plan_name = "activation_split";
@@ -33,13 +26,8 @@ TEST(AgentPreemptionOnServices, ResumedPrefillMatchesAndRunsEveryOpOnce) {
   o.buckets = {4, 32};
   o.max_seqs = 1;
   o.max_ctx = 64;
-  ProgramEngine e(o, LlamaModel::load(model),
-                  make_local_service_link(
-                      "gpu", [&](const fb::Message& m) { return gpu.register_program(m); },
-                      [&](const fb::Message& m) { return gpu.run_step(m); }),
-                  make_local_service_link(
-                      "npu", [&](const fb::Message& m) { return npu.register_program(m); },
-                      [&](const fb::Message& m) { return npu.run_step(m); }));
+  test_support::InProcessServices services(o);
+  ProgramEngine& e = services.engine;
   ASSERT_TRUE(e.preemptible());
   std::vector<int32_t> prompt{1};
   for (int i = 1; i < 30; ++i) prompt.push_back(3 + (i * 53) % 1900);

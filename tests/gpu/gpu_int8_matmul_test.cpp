@@ -75,18 +75,38 @@ struct Shape {
   uint32_t rows, cols, row_begin, row_end;
 };
 
-// (weight type, activation bits)
-class Int8Matmul : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+// The arena of a matmul of n tokens: x's n rows (cols floats each) at x_off, uploaded; the n
+// output rows (`rows` floats each) at y_off; then `extra` bytes.
+class MatmulArena : public HostBuffer {
+ public:
+  MatmulArena(ClDevice& dev, const std::vector<float>& x, uint32_t n, uint32_t cols, uint32_t rows,
+              uint64_t extra = 0)
+      : HostBuffer(dev, 4096 + uint64_t{n} * (cols + rows) * 4 + extra),
+        x_off(4096),
+        y_off(x_off + uint64_t{n} * cols * 4) {
+    std::memcpy(at(x_off), x.data(), x.size() * 4);
+    upload();
+  }
+  const uint64_t x_off, y_off;
+};
+
+// (weight type, activation bits): kernels on the 8-bit path at those bits (skipped on devices
+// without it).
+class Int8Matmul : public ::testing::TestWithParam<std::tuple<DType, int>> {
+ protected:
+  void SetUp() override {
+    if (!int8_path_available(kernels)) GTEST_SKIP() << "no 8-bit path on " << dev.info().name;
+    kernels.set_int8_act_bits(bits);
+  }
+  const DType type = std::get<0>(GetParam());
+  const int bits = std::get<1>(GetParam());
+  ClDevice& dev = shared_device();
+  GpuKernels kernels{dev};
+};
 
 // n tokens in [1, 20] at t_begin 3 of a table of 23; each launch's rows against the one-token
 // launches of the same tokens, for both ISAs, and the one-token outputs against the emulation.
 TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
-  const DType type = std::get<0>(GetParam());
-  const int bits = std::get<1>(GetParam());
-  ClDevice& dev = shared_device();
-  GpuKernels kernels(dev);
-  if (!int8_path_available(kernels)) GTEST_SKIP() << "no 8-bit path on " << dev.info().name;
-  kernels.set_int8_act_bits(bits);
   std::vector<bool> isas{false};
   try {
     kernels.set_int8_vnni(true);
@@ -192,22 +212,19 @@ TEST(FloatMatmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
     const auto wbytes = random_weights(type, rows, cols, 4);
     HostBuffer w(dev, wbytes);
     const auto x = random_floats(size_t{table} * cols, 8, 2.0f);
-    const uint64_t x_off = 4096, y_off = x_off + uint64_t{table} * cols * 4;
-    const uint64_t alone_off = y_off + uint64_t{table} * rows * 4;
-    HostBuffer arena(dev, alone_off + uint64_t{table} * rows * 4);
-    std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
-    arena.upload();
+    MatmulArena arena(dev, x, table, cols, rows, uint64_t{table} * rows * 4);
+    const uint64_t alone_off = arena.y_off + uint64_t{table} * rows * 4;
     auto args = [&](uint32_t t0, uint32_t t1, uint64_t out) {
-      return MatmulArgs{type, w.mem(), 0,    cols,     x_off, cols, out,
-                        rows, 1,       rows, {t0, t1}, 0,     false};
+      return MatmulArgs{type, w.mem(), 0,    cols,     arena.x_off, cols, out,
+                        rows, 1,       rows, {t0, t1}, 0,           false};
     };
     for (uint32_t t = 1; t < table; ++t)
       run(kernels.matmul(arena.mem(), args(t, t + 1, alone_off)));
     for (uint32_t n = 2; n < table; ++n) {
-      run(kernels.matmul(arena.mem(), args(1, 1 + n, y_off)));
+      run(kernels.matmul(arena.mem(), args(1, 1 + n, arena.y_off)));
       arena.download();
       for (uint32_t t = 1; t < 1 + n; ++t)
-        ASSERT_EQ(0, std::memcmp(arena.at<float>(y_off) + size_t{t} * rows + 1,
+        ASSERT_EQ(0, std::memcmp(arena.at<float>(arena.y_off) + size_t{t} * rows + 1,
                                  arena.at<float>(alone_off) + size_t{t} * rows + 1, (rows - 1) * 4))
             << "n " << n << " token " << t;
     }
@@ -217,23 +234,13 @@ TEST(FloatMatmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
 // Against the fp32 matmul of the unquantised input: 8-bit activations cost about 1/254 of a
 // block's largest |x| per value; the error stays well under 1% of sum |w x|.
 TEST_P(Int8Matmul, StaysCloseToTheFp32Matmul) {
-  const DType type = std::get<0>(GetParam());
-  const int bits = std::get<1>(GetParam());
-  ClDevice& dev = shared_device();
-  GpuKernels kernels(dev);
-  if (!int8_path_available(kernels)) GTEST_SKIP() << "no 8-bit path on " << dev.info().name;
-  kernels.set_int8_act_bits(bits);
   const uint32_t rows = 96, cols = 512, n = 9;
   const auto wbytes = random_weights(type, rows, cols, 3);
   HostBuffer w(dev, wbytes);
   const auto x = random_floats(size_t{n} * cols, 9, 1.5f);
-  const uint64_t x_off = 4096, y_off = x_off + uint64_t{n} * cols * 4;
-  HostBuffer arena(dev, y_off + uint64_t{n} * rows * 4);
-  std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
-  arena.upload();
-  run(kernels.matmul(
-      arena.mem(),
-      MatmulArgs{type, w.mem(), 0, cols, x_off, cols, y_off, rows, 0, rows, {0, n}, 0, false}));
+  MatmulArena arena(dev, x, n, cols, rows);
+  run(kernels.matmul(arena.mem(), testing::matmul_args(type, w.mem(), 0, rows, cols, arena.x_off,
+                                                       arena.y_off, {0, n})));
   arena.download();
   std::vector<float> want(size_t{n} * rows), dense(size_t{rows} * cols);
   ops::matmul(ops::Matrix{type, rows, cols, wbytes.data()}, x.data(), n, want.data());
@@ -244,8 +251,8 @@ TEST_P(Int8Matmul, StaysCloseToTheFp32Matmul) {
       double magnitude = 0;
       for (uint32_t i = 0; i < cols; ++i)
         magnitude += std::fabs(double{dense[size_t{r} * cols + i]} * x[size_t{t} * cols + i]);
-      const double err =
-          std::fabs(double{arena.at<float>(y_off)[size_t{t} * rows + r]} - want[t * rows + r]);
+      const double err = std::fabs(double{arena.at<float>(arena.y_off)[size_t{t} * rows + r]} -
+                                   want[t * rows + r]);
       worst = std::max(worst, err / magnitude);
     }
   EXPECT_LT(worst, bits == 16 ? 5e-5 : 5e-3);
@@ -270,14 +277,11 @@ TEST(Int8MatmulRoles, ActivationBitsFollowTheRole) {
   const auto wbytes = random_weights(DType::Q4_0, rows, cols, 21);
   HostBuffer w(dev, wbytes);
   const auto x = random_floats(size_t{n} * cols, 22, 3.0f);
-  const uint64_t x_off = 4096, y_off = x_off + uint64_t{n} * cols * 4;
-  HostBuffer arena(dev, y_off + uint64_t{n} * rows * 4);
-  std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
-  arena.upload();
+  MatmulArena arena(dev, x, n, cols, rows);
   const size_t row_bytes = wbytes.size() / rows;
   auto check = [&](std::optional<MatmulRole> role, int bits) {
-    MatmulArgs a{DType::Q4_0, w.mem(), 0,    cols,   x_off, cols, y_off,
-                 rows,        0,       rows, {0, n}, 0,     false};
+    MatmulArgs a =
+        testing::matmul_args(DType::Q4_0, w.mem(), 0, rows, cols, arena.x_off, arena.y_off, {0, n});
     a.role = role;
     run(kernels.matmul(arena.mem(), a));
     arena.download();
@@ -285,7 +289,7 @@ TEST(Int8MatmulRoles, ActivationBitsFollowTheRole) {
       for (uint32_t r = 0; r < rows; ++r)
         ASSERT_EQ(emulate(DType::Q4_0, wbytes.data() + r * row_bytes, x.data() + size_t{t} * cols,
                           cols, bits),
-                  arena.at<float>(y_off)[size_t{t} * rows + r])
+                  arena.at<float>(arena.y_off)[size_t{t} * rows + r])
             << "role " << (role ? std::string(matmul_role_name(*role)) : "none") << " token " << t
             << " row " << r;
   };
@@ -324,17 +328,14 @@ TEST(Int8MatmulRoles, AQuantisedInputIsReusedOnlyWhileItIsCurrent) {
   std::memcpy(w.at(w1.size()), w2.data(), w2.size());
   w.upload();
   auto x = random_floats(size_t{n} * dim, 33, 2.0f);
-  const uint64_t x_off = 4096, y_off = x_off + uint64_t{n} * dim * 4;
-  HostBuffer arena(dev, y_off + uint64_t{n} * dim * 4);
-  std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
-  arena.upload();
+  MatmulArena arena(dev, x, n, dim, dim);
   kernels.reuse_quantized_inputs();
   // y = W x for weights (type, offset) from input rows at `in` to rows at `out`, checked
   // against the emulation on what the input rows held.
   auto step = [&](DType type, uint64_t w_off, MatmulRole role, uint64_t in, uint64_t out) {
     arena.download();
     const std::vector<float> input(arena.at<float>(in), arena.at<float>(in) + size_t{n} * dim);
-    MatmulArgs a{type, w.mem(), w_off, dim, in, dim, out, dim, 0, dim, {0, n}, 0, false};
+    MatmulArgs a = testing::matmul_args(type, w.mem(), w_off, dim, dim, in, out, {0, n});
     a.role = role;
     run(kernels.matmul(arena.mem(), a));
     arena.download();
@@ -347,15 +348,15 @@ TEST(Int8MatmulRoles, AQuantisedInputIsReusedOnlyWhileItIsCurrent) {
                   arena.at<float>(out)[size_t{t} * dim + r])
             << matmul_role_name(role) << " token " << t << " row " << r;
   };
-  step(DType::Q4_0, 0, MatmulRole::q, x_off, y_off);
-  step(DType::Q4_0, 0, MatmulRole::k, x_off, y_off);          // reused
-  step(DType::Q8_0, w1.size(), MatmulRole::v, x_off, y_off);  // another zero point
-  step(DType::Q4_0, 0, MatmulRole::gate, x_off, y_off);       // 8 bits
-  step(DType::Q4_0, 0, MatmulRole::up, x_off, x_off);         // overwrites its input
-  step(DType::Q4_0, 0, MatmulRole::gate, x_off, y_off);       // so quantises again
+  step(DType::Q4_0, 0, MatmulRole::q, arena.x_off, arena.y_off);
+  step(DType::Q4_0, 0, MatmulRole::k, arena.x_off, arena.y_off);          // reused
+  step(DType::Q8_0, w1.size(), MatmulRole::v, arena.x_off, arena.y_off);  // another zero point
+  step(DType::Q4_0, 0, MatmulRole::gate, arena.x_off, arena.y_off);       // 8 bits
+  step(DType::Q4_0, 0, MatmulRole::up, arena.x_off, arena.x_off);         // overwrites its input
+  step(DType::Q4_0, 0, MatmulRole::gate, arena.x_off, arena.y_off);       // so quantises again
   // An op that writes the input rows through these kernels.
-  run(kernels.add(arena.mem(), y_off, dim, y_off, dim, x_off, dim, dim, {0, n}));
-  step(DType::Q4_0, 0, MatmulRole::up, x_off, y_off);
+  run(kernels.add(arena.mem(), arena.y_off, dim, arena.y_off, dim, arena.x_off, dim, dim, {0, n}));
+  step(DType::Q4_0, 0, MatmulRole::up, arena.x_off, arena.y_off);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,

@@ -154,18 +154,8 @@ TEST_F(GpuKernelsTest, MatmulMatchesReferenceForTypesSizesAndSplits) {
           HostBuffer arena(dev, y_off + uint64_t{n} * rows * 4);
           std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
           arena.upload();
-          MatmulArgs a;
-          a.wtype = type;
-          a.w = w.mem();
-          a.k = k_in;
-          a.x_off = x_off;
-          a.x_stride = k_in;
-          a.y_off = y_off;
-          a.y_stride = rows;
-          a.row_begin = 0;
-          a.row_end = rows;
-          a.tokens = {0, n};
-          run(k.matmul(arena.mem(), a));
+          run(k.matmul(arena.mem(),
+                       testing::matmul_args(type, w.mem(), 0, rows, k_in, x_off, y_off, {0, n})));
           arena.download();
           std::vector<float> want(size_t{n} * rows);
           ops::matmul(m, x.data(), static_cast<int>(n), want.data());

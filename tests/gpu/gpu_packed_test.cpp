@@ -89,18 +89,10 @@ TEST_F(PackedKernelsTest, MatmulOverPackedWeightsMatchesReference) {
                 k.set_gemv_variant(variant);
                 std::fill(arena.at<float>(y_off), arena.at<float>(y_off) + n * rows, -7.0f);
                 arena.upload();
-                MatmulArgs a;
-                a.wtype = type;
-                a.w = w.mem();
-                a.w_off = w_off;
-                a.k = k_in;
-                a.x_off = x_off;
-                a.x_stride = k_in;
-                a.y_off = y_off;
-                a.y_stride = rows;
+                MatmulArgs a =
+                    testing::matmul_args(type, w.mem(), w_off, rows, k_in, x_off, y_off, {t0, n});
                 a.row_begin = r0;
                 a.row_end = r1;
-                a.tokens = {t0, n};
                 a.packed_rows = rows;
                 run(k.matmul(arena.mem(), a));
                 arena.download();

@@ -19,16 +19,15 @@
 #include "services/gpu_svc/gpu_runner.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/support/local_flags.h"
+#include "tests/support/program_setup.h"
 
 namespace duet::gpu {
 namespace {
 
 using test_support::LocalFlags;
+using test_support::step_args;
 using test_support::tiny_fortune_path;
-
-struct TokenRow {
-  int32_t token, pos, seq, logits_row;
-};
+using test_support::TokenRow;
 
 const SocProfile& soc() {
   static const SocProfile p = load_soc_profile("sd8gen3");
@@ -42,52 +41,29 @@ class GpuProgramRun {
   GpuProgramRun(const LlamaModel& m, Plan plan, uint32_t max_tokens,
                 std::chrono::milliseconds flag_timeout = std::chrono::seconds(30),
                 ClDevice& dev = shared_device())
-      : m_(m), flags_(4096, flag_timeout), runner_(dev, &soc()) {
-    ProgramSpec spec;
-    spec.model = &m;
-    spec.plan = std::move(plan);
-    spec.max_tokens = max_tokens;
-    spec.max_logit_rows = max_tokens;
-    spec.max_ctx = 128;
-    spec.name = "gpu-test";
-    built_ = build_programs(spec);
+      : m_(m),
+        flags_(4096, flag_timeout),
+        runner_(dev, &soc()),
+        built_(build_programs(
+            test_support::program_spec(m, std::move(plan), max_tokens, 128, "gpu-test"))) {
     arena_ = std::make_unique<testing::HostBuffer>(dev, built_.arena.bytes);
     kv_ = std::make_unique<testing::HostBuffer>(dev, built_.kv.bytes());
     mem_ = {arena_->at(0),     built_.arena.bytes, kv_->at(0),
             built_.kv.bytes(), m.file().data(),    m.file().size()};
-    auto* pt = reinterpret_cast<int32_t*>(mem_.arena + built_.arena.page_tables);
-    for (uint32_t i = 0; i < built_.max_pages_per_seq; ++i)
-      pt[i] = static_cast<int32_t>(built_.max_pages_per_seq - 1 - i);
+    test_support::fill_page_table(mem_.arena, built_, test_support::PageOrder::reversed);
     runner_.register_program(kProgram, built_.gpu, mem_);
   }
 
   // Appends tokens at pos; returns logits for every token.
   std::vector<float> step(const std::vector<int32_t>& tokens, int pos) {
-    auto* rows = reinterpret_cast<TokenRow*>(mem_.arena + built_.arena.tokens);
-    for (size_t t = 0; t < tokens.size(); ++t)
-      rows[t] = {tokens[t], pos + static_cast<int32_t>(t), 0, static_cast<int32_t>(t)};
-    const StepArgs args{++seq_,
-                        static_cast<uint32_t>(tokens.size()),
-                        1,
-                        built_.arena.tokens,
-                        built_.arena.page_tables,
-                        built_.max_pages_per_seq};
-    std::exception_ptr npu_error;
-    std::thread npu([&] {
-      try {
-        if (!built_.npu.ops.empty()) interpret_program(built_.npu, mem_, args, flags_);
-      } catch (...) {
-        npu_error = std::current_exception();
-      }
-    });
-    try {
-      last_ = runner_.run_step(kProgram, args, std::chrono::seconds(60), &flags_);
-    } catch (...) {
-      npu.join();
-      throw;
-    }
-    npu.join();
-    if (npu_error) std::rethrow_exception(npu_error);
+    test_support::write_token_rows(mem_.arena, built_, tokens, pos,
+                                   test_support::LogitsRows::every_token);
+    const StepArgs args = step_args(built_, ++seq_, static_cast<uint32_t>(tokens.size()));
+    test_support::run_both_halves(
+        [&] {
+          if (!built_.npu.ops.empty()) interpret_program(built_.npu, mem_, args, flags_);
+        },
+        [&] { last_ = runner_.run_step(kProgram, args, std::chrono::seconds(60), &flags_); });
     const float* logits = reinterpret_cast<const float*>(mem_.arena + built_.arena.logits);
     return {logits, logits + tokens.size() * m_.hp().n_vocab};
   }
@@ -226,14 +202,14 @@ TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
 
   EXPECT_FALSE(r.has_program(1));
 
-  const StepArgs ok{1, 1, 1, b.arena.tokens, b.arena.page_tables, b.max_pages_per_seq};
+  const StepArgs ok = step_args(b, 1, 1);
   expect_error([&] { r.run_step(99, ok, std::chrono::seconds(5)); }, Errc::not_found,
                "no program 99");
   StepArgs too_many = ok;
   too_many.n_tokens = 5;
   expect_error([&] { r.run_step(GpuProgramRun::kProgram, too_many, std::chrono::seconds(5)); },
                Errc::out_of_range, "n_tokens 5");
-  auto* rows = reinterpret_cast<TokenRow*>(run.mem().arena + b.arena.tokens);
+  TokenRow* rows = test_support::token_rows(run.mem().arena, b);
   rows[0] = {5000, 0, 0, 0};
   expect_error([&] { r.run_step(GpuProgramRun::kProgram, ok, std::chrono::seconds(5)); },
                Errc::out_of_range, "outside the vocabulary");
@@ -260,9 +236,8 @@ TEST(GpuRunner, AWaitOnAFlagNobodyPublishesEndsAtItsDeadline) {
   // Only the GPU half runs: its first wait on an NPU matmul can never be satisfied.
   GpuProgramRun run(*m, p, 2, std::chrono::milliseconds(200));
   const BuiltPrograms& b = run.built();
-  auto* rows = reinterpret_cast<TokenRow*>(run.mem().arena + b.arena.tokens);
-  rows[0] = {1, 0, 0, 0};
-  const StepArgs args{1, 1, 1, b.arena.tokens, b.arena.page_tables, b.max_pages_per_seq};
+  test_support::token_rows(run.mem().arena, b)[0] = {1, 0, 0, 0};
+  const StepArgs args = step_args(b, 1, 1);
   const auto t0 = std::chrono::steady_clock::now();
   expect_error(
       [&] {

@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/quant.h"
 #include "services/gpu_svc/cl_device.h"
+#include "services/gpu_svc/gpu_kernels.h"
 
 namespace duet::gpu::testing {
 
@@ -92,6 +93,23 @@ inline std::vector<uint8_t> random_weights(DType type, int64_t rows, int64_t col
   for (int64_t r = 0; r < rows; ++r)
     quantize_row(type, f.data() + r * cols, out.data() + r * dtype_row_bytes(type, cols), cols);
   return out;
+}
+
+// y = W x over all `rows` rows of W (rows x k, at w_off of `w` in the file's layout) for
+// `tokens`: token t's k input floats at x_off + 4 k t, its `rows` outputs at y_off + 4 rows t.
+inline MatmulArgs matmul_args(DType type, cl_mem w, uint64_t w_off, uint32_t rows, uint32_t k,
+                              uint64_t x_off, uint64_t y_off, TokenRange tokens) {
+  return MatmulArgs{.wtype = type,
+                    .w = w,
+                    .w_off = w_off,
+                    .k = k,
+                    .x_off = x_off,
+                    .x_stride = k,
+                    .y_off = y_off,
+                    .y_stride = rows,
+                    .row_begin = 0,
+                    .row_end = rows,
+                    .tokens = tokens};
 }
 
 // Sets an environment variable for its lifetime (what GpuKernels reads when it is built).

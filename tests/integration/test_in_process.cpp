@@ -6,35 +6,22 @@
 #include <algorithm>
 
 #include "core/forward.h"
-#include "core/soc_profile.h"
-#include "services/device/program_memory.h"
 #include "services/frontend/program_engine.h"
-#include "services/gpu_svc/gpu_service.h"
-#include "services/npu_svc/npu_service.h"
+#include "tests/support/in_process_services.h"
 
 namespace duet::frontend {
 namespace {
 
 TEST(InProcess, BothServicesInOneProcessGiveTheReferenceGreedyTokens) {
-  const std::string model =
-      std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-q8_0.gguf";
-  const SocProfile soc = load_soc_profile("sd8gen3");
-  gpu::GpuService gpu(gpu::shared_device(), soc, ShmMemoryResolver("gpu_svc"));
-  npu::NpuService npu(soc, 0, ShmMemoryResolver("npu_svc"));
   ProgramEngineOptions o;
-  o.model_path = model;
+  o.model_path = std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-q8_0.gguf";
   o.stack_id = "inproc" + std::to_string(getpid());
   o.plan_name = "npu-only";
   o.buckets = {1, 16};
   o.max_seqs = 1;
   o.max_ctx = 64;
-  ProgramEngine e(o, LlamaModel::load(model),
-                  make_local_service_link(
-                      "gpu", [&](const fb::Message& m) { return gpu.register_program(m); },
-                      [&](const fb::Message& m) { return gpu.run_step(m); }),
-                  make_local_service_link(
-                      "npu", [&](const fb::Message& m) { return npu.register_program(m); },
-                      [&](const fb::Message& m) { return npu.run_step(m); }));
+  test_support::InProcessServices services(o);
+  ProgramEngine& e = services.engine;
   ReferenceForward ref(e.model(), 64);
   const std::vector<int32_t> prompt = {1, 1342, 347, 1283, 262, 573};
   e.open_seq(1, 64);

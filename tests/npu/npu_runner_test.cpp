@@ -16,32 +16,22 @@
 #include "core/npu_timing.h"
 #include "core/program.h"
 #include "services/npu_svc/npu_runner.h"
+#include "tests/support/error_code.h"
 #include "tests/support/local_flags.h"
+#include "tests/support/program_setup.h"
 
 namespace duet {
 namespace {
 
+using test_support::error_code_of;
 using test_support::LocalFlags;
+using test_support::LogitsRows;
+using test_support::step_args;
 using test_support::tiny_fortune_path;
-
-struct TokenRow {
-  int32_t token, pos, seq, logits_row;
-};
 
 // A copy of a TensorRef with one field changed (flatbuffers structs are immutable here).
 fb::TensorRef with(const fb::TensorRef& r, uint64_t offset, uint32_t rows, uint32_t cols) {
   return fb::TensorRef(r.segment(), r.dtype(), offset, rows, cols);
-}
-
-template <class Fn>
-Errc error_code_of(Fn&& fn, std::string* message = nullptr) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return Errc::ok;
 }
 
 // The two programs of a plan over one arena and KV cache: GPU half interpreted, NPU half on
@@ -49,58 +39,37 @@ Errc error_code_of(Fn&& fn, std::string* message = nullptr) {
 class TwoDeviceRun {
  public:
   TwoDeviceRun(const LlamaModel& m, Plan plan, uint32_t max_tokens)
-      : m_(m), graphs_(load_soc_profile("sd8gen3")), gemm_(2), runner_(graphs_, gemm_) {
-    ProgramSpec spec;
-    spec.model = &m;
-    spec.plan = std::move(plan);
-    spec.max_tokens = max_tokens;
-    spec.max_logit_rows = max_tokens;
-    spec.max_ctx = 64;
-    spec.name = "npu-test";
-    built_ = build_programs(spec);
-    arena_.assign(built_.arena.bytes, 0);
-    kv_.assign(built_.kv.bytes(), 0);
-    mem_ = {arena_.data(), arena_.size(), kv_.data(), kv_.size(), m.file().data(), m.file().size()};
-    runner_.register_program(1, built_.npu, mem_);
-    auto* pt = reinterpret_cast<int32_t*>(arena_.data() + built_.arena.page_tables);
-    for (uint32_t i = 0; i < built_.max_pages_per_seq; ++i) pt[i] = static_cast<int32_t>(i);
+      : m_(m),
+        graphs_(load_soc_profile("sd8gen3")),
+        gemm_(2),
+        runner_(graphs_, gemm_),
+        built_(build_programs(
+            test_support::program_spec(m, std::move(plan), max_tokens, 64, "npu-test"))),
+        host_(built_, m) {
+    runner_.register_program(1, built_.npu, host_.mem);
+    test_support::fill_page_table(host_.arena.data(), built_);
   }
 
   // Appends tokens at pos; returns logits for every token (all_logits) or the last.
   std::vector<float> step(const std::vector<int32_t>& tokens, int pos, bool all_logits,
                           bool online = false) {
-    auto* rows = reinterpret_cast<TokenRow*>(arena_.data() + built_.arena.tokens);
-    const int n = static_cast<int>(tokens.size());
-    for (int t = 0; t < n; ++t)
-      rows[t] = {tokens[t], pos + t, 0, all_logits ? t : (t == n - 1 ? 0 : -1)};
-    StepArgs args{++seq_,
-                  static_cast<uint32_t>(n),
-                  1,
-                  built_.arena.tokens,
-                  built_.arena.page_tables,
-                  built_.max_pages_per_seq};
-    std::exception_ptr npu_error;
-    std::thread npu([&] {
-      try {
-        last_ = runner_.run_step(1, args, flags_, online);
-      } catch (...) {
-        npu_error = std::current_exception();
-        // Unblock the GPU half: publish this step on every flag the NPU would have.
-        for (const auto& op : built_.npu.ops)
-          if (op->publish_flag >= 0)
-            flags_.publish(static_cast<uint32_t>(op->publish_flag), args.seq);
-      }
-    });
-    std::exception_ptr gpu_error;
-    try {
-      interpret_program(built_.gpu, mem_, args, flags_);
-    } catch (...) {
-      gpu_error = std::current_exception();
-    }
-    npu.join();
-    if (npu_error) std::rethrow_exception(npu_error);
-    if (gpu_error) std::rethrow_exception(gpu_error);
-    const float* logits = reinterpret_cast<const float*>(arena_.data() + built_.arena.logits);
+    test_support::write_token_rows(host_.arena.data(), built_, tokens, pos,
+                                   all_logits ? LogitsRows::every_token : LogitsRows::last_token);
+    const StepArgs args = step_args(built_, ++seq_, static_cast<uint32_t>(tokens.size()));
+    test_support::run_both_halves(
+        [&] {
+          try {
+            last_ = runner_.run_step(1, args, flags_, online);
+          } catch (...) {
+            // Unblock the GPU half: publish this step on every flag the NPU would have.
+            for (const auto& op : built_.npu.ops)
+              if (op->publish_flag >= 0)
+                flags_.publish(static_cast<uint32_t>(op->publish_flag), args.seq);
+            throw;
+          }
+        },
+        [&] { interpret_program(built_.gpu, host_.mem, args, flags_); });
+    const float* logits = reinterpret_cast<const float*>(host_.arena.data() + built_.arena.logits);
     const size_t n_rows = all_logits ? tokens.size() : 1;
     return {logits, logits + n_rows * m_.hp().n_vocab};
   }
@@ -112,7 +81,7 @@ class TwoDeviceRun {
   npu::GraphCache& graphs() { return graphs_; }
   npu::NpuRunner& runner() { return runner_; }
   const BuiltPrograms& built() const { return built_; }
-  const ProgramMemory& mem() const { return mem_; }
+  const ProgramMemory& mem() const { return host_.mem; }
   const npu::StepReport& last() const { return last_; }
 
  private:
@@ -121,8 +90,7 @@ class TwoDeviceRun {
   npu::NpuGemm gemm_;
   npu::NpuRunner runner_;
   BuiltPrograms built_;
-  std::vector<uint8_t> arena_, kv_;
-  ProgramMemory mem_;
+  test_support::HostProgramMemory host_;
   LocalFlags flags_{4096};
   uint64_t seq_ = 0;
   npu::StepReport last_;
@@ -289,11 +257,12 @@ TEST(NpuRunner, RejectsBadProgramsWithClearErrors) {
   // A good program registers; bad steps are refused before anything runs.
   ASSERT_EQ(try_register([](fb::ProgramT&) {}, &msg), Errc::ok) << msg;
   LocalFlags flags(4096);
-  StepArgs too_many{1, 9, 1, b.arena.tokens, b.arena.page_tables, b.max_pages_per_seq};
+  const StepArgs too_many = step_args(b, 1, 9);
   EXPECT_EQ(error_code_of([&] { runner.run_step(7, too_many, flags); }), Errc::out_of_range);
-  StepArgs table_outside{1, 1, 1, arena_bytes - 8, b.arena.page_tables, b.max_pages_per_seq};
+  StepArgs table_outside = step_args(b, 1, 1);
+  table_outside.tokens_offset = arena_bytes - 8;
   EXPECT_EQ(error_code_of([&] { runner.run_step(7, table_outside, flags); }), Errc::out_of_range);
-  StepArgs ok{1, 1, 1, b.arena.tokens, b.arena.page_tables, b.max_pages_per_seq};
+  const StepArgs ok = step_args(b, 1, 1);
   EXPECT_EQ(error_code_of([&] { runner.run_step(8, ok, flags); }), Errc::not_found);
 }
 

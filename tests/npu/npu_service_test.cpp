@@ -21,15 +21,14 @@
 #include "shm/completion_flag.h"
 #include "shm/flag_sync.h"
 #include "shm/segment.h"
+#include "tests/support/error_code.h"
+#include "tests/support/program_setup.h"
 
 namespace duet {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct TokenRow {
-  int32_t token, pos, seq, logits_row;
-};
+using test_support::error_code_of;
 
 template <class Build>
 msg::Bytes make_request(Build&& build) {
@@ -42,17 +41,6 @@ const fb::Message& parse(const msg::Bytes& bytes) {
   return *msg::verify_control(bytes);
 }
 
-template <class Fn>
-Errc error_code_of(Fn&& fn, std::string* message = nullptr) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return Errc::ok;
-}
-
 // A stack's data plane for the tiny model: arena, KV and flags segments in /dev/shm.
 class ServiceFixture : public ::testing::Test {
  protected:
@@ -60,14 +48,9 @@ class ServiceFixture : public ::testing::Test {
     model_ = LlamaModel::load(std::string(DUET_SOURCE_DIR) +
                               "/tests/data/tiny-fortune/fortune-q8_0.gguf");
     const std::string stack = "npusvc" + std::to_string(::getpid());
-    ProgramSpec spec;
-    spec.model = model_.get();
-    spec.plan = Plan::npu_only();
-    spec.plan.npu_mode = NpuGraphMode::exact;
-    spec.max_tokens = 8;
-    spec.max_logit_rows = 8;
-    spec.max_ctx = 64;
-    spec.name = "tiny-fortune/npu-only";
+    Plan plan = Plan::npu_only();
+    plan.npu_mode = NpuGraphMode::exact;
+    ProgramSpec spec = test_support::program_spec(*model_, plan, 8, 64, "tiny-fortune/npu-only");
     spec.arena_segment = shm::segment_name(stack, "arena");
     spec.kv_segment = shm::segment_name(stack, "kv");
     spec.flags_segment = shm::segment_name(stack, "flags");
@@ -81,8 +64,7 @@ class ServiceFixture : public ::testing::Test {
     flags_ = shm::Segment::create(spec.flags_segment, shm::FlagTable::bytes_for(n_flags),
                                   shm::Lifetime::unlink_on_destroy);
     table_ = shm::FlagTable::format(flags_, n_flags);
-    auto* pt = reinterpret_cast<int32_t*>(arena_.data() + built_.arena.page_tables);
-    for (uint32_t i = 0; i < built_.max_pages_per_seq; ++i) pt[i] = static_cast<int32_t>(i);
+    test_support::fill_page_table(arena_.data(), built_);
     service_ = std::make_unique<npu::NpuService>(load_soc_profile("sd8gen3"), 2,
                                                  ShmMemoryResolver("npu_svc"));
   }
@@ -133,8 +115,8 @@ TEST_F(ServiceFixture, RunsTheNpuHalfOfAStepOverSharedMemory) {
 
   // No graphs yet: the step fails cleanly (before any op waits) and names the shape.
   const std::vector<int32_t> prompt = {1, 703, 1975, 310};
-  auto* rows = reinterpret_cast<TokenRow*>(arena_.data() + built_.arena.tokens);
-  for (int t = 0; t < 4; ++t) rows[t] = {prompt[t], t, 0, t == 3 ? 0 : -1};
+  test_support::write_token_rows(arena_.data(), built_, prompt, 0,
+                                 test_support::LogitsRows::last_token);
   msg::Bytes reply = run_step(3, 1, 4);
   ASSERT_EQ(parse(reply).body_type(), fb::Body::StepFailed);
   EXPECT_EQ(parse(reply).body_as_StepFailed()->code(), fb::Code::NotFound);
@@ -157,8 +139,7 @@ TEST_F(ServiceFixture, RunsTheNpuHalfOfAStepOverSharedMemory) {
   // The GPU half runs on another thread against the same segments and shm flags.
   const ProgramMemory mem{arena_.data(), arena_.size(),         kv_.data(),
                           kv_.size(),    model_->file().data(), model_->file().size()};
-  const StepArgs args{
-      2, 4, 1, built_.arena.tokens, built_.arena.page_tables, built_.max_pages_per_seq};
+  const StepArgs args = test_support::step_args(built_, 2, 4);
   std::exception_ptr gpu_error;
   std::thread gpu([&] {
     try {

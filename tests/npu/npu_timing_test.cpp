@@ -10,6 +10,7 @@
 #include "core/npu_timing.h"
 #include "core/soc_profile.h"
 #include "services/npu_svc/graph_cache.h"
+#include "tests/support/error_code.h"
 
 namespace duet {
 namespace {
@@ -30,16 +31,7 @@ const SocProfile& gen3() {
   return p;
 }
 
-template <class Fn>
-Errc error_code_of(Fn&& fn, std::string* message = nullptr) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return Errc::ok;
-}
+using test_support::error_code_of;
 
 TEST(SocProfile, LoadsTheShippedProfiles) {
   const SocProfile& p = gen3();

@@ -13,6 +13,7 @@
 #include "core/model.h"
 #include "core/program.h"
 #include "tests/support/local_flags.h"
+#include "tests/support/program_setup.h"
 
 namespace duet {
 namespace {
@@ -20,61 +21,29 @@ namespace {
 using test_support::LocalFlags;
 using test_support::tiny_fortune_path;
 
-struct TokenRow {
-  int32_t token, pos, seq, logits_row;
-};
-
 // Runs prompt (all logits) then `decode` greedy-forced steps of the given ids through the
 // programs of `plan`, returning every logits row produced.
 class ProgramRun {
  public:
-  ProgramRun(const LlamaModel& m, Plan plan, uint32_t max_tokens) : m_(m) {
-    ProgramSpec spec;
-    spec.model = &m;
-    spec.plan = std::move(plan);
-    spec.max_tokens = max_tokens;
-    spec.max_logit_rows = max_tokens;
-    spec.max_ctx = 128;
-    spec.name = "test";
-    built_ = build_programs(spec);
-    arena_.assign(built_.arena.bytes, 0);
-    kv_.assign(built_.kv.bytes(), 0);
-    mem_ = {arena_.data(), arena_.size(), kv_.data(), kv_.size(), m.file().data(), m.file().size()};
-    validate_program(built_.gpu, mem_);
-    validate_program(built_.npu, mem_);
-    auto* pt = reinterpret_cast<int32_t*>(arena_.data() + built_.arena.page_tables);
-    for (uint32_t i = 0; i < built_.max_pages_per_seq; ++i) pt[i] = static_cast<int32_t>(i);
+  ProgramRun(const LlamaModel& m, Plan plan, uint32_t max_tokens)
+      : m_(m),
+        built_(build_programs(
+            test_support::program_spec(m, std::move(plan), max_tokens, 128, "test"))),
+        host_(built_, m) {
+    validate_program(built_.gpu, host_.mem);
+    validate_program(built_.npu, host_.mem);
+    test_support::fill_page_table(host_.arena.data(), built_);
   }
 
   // Appends tokens at pos; returns logits for every token.
   std::vector<float> step(const std::vector<int32_t>& tokens, int pos) {
-    auto* rows = reinterpret_cast<TokenRow*>(arena_.data() + built_.arena.tokens);
-    for (size_t t = 0; t < tokens.size(); ++t)
-      rows[t] = {tokens[t], pos + static_cast<int32_t>(t), 0, static_cast<int32_t>(t)};
-    StepArgs args{++seq_,
-                  static_cast<uint32_t>(tokens.size()),
-                  1,
-                  built_.arena.tokens,
-                  built_.arena.page_tables,
-                  built_.max_pages_per_seq};
-    std::exception_ptr npu_error;
-    std::thread npu([&] {
-      try {
-        interpret_program(built_.npu, mem_, args, flags_);
-      } catch (...) {
-        npu_error = std::current_exception();
-      }
-    });
-    std::exception_ptr gpu_error;
-    try {
-      interpret_program(built_.gpu, mem_, args, flags_);
-    } catch (...) {
-      gpu_error = std::current_exception();
-    }
-    npu.join();
-    if (gpu_error) std::rethrow_exception(gpu_error);
-    if (npu_error) std::rethrow_exception(npu_error);
-    const float* logits = reinterpret_cast<const float*>(arena_.data() + built_.arena.logits);
+    test_support::write_token_rows(host_.arena.data(), built_, tokens, pos,
+                                   test_support::LogitsRows::every_token);
+    const StepArgs args =
+        test_support::step_args(built_, ++seq_, static_cast<uint32_t>(tokens.size()));
+    test_support::run_both_halves([&] { interpret_program(built_.npu, host_.mem, args, flags_); },
+                                  [&] { interpret_program(built_.gpu, host_.mem, args, flags_); });
+    const float* logits = reinterpret_cast<const float*>(host_.arena.data() + built_.arena.logits);
     return {logits, logits + tokens.size() * m_.hp().n_vocab};
   }
 
@@ -83,8 +52,7 @@ class ProgramRun {
  private:
   const LlamaModel& m_;
   BuiltPrograms built_;
-  std::vector<uint8_t> arena_, kv_;
-  ProgramMemory mem_;
+  test_support::HostProgramMemory host_;
   LocalFlags flags_{4096};
   uint64_t seq_ = 0;
 };
@@ -175,9 +143,8 @@ TEST(ProgramValidation, RejectsOffsetsOutsideTheArena) {
   spec.model = m.get();
   spec.max_tokens = 4;
   BuiltPrograms b = build_programs(spec);
-  std::vector<uint8_t> arena(b.arena.bytes), kv(b.kv.bytes());
-  ProgramMemory mem{arena.data(), arena.size(),     kv.data(),
-                    kv.size(),    m->file().data(), m->file().size()};
+  test_support::HostProgramMemory host(b, *m);
+  ProgramMemory& mem = host.mem;
   validate_program(b.gpu, mem);
   const fb::TensorRef& out = *b.gpu.ops[3]->out;
   *b.gpu.ops[3]->out =

@@ -1,0 +1,23 @@
+#pragma once
+// The code of the duet::Error a call throws, for tests that check which error bad input gets.
+// Header-only.
+#include <string>
+
+#include "core/error.h"
+
+namespace duet::test_support {
+
+// Errc::ok when fn returns; otherwise the code of the Error it threw (its message into
+// *message when given). Any other exception passes through.
+template <class Fn>
+Errc error_code_of(Fn&& fn, std::string* message = nullptr) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  }
+  return Errc::ok;
+}
+
+}  // namespace duet::test_support
