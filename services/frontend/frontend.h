@@ -9,7 +9,8 @@
 //   Cancel    -> the cancelled request ends with Done (finish_reason "cancelled"); KV freed at once
 //   Status    -> StatusReply (JSON: queue, running, limits, sessions, engine, metrics)
 //   Eval      -> EvalReply (logits of every position), or Error
-//   KeepAlive -> nothing; a request with heartbeat_ms is reaped when they stop
+//   KeepAlive -> nothing; a request with heartbeat_ms is reaped when they stop (its client,
+//                if still listening, gets Error(timeout) saying so)
 //   CloseSession -> Done (finish_reason "closed"); the session's KV is freed
 // A client that vanishes is noticed when a send to it fails (ZMQ_ROUTER_MANDATORY: EHOSTUNREACH)
 // or its KeepAlives stop; its requests are cancelled and their KV freed.
