@@ -93,11 +93,14 @@ void WaitStats::add(const WaitResult& r) {
     case WaitStatus::epoch_changed:
       epoch_changes += 1;
       break;
+    case WaitStatus::interrupted:
+      interrupts += 1;
+      break;
   }
 }
 
 uint64_t WaitStats::waits() const {
-  uint64_t n = timeouts + epoch_changes;
+  uint64_t n = timeouts + epoch_changes + interrupts;
   for (uint64_t c : ready) n += c;
   return n;
 }
@@ -119,16 +122,22 @@ WaitResult wait_for_flag(CompletionFlag& flag, const std::atomic<uint64_t>& epoc
     return result;
   };
   auto epoch_moved = [&] { return epoch.load(std::memory_order_acquire) != epoch0; };
+  auto interrupted = [&] {
+    return options.interrupt_word &&
+           options.interrupt_word->load(std::memory_order_seq_cst) >= options.interrupt_at;
+  };
 
   // A complete tensor is complete even if its producer has died since: ready wins.
   if (flag.load() >= target) return finish(WaitStatus::ready, WaitPath::immediate);
   if (epoch_moved()) return finish(WaitStatus::epoch_changed, WaitPath::immediate);
+  if (interrupted()) return finish(WaitStatus::interrupted, WaitPath::immediate);
   if (start >= options.deadline) return finish(WaitStatus::timeout, WaitPath::immediate);
 
   if (options.predicted_ns > 0) {
     sleep_until(std::min(start + std::chrono::nanoseconds(options.predicted_ns), options.deadline));
     if (flag.load() >= target) return finish(WaitStatus::ready, WaitPath::sleep);
     if (epoch_moved()) return finish(WaitStatus::epoch_changed, WaitPath::sleep);
+    if (interrupted()) return finish(WaitStatus::interrupted, WaitPath::sleep);
     if (Clock::now() >= options.deadline) return finish(WaitStatus::timeout, WaitPath::sleep);
   }
 
@@ -139,6 +148,7 @@ WaitResult wait_for_flag(CompletionFlag& flag, const std::atomic<uint64_t>& epoc
       if (flag.load() >= target) return finish(WaitStatus::ready, WaitPath::spin);
       if ((i & 63) == 0) {  // the clock and the epoch's line are looked at every 64 spins
         if (epoch_moved()) return finish(WaitStatus::epoch_changed, WaitPath::spin);
+        if (interrupted()) return finish(WaitStatus::interrupted, WaitPath::spin);
         if (Clock::now() >= spin_end) break;
       }
       cpu_pause();
@@ -152,8 +162,9 @@ WaitResult wait_for_flag(CompletionFlag& flag, const std::atomic<uint64_t>& epoc
     const uint32_t gen = flag.wake_gen.load(std::memory_order_seq_cst);  // before seq: see header
     const bool done = flag.seq.load(std::memory_order_seq_cst) >= target;
     const bool moved = epoch.load(std::memory_order_seq_cst) != epoch0;
+    const bool stop = interrupted();
     const int64_t left_ns = ns_between(Clock::now(), options.deadline);
-    if (!done && !moved && left_ns > 0) {
+    if (!done && !moved && !stop && left_ns > 0) {
       result.futex_waits += 1;
       futex_wait(flag.wake_gen, gen, std::min(left_ns, slice_ns));
       flag.sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -162,6 +173,7 @@ WaitResult wait_for_flag(CompletionFlag& flag, const std::atomic<uint64_t>& epoc
     flag.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (done) return finish(WaitStatus::ready, WaitPath::futex);
     if (moved) return finish(WaitStatus::epoch_changed, WaitPath::futex);
+    if (stop) return finish(WaitStatus::interrupted, WaitPath::futex);
     return finish(WaitStatus::timeout, WaitPath::futex);
   }
 }

@@ -52,7 +52,8 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free,
               "flags are shared between processes: atomics must be lock-free");
 
-enum class WaitStatus { ready, timeout, epoch_changed };
+// interrupted: the wait's interrupt word (WaitOptions) reached its mark before the flag did.
+enum class WaitStatus { ready, timeout, epoch_changed, interrupted };
 // How a wait ended: immediate (ready at the first look), sleep (ready right after the predicted
 // sleep), spin, futex. For a timeout or epoch change: the phase it was in.
 enum class WaitPath { immediate = 0, sleep = 1, spin = 2, futex = 3 };
@@ -64,6 +65,12 @@ struct WaitOptions {
   int64_t spin_budget_ns = 20'000;                 // then spin this long (0: straight to the futex)
   uint64_t expected_epoch = 0;  // epoch the caller works in; 0: the epoch when the wait starts
   int64_t futex_slice_ns = 50'000'000;  // longest single futex sleep (re-checks deadline/epoch)
+  // A second way to end the wait: once *interrupt_word >= interrupt_at (e.g. another flag's seq:
+  // a preempt request). Checked with the epoch, so the same protocol holds: whoever moves the
+  // word must then wake this flag's sleepers (CompletionFlag::wake_all) for a sleeping waiter to
+  // see it at once. nullptr: none.
+  const std::atomic<uint64_t>* interrupt_word = nullptr;
+  uint64_t interrupt_at = 0;
 };
 
 struct WaitResult {
@@ -80,6 +87,7 @@ struct WaitStats {
   int64_t ready_ns[kWaitPaths] = {};
   uint64_t timeouts = 0;
   uint64_t epoch_changes = 0;
+  uint64_t interrupts = 0;
   uint64_t futex_waits = 0;
   void add(const WaitResult& r);
   uint64_t waits() const;

@@ -271,6 +271,9 @@ void ProgramEngine::request_preempt() {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(),
       std::memory_order_relaxed);
   flags_.publish(preempt_flag_, token);
+  // The step's wait reads the preempt flag with its epoch, after announcing itself a sleeper
+  // (shm/completion_flag.h): it either sees the flag or is woken here.
+  flags_.flag(awaited_flag_.load(std::memory_order_seq_cst)).wake_all();
 }
 
 size_t ProgramEngine::step_ops(uint32_t n_tokens) const {
@@ -466,12 +469,11 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
   Attempt a;
   const auto wait_start = Clock::now();
   shm::WaitStatus status = shm::WaitStatus::ready;
-  // A preemptible step polls the preempt word between short waits: once it is set, the devices'
-  // reports (not the done flags) say where each stopped. 1 ms slices that spin only in the
-  // first: waking every 200 us (and spinning 20 us each time) took CPU from the devices' threads
-  // on a 2-core host (a 64-token step +0.5 ms); the devices stop by themselves meanwhile.
-  const auto slice =
-      preemptible ? std::chrono::microseconds(1000) : std::chrono::microseconds(20000);
+  // A preemptible step's wait also ends when the preempt flag reaches its token (request_preempt
+  // wakes it): then the devices' reports (not the done flags) say where each stopped. Slices
+  // that spin only in the first: waking often (every 200 us, spinning 20 us each time) took CPU
+  // from the devices' threads on a 2-core host (a 64-token step +0.5 ms).
+  const auto slice = std::chrono::microseconds(20000);
   bool preempting = false;
   bool first_slice = true;
   for (uint32_t flag : built.done_flags) {
@@ -481,7 +483,16 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
       o.expected_epoch = epoch;
       if (!first_slice) o.spin_budget_ns = 0;
       first_slice = false;
+      if (preemptible) {
+        o.interrupt_word = &flags_.flag(preempt_flag_).seq;
+        o.interrupt_at = token;
+        awaited_flag_.store(flag, std::memory_order_seq_cst);
+      }
       status = flags_.wait(flag, args.seq, o).status;
+      if (status == shm::WaitStatus::interrupted) {
+        preempting = true;
+        break;
+      }
       if (status != shm::WaitStatus::timeout || Clock::now() >= deadline) break;
       if ((on_gpu && gpu_->failed_early(args.seq)) || (on_npu && npu_->failed_early(args.seq)))
         break;

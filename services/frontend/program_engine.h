@@ -201,6 +201,9 @@ class ProgramEngine : public Engine {
   std::atomic<uint64_t> running_token_{0};
   std::atomic<int64_t> preempt_requested_ns_{0};
   std::mutex preempt_mu_;  // request_preempt may be called from several threads
+  // The done flag a preemptible step's wait sleeps on: request_preempt wakes its sleepers, so the
+  // wait (interrupted by the preempt flag) ends at once instead of at its next slice.
+  std::atomic<uint32_t> awaited_flag_{0};
   std::optional<Parked> parked_;
   PreemptStats pstats_;
   // Metrics.

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <cstring>
+#include <thread>
 
 #include "core/error.h"
 #include "shm/segment.h"
@@ -152,6 +153,49 @@ TEST_F(CompletionFlagTest, DeadlineReturnsTimeoutThroughEveryPhase) {
   r = table.wait(1, 1, o);
   EXPECT_EQ(r.status, WaitStatus::timeout);
   EXPECT_LT(r.waited_ns, 1'000'000'000);
+}
+
+// A preempt request in miniature: the waiter sleeps on flag 0 with flag 2 as its interrupt word;
+// another process publishes flag 2 and wakes flag 0's sleepers. The wait ends at once, as
+// `interrupted`, long before its slice and deadline; a word already at its mark ends a wait
+// before it sleeps; ready still wins over an interrupt.
+TEST_F(CompletionFlagTest, AnInterruptWordEndsAWaitAtOnceWhenItsSetterWakesTheFlag) {
+  pid_t child = fork_child([&] {
+    Segment mine;
+    FlagTable flags = attach_by_name(mine, name);
+    WaitOptions go;
+    go.deadline = Clock::now() + 10s;
+    if (flags.wait(kGo, 1, go).status != WaitStatus::ready) return 1;
+    std::this_thread::sleep_for(100ms);
+    flags.publish(2, 7);
+    flags.flag(0).wake_all();
+    return 0;
+  });
+  WaitOptions o = options(20s);
+  o.spin_budget_ns = 0;
+  o.futex_slice_ns = 15'000'000'000;  // only the wake can end the wait early
+  o.interrupt_word = &table.flag(2).seq;
+  o.interrupt_at = 7;
+  table.publish(kGo, 1);
+  WaitResult r = table.wait(0, 1, o);
+  EXPECT_EQ(r.status, WaitStatus::interrupted);
+  EXPECT_EQ(r.path, WaitPath::futex);
+  EXPECT_LT(r.waited_ns, 5'000'000'000);
+  EXPECT_EQ(wait_child(child).code, 0);
+
+  r = table.wait(0, 1, o);  // the word is already at its mark
+  EXPECT_EQ(r.status, WaitStatus::interrupted);
+  EXPECT_EQ(r.path, WaitPath::immediate);
+  o.interrupt_at = 8;  // not yet: the wait runs to its deadline
+  o.deadline = Clock::now() + 20ms;
+  EXPECT_EQ(table.wait(0, 1, o).status, WaitStatus::timeout);
+  table.publish(0, 1);
+  o.interrupt_at = 7;
+  EXPECT_EQ(table.wait(0, 1, o).status, WaitStatus::ready) << "a complete flag is complete";
+  WaitStats stats;
+  stats.add(r);
+  EXPECT_EQ(stats.interrupts, 1u);
+  EXPECT_EQ(stats.waits(), 1u);
 }
 
 TEST_F(CompletionFlagTest, EpochBumpReleasesAWaiterOfAKilledProducer) {
