@@ -55,6 +55,8 @@ def key_of(d):
         key += " " + r["extra"]
     if r.get("plan", "auto") != "auto":
         key += f" plan {r['plan']}"
+    if r.get("requests", 40) != 40:
+        key += f" requests {r['requests']}"
     return (key, r["compress"])
 
 
