@@ -50,15 +50,16 @@ bool env_off(const char* name) {
 }
 
 // PoCL's own choice (pocl_default_local_size_optimizer) of a group along one dimension of
-// `global` items: the largest divisor that is a multiple of gcd(global, the preferred multiple)
+// `global` items: the largest divisor that is a multiple of gcd(global, the preferred multiple,
+// >= 1)
 // and fits the device's group limit, then split until there is a group per compute unit, as long
 // as a group keeps at least 4 preferred multiples.
 size_t cpu_group_size(size_t global, size_t multiple, size_t max_group, size_t compute_units) {
-  const size_t grain = std::gcd(std::max<size_t>(multiple, 1), global);
+  const size_t grain = std::gcd(multiple, global);
   size_t units = std::min(global, std::max<size_t>(max_group, 1)) / grain;
   while (units > 1 && (global / grain) % units != 0) --units;
   size_t group = std::max<size_t>(units, 1) * grain;
-  const size_t min_group = std::min(4 * std::max<size_t>(multiple, 1), max_group);
+  const size_t min_group = std::min(4 * multiple, max_group);
   for (;;) {
     size_t splits = compute_units / (global / group);
     if (splits <= 1 || group < splits * min_group) break;
@@ -71,11 +72,16 @@ size_t cpu_group_size(size_t global, size_t multiple, size_t max_group, size_t c
 
 }  // namespace
 
-GpuKernels::GpuKernels(ClDevice& dev)
-    : dev_(dev), coop_gemv_(dev.info().type == "gpu"), pin_work_groups_(dev.info().type == "cpu") {
+GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type == "gpu") {
   int8_matmul_ = !env_off("DUET_GPU_INT8_MATMUL") && int8_kernels_available();
   int8_vnni_ = int8_matmul_ && !env_off("DUET_GPU_INT8_VNNI") && host_has_vnni();
   if (dev_.info().type == "cpu") {
+    // PoCL reports its device-wide multiple for every kernel; its own group choice uses that.
+    check_cl(clGetKernelWorkGroupInfo(dev_.kernel("add"), dev_.id(),
+                                      CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE,
+                                      sizeof cpu_group_multiple_, &cpu_group_multiple_, nullptr),
+             "clGetKernelWorkGroupInfo");
+    cpu_group_multiple_ = std::max<size_t>(cpu_group_multiple_, 1);
     try {
       dev_.kernel("attention_cpu");
       attention_cpu_available_ = true;
@@ -207,12 +213,8 @@ cl_event GpuKernels::launch(const char* name, cl_kernel k, cl_uint dims, const s
   // per core where the groups stay large enough), so decode runs as before and a kernel compiles
   // once per model. GPU drivers do not recompile per group size: they keep choosing.
   size_t pinned[3] = {1, 1, 1};
-  if (!local && pin_work_groups_ && dims >= 2) {
-    size_t multiple = 1;
-    check_cl(clGetKernelWorkGroupInfo(k, dev_.id(), CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE,
-                                      sizeof multiple, &multiple, nullptr),
-             "clGetKernelWorkGroupInfo");
-    pinned[0] = cpu_group_size(global[0], multiple, dev_.info().max_work_group,
+  if (!local && cpu_group_multiple_ > 0 && dims >= 2) {
+    pinned[0] = cpu_group_size(global[0], cpu_group_multiple_, dev_.info().max_work_group,
                                static_cast<size_t>(dev_.info().compute_units));
     local = pinned;
   }

@@ -166,8 +166,8 @@ class GpuKernels {
   bool int8_kernels_available();
   ClDevice& dev_;
   bool coop_gemv_;
-  bool pin_work_groups_;      // a CPU device: see launch()
-  std::string gemv_variant_;  // "": by shape
+  size_t cpu_group_multiple_ = 0;  // a CPU device's preferred group multiple; 0 elsewhere (launch)
+  std::string gemv_variant_;       // "": by shape
   bool int8_matmul_ = false, int8_vnni_ = false;
   bool attention_cpu_available_ = false;  // a CPU device whose compiler built attention_cpu
   std::array<int, kMatmulRoles> int8_act_bits_ = default_int8_act_bits();
