@@ -460,7 +460,6 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
     args.first_op = npu_first;
     npu_->start_step(program_id(bucket_index, false), args);
   }
-  auto preempt_seen = [&] { return preemptible && flags_.load(preempt_flag_) >= token; };
   phases_.start_us += us_since(start_at);
 
   // Fast sync: the step is done when every device's last op has published its flag. A stack
@@ -470,9 +469,9 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
   const auto wait_start = Clock::now();
   shm::WaitStatus status = shm::WaitStatus::ready;
   // A preemptible step's wait also ends when the preempt flag reaches its token (request_preempt
-  // wakes it): then the devices' reports (not the done flags) say where each stopped. Slices
-  // that spin only in the first: waking often (every 200 us, spinning 20 us each time) took CPU
-  // from the devices' threads on a 2-core host (a 64-token step +0.5 ms).
+  // wakes it): then the devices' reports (not the done flags) say where each stopped. 20 ms
+  // slices that spin only in the first: waking often took CPU from the devices' threads on a
+  // 2-core host (every 200 us: a 64-token step +0.5 ms).
   const auto slice = std::chrono::microseconds(20000);
   bool preempting = false;
   bool first_slice = true;
@@ -496,10 +495,6 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
       if (status != shm::WaitStatus::timeout || Clock::now() >= deadline) break;
       if ((on_gpu && gpu_->failed_early(args.seq)) || (on_npu && npu_->failed_early(args.seq)))
         break;
-      if (preempt_seen()) {
-        preempting = true;
-        break;
-      }
     }
     if (status != shm::WaitStatus::ready) break;
   }
