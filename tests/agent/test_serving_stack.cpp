@@ -34,6 +34,17 @@ class AgentServingStack : public ChaosStack {
     for (int i = 1; i < n; ++i) p.push_back(3 + (i * 37 + salt * 101) % 250);
     return p;
   }
+  // A submitted request's Done (its chunks skipped), or its error thrown; a timeout when nothing
+  // comes for 120 s.
+  static client::GenerateResult done_of(client::Client& c, uint64_t id) {
+    for (;;) {
+      auto ev = c.next_event(120s);
+      if (!ev) throw Error(Errc::timeout, "no reply");
+      if (ev->request_id == id && ev->kind == client::Event::Kind::done) return ev->done;
+      if (ev->request_id == id && ev->kind == client::Event::Kind::error)
+        throw Error(ev->code, ev->message);
+    }
+  }
   nlohmann::json agent_status() {
     client::Client c(endpoint());
     return c.status()["agent"];
@@ -301,15 +312,6 @@ TEST_F(AgentServingStack, OverlappedProactivePrefillProgressesWhileAReactiveRequ
       "(reactive at token %zu of %d)\n",
       prefilled_beside, pro_prompt.size(), reactive_generated, re_tokens);
   EXPECT_GT(prefilled_beside, 0u) << "the proactive prefill waited for the reactive request";
-  auto done_of = [](client::Client& cl, uint64_t id) {
-    for (;;) {
-      auto ev = cl.next_event(120s);
-      if (!ev) throw Error(Errc::timeout, "no reply");
-      if (ev->request_id == id && ev->kind == client::Event::Kind::done) return ev->done;
-      if (ev->request_id == id && ev->kind == client::Event::Kind::error)
-        throw Error(ev->code, ev->message);
-    }
-  };
   const client::GenerateResult re_done = done_of(re, re_id), pro_done = done_of(pro, pro_id);
   EXPECT_EQ(re_done.ids, re_clean.ids) << "the reactive request's tokens";
   EXPECT_EQ(pro_done.ids, pro_clean.ids) << "the overlapped proactive request's tokens";
@@ -336,15 +338,6 @@ TEST_F(AgentServingStack, ReactiveRequestsNeverPreemptEachOtherAndRunFifo) {
   const uint64_t a = first.submit(request(client::Priority::reactive, prompt(400, 3), 8));
   std::this_thread::sleep_for(5ms);
   const uint64_t b = second.submit(request(client::Priority::reactive, prompt(300, 4), 8));
-  auto done_of = [](client::Client& c, uint64_t id) {
-    for (;;) {
-      auto ev = c.next_event(120s);
-      if (!ev) throw Error(Errc::timeout, "no reply");
-      if (ev->request_id == id && ev->kind == client::Event::Kind::done) return ev->done;
-      if (ev->request_id == id && ev->kind == client::Event::Kind::error)
-        throw Error(ev->code, ev->message);
-    }
-  };
   const client::GenerateResult ra = done_of(first, a), rb = done_of(second, b);
   EXPECT_EQ(ra.ids.size(), 8u);
   EXPECT_EQ(rb.ids.size(), 8u);
