@@ -55,7 +55,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
 // interrupted: the wait's interrupt word (WaitOptions) reached its mark before the flag did.
 enum class WaitStatus { ready, timeout, epoch_changed, interrupted };
 // How a wait ended: immediate (ready at the first look), sleep (ready right after the predicted
-// sleep), spin, futex. For a timeout or epoch change: the phase it was in.
+// sleep), spin, futex. For a timeout, an epoch change or an interrupt: the phase it was in.
 enum class WaitPath { immediate = 0, sleep = 1, spin = 2, futex = 3 };
 inline constexpr int kWaitPaths = 4;
 
