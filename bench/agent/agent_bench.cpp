@@ -523,6 +523,11 @@ int main(int argc, char** argv) {
   app.add_option("--proactive-step-tokens", proactive_step_tokens,
                  "stack mode: DUET_AGENT_PROACTIVE_STEP_TOKENS for the Agent's frontend (64-512; "
                  "unset: the frontend's default)");
+  std::string max_queue;
+  app.add_option("--max-queue", max_queue,
+                 "stack mode: DUET_MAX_QUEUE for both stacks (requests waiting beyond the "
+                 "running batch; unset: the frontend's default, 64). Long traces at high "
+                 "compression need more: FCFS's queue fills and the frontend refuses a request");
   CLI11_PARSE(app, argc, argv);
   if (mode != "measured" && mode != "modeled" && mode != "both" && mode != "stack") {
     std::fprintf(stderr, "agent_bench: --mode must be measured, modeled, both or stack, not '%s'\n",
@@ -568,7 +573,8 @@ int main(int argc, char** argv) {
       const std::vector<Req> trace = make_trace(t);
       const std::string id = "agentb" + std::to_string(getpid());
       const AgentKnobs knobs{cfg.decode_cap, cfg.aging_ms, rider_slack,    carry,
-                             preempt,        overlap,      proactive_plan, proactive_step_tokens};
+                             preempt,        overlap,      proactive_plan, proactive_step_tokens,
+                             max_queue};
       const nlohmann::json f =
           run_stack(trace, false, duet, model, id + "f", t.compress, stack_timeout_s, knobs);
       const nlohmann::json a =
@@ -581,6 +587,7 @@ int main(int argc, char** argv) {
                       {"proactive_plan", proactive_plan.empty() ? "default" : proactive_plan},
                       {"proactive_step_tokens",
                        proactive_step_tokens.empty() ? "default" : proactive_step_tokens},
+                      {"max_queue", max_queue.empty() ? "default" : max_queue},
                       {"offered", offered_load(trace)},
                       {"fcfs", f},
                       {"agent", a},

@@ -54,6 +54,8 @@ class Stack {
             (knobs.proactive_step_tokens.empty()
                  ? std::string()
                  : " DUET_AGENT_PROACTIVE_STEP_TOKENS='" + knobs.proactive_step_tokens + "'") +
+            (knobs.max_queue.empty() ? std::string()
+                                     : " DUET_MAX_QUEUE='" + knobs.max_queue + "'") +
             " '" + duet_ + "' stack up --stack " + id_ + " --model '" + model + "'",
         &rc);
     if (rc != 0) {

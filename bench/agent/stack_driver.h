@@ -56,6 +56,7 @@ struct AgentKnobs {
   std::string overlap;         // DUET_AGENT_OVERLAP: off, proactive, all, or empty for the default
   std::string proactive_plan;  // DUET_AGENT_PROACTIVE_PLAN: a stack plan, or empty
   std::string proactive_step_tokens;  // DUET_AGENT_PROACTIVE_STEP_TOKENS, or empty
+  std::string max_queue;              // DUET_MAX_QUEUE for both stacks (FCFS and Agent), or empty
 };
 StackRun run_trace_on_stack(const std::vector<TraceItem>& trace, bool agent,
                             const std::string& duet, const std::string& model,

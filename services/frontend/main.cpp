@@ -26,6 +26,8 @@ constexpr uint32_t kProactiveInstance = 99;
 // DUET_AGENT_RIDER_SLACK's default, chosen by measurement (bench/agent/RESULTS.md, 2026-11-22
 // 16:10 UTC section).
 constexpr double kDefaultRiderSlack = 0;
+// DUET_AGENT_PROACTIVE_STEP_TOKENS's default, chosen by measurement (same file, 2026-11-23).
+constexpr int kDefaultProactiveStepTokens = 256;
 
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -43,6 +45,16 @@ double env_number(const char* name, double fallback, double lo, double hi) {
                       std::string("frontend: ") + name + "='" + v + "' is not a number in [" +
                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return x;
+}
+
+// A whole number from the environment within [lo, hi] (64.5 is refused, not truncated).
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const double x = env_number(name, fallback, lo, hi);
+  if (x != static_cast<double>(static_cast<int>(x)))
+    throw duet::Error(
+        duet::Errc::invalid_argument,
+        std::string("frontend: ") + name + "='" + env_or(name, "") + "' is not a whole number");
+  return static_cast<int>(x);
 }
 
 }  // namespace
@@ -64,14 +76,16 @@ int main(int argc, char** argv) {
         config.max_ctx = std::atoi(env_or("DUET_MAX_CTX", "0").c_str());
         frontend::FrontendOptions options;
         config.max_seqs = options.max_running;
+        // Requests waiting beyond the running batch; one more is refused (Errc::busy) rather
+        // than queued without bound. A long offered trace (agent_bench --max-queue) needs more.
+        options.max_queue = env_int("DUET_MAX_QUEUE", 64, 0, 1 << 20);
         options.make_engine = [config, instance = 1u](const std::string& p) mutable {
           return frontend::make_stack_engine(config, p, instance++);
         };
         // Agent.xpu (issue 9): proactive requests run on an engine of their own whose steps a
         // reactive arrival preempts. DUET_AGENT=off serves every request on the one engine.
         // Algorithm 2's cap and the aging threshold (agent_bench --cap in stack mode).
-        options.agent.decode_cap =
-            static_cast<int>(env_number("DUET_AGENT_DECODE_CAP", 3, 0, 1024));
+        options.agent.decode_cap = env_int("DUET_AGENT_DECODE_CAP", 3, 0, 1024);
         options.agent.aging_ms = env_number("DUET_AGENT_AGING_MS", 30000, 1, 1e9);
         // Slack-aware piggybacking (agent_policy.h): a proactive decoder rides in a step with
         // reactive work only while the step's predicted time stays within (1 + slack) of the
@@ -126,12 +140,15 @@ int main(int argc, char** argv) {
                         "frontend: DUET_AGENT_PROACTIVE_PLAN='" + proactive_plan +
                             "' is not one of " + frontend::stack_plan_list() + " (but reference)");
           lanes.kv_share = std::make_shared<frontend::KvShare>();
-          // The proactive engine's steps (prefill only, preemptible) may carry more tokens than
-          // the main engine's 64: fewer, larger steps (agent_bench --proactive-step-tokens). 64
-          // by default: 256 measured far slower per token on this host (RESULTS.md, same section).
+          // The proactive engine's steps (prefill only, preemptible) carry more tokens than the
+          // main engine's 64: fewer, larger steps, so fewer fixed step costs. FCFS cannot take
+          // them (a decoder waits a whole step per token); the Agent can, because a reactive
+          // arrival stops the step at its next op boundary. 256 measured best (proactive
+          // throughput vs FCFS +0.17 at compress 240, 10 of 10 seeds; 512 adds little and
+          // doubles the longest op; bench/agent/RESULTS.md, 2026-11-23 section).
           frontend::StackEngineConfig proactive = lanes;
           proactive.max_step_tokens =
-              static_cast<int>(env_number("DUET_AGENT_PROACTIVE_STEP_TOKENS", 64, 64, 512));
+              env_int("DUET_AGENT_PROACTIVE_STEP_TOKENS", kDefaultProactiveStepTokens, 64, 512);
           options.make_proactive_engine = [proactive, proactive_plan] {
             return frontend::make_stack_engine(proactive, proactive_plan, kProactiveInstance);
           };

@@ -69,7 +69,8 @@ class AgentServingStack : public ChaosStack {
 
 TEST_F(AgentServingStack, ReactiveArrivalPreemptsProactivePrefillWhichResumesBitIdentical) {
   up();
-  // A long proactive prompt: several 64-token prefill steps on the proactive engine.
+  // A long proactive prompt: several prefill steps on the proactive engine (256 tokens each by
+  // default, DUET_AGENT_PROACTIVE_STEP_TOKENS).
   const std::vector<int32_t> long_prompt = prompt(448, 1);
   const int pro_tokens = 24;
   client::Client undisturbed(endpoint());
@@ -80,7 +81,9 @@ TEST_F(AgentServingStack, ReactiveArrivalPreemptsProactivePrefillWhichResumesBit
   ASSERT_TRUE(a0["proactive_engine"].get<bool>()) << a0.dump();
   ASSERT_TRUE(a0["preemptible"].get<bool>()) << "device links do not support preemption";
   EXPECT_EQ(a0["preemptions"], 0) << "nothing reactive arrived, nothing to preempt";
-  EXPECT_GE(a0["proactive_steps"].get<int>(), 448 / 64);
+  // Its step size: the proactive engine's largest token bucket.
+  const int step_tokens = a0["engine"]["buckets"].back()["max_tokens"].get<int>();
+  EXPECT_GE(a0["proactive_steps"].get<int>(), (448 + step_tokens - 1) / step_tokens);
 
   // The reactive request alone: its TTFT with no proactive work in the way (after a first
   // reactive request has built the main engine).
@@ -93,7 +96,7 @@ TEST_F(AgentServingStack, ReactiveArrivalPreemptsProactivePrefillWhichResumesBit
   // Disturbed: the reactive request arrives while the proactive prefill runs. If it happens to
   // land between two steps, nothing needs preempting (it simply goes first): try again. The
   // status reply comes between two steps (messages wait while a step runs), so each attempt sends
-  // the reactive request a little later into the next one (a 64-token step takes a few ms).
+  // the reactive request a little later into the next one (a step takes a few ms).
   uint64_t preemptions = 0;
   for (int attempt = 0; attempt < 8 && preemptions == 0; ++attempt) {
     client::Client pro(endpoint()), re(endpoint());
@@ -107,7 +110,7 @@ TEST_F(AgentServingStack, ReactiveArrivalPreemptsProactivePrefillWhichResumesBit
         re.generate(request(client::Priority::reactive, prompt(24, 2), 4), {}, 60s);
     EXPECT_EQ(fast.ids, re_alone.ids) << "the reactive request's tokens";
     // Its first token: the reactive prefill plus at most one op of the proactive step and IPC
-    // (generous: a loaded 2-core CI machine), never the rest of a 64-token proactive step.
+    // (generous: a loaded 2-core CI machine), never the rest of a proactive step.
     EXPECT_LT(fast.stats.ttft_ms, re_alone.stats.ttft_ms + 250.0)
         << "alone " << re_alone.stats.ttft_ms << " ms";
     client::GenerateResult resumed;
@@ -152,9 +155,13 @@ TEST_F(AgentServingStack, ReactiveArrivalPreemptsProactivePrefillWhichResumesBit
 TEST_F(AgentServingStack, ProactiveDecodeRidesInReactiveStepsUnderTheCap) {
   ::setenv("DUET_AGENT_RIDER_SLACK", "inf", 1);
   ::setenv("DUET_AGENT_PROACTIVE_CARRY", "on", 1);  // off by default; its tokens are checked here
+  // Carrying needs the five prompts (210 tokens) to take several proactive prefill steps: at the
+  // default step size (256) they fit in one and nothing is left to carry.
+  ::setenv("DUET_AGENT_PROACTIVE_STEP_TOKENS", "64", 1);
   up();
   ::unsetenv("DUET_AGENT_RIDER_SLACK");
   ::unsetenv("DUET_AGENT_PROACTIVE_CARRY");
+  ::unsetenv("DUET_AGENT_PROACTIVE_STEP_TOKENS");
   const int pro_tokens = 80, re_tokens = 16;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 5; ++i) prompts.push_back(prompt(24 + 9 * i, 20 + i));

@@ -46,6 +46,7 @@ class FrontendProcess : public ::testing::Test {
     if (pid_ == 0) {
       setenv("DUET_RUN_ROOT", root_.c_str(), 1);
       setenv("DUET_PLAN", "reference", 1);
+      for (const auto& [name, value] : extra_env_) setenv(name.c_str(), value.c_str(), 1);
       const std::string exe = kBin + "frontend";
       execl(exe.c_str(), exe.c_str(), "--stack", "fetest", "--model", kModelPath.c_str(),
             static_cast<char*>(nullptr));
@@ -76,7 +77,14 @@ class FrontendProcess : public ::testing::Test {
   }
 
   std::string root_, run_dir_, env_;
+  std::vector<std::pair<std::string, std::string>> extra_env_;  // for the frontend process
   pid_t pid_ = -1;
+};
+
+// The same frontend started with DUET_MAX_QUEUE=2.
+class FrontendProcessQueueOf2 : public FrontendProcess {
+ protected:
+  FrontendProcessQueueOf2() { extra_env_ = {{"DUET_MAX_QUEUE", "2"}}; }
 };
 
 TEST_F(FrontendProcess, GenerateThroughTheStackEqualsLocalGenerate) {
@@ -174,6 +182,32 @@ TEST_F(FrontendProcess, VerbsOnAStackThatIsNotUpSayWhy) {
       run(env_ + kBin + "duet status --stack nosuchstack 2>&1 >/dev/null", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(err.find("has no frontend socket"), std::string::npos) << err;
+}
+
+TEST_F(FrontendProcessQueueOf2, DuetMaxQueueSetsTheQueueLimit) {
+  int status = 0;
+  const std::string js =
+      run(env_ + kBin + "duet status --stack fetest --json 2>/dev/null", &status);
+  ASSERT_EQ(status, 0) << js;
+  EXPECT_EQ(nlohmann::json::parse(js)["frontend"]["limits"]["max_queue"], 2) << js;
+}
+
+// A queue limit that is not a whole number in range stops the frontend at start with the
+// variable's name, before it binds anything.
+TEST(FrontendProcessEnv, ABadDuetMaxQueueIsRefusedByName) {
+  for (const char* bad : {"2.5", "-1", "many"}) {
+    int status = 0;
+    const std::string err = run(
+        "timeout 30 env DUET_RUN_ROOT=/tmp/duet-fe-badq DUET_PLAN=reference "
+        "DUET_MAX_QUEUE=" +
+            std::string(bad) + " " + kBin + "frontend --stack badq --model " + kModelPath + " 2>&1",
+        &status);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 124)
+        << bad << ": " << err;
+    EXPECT_NE(err.find("DUET_MAX_QUEUE='" + std::string(bad) + "'"), std::string::npos)
+        << bad << ": " << err;
+  }
+  std::filesystem::remove_all("/tmp/duet-fe-badq");
 }
 
 }  // namespace
