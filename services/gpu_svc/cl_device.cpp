@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -60,6 +61,10 @@ std::string default_cache_dir() {
   if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/duet";
   if (const char* d = std::getenv("HOME"); d && *d) return std::string(d) + "/.cache/duet";
   return "";
+}
+
+bool is_pocl_basic(const std::string& device_name) {
+  return device_name.rfind("basic", 0) == 0;
 }
 
 const char* type_name(cl_device_type t) {
@@ -124,6 +129,10 @@ void check_cl(cl_int err, const char* what) {
 
 std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
   std::unique_ptr<ClDevice> dev(new ClDevice());
+  const char* narrow_env = std::getenv("DUET_GPU_NARROW");
+  const bool narrow_wanted = options.narrow && !(narrow_env && std::string(narrow_env) == "off");
+  // PoCL reads POCL_DEVICES once, when its platform loads (the first clGetPlatformIDs).
+  if (narrow_wanted) ::setenv("POCL_DEVICES", "pthread basic", /*overwrite=*/0);
   cl_uint n_platforms = 0;
   check_cl(clGetPlatformIDs(0, nullptr, &n_platforms), "clGetPlatformIDs");
   if (n_platforms == 0) throw Error(Errc::unavailable, "no OpenCL platform (is an ICD installed?)");
@@ -161,11 +170,14 @@ std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
          {cl_device_type{CL_DEVICE_TYPE_GPU}, cl_device_type{CL_DEVICE_TYPE_ALL}}) {
       for (auto p : platforms) {
         auto ids = devices_of(p, want);
-        if (!ids.empty()) {
-          dev->platform_ = p;
-          dev->device_ = ids[0];
-          break;
-        }
+        if (ids.empty()) continue;
+        // PoCL lists its single-threaded driver first: the all-cores one is the device.
+        auto all_cores = std::find_if(ids.begin(), ids.end(), [](cl_device_id d) {
+          return !is_pocl_basic(device_string(d, CL_DEVICE_NAME));
+        });
+        dev->platform_ = p;
+        dev->device_ = all_cores != ids.end() ? *all_cores : ids[0];
+        break;
       }
       if (dev->device_) break;
     }
@@ -195,21 +207,77 @@ std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
       options.force_copies || (e && *e == '1'))
     dev->zero_copy_ = false;
 
+  // The narrow queue: PoCL's single-threaded driver beside its all-cores one (queue_picker.h).
+  if (narrow_wanted && (type & CL_DEVICE_TYPE_CPU) && in.name.rfind("pthread", 0) == 0)
+    for (cl_device_id d : devices_of(dev->platform_, CL_DEVICE_TYPE_CPU))
+      if (is_pocl_basic(device_string(d, CL_DEVICE_NAME))) {
+        dev->narrow_device_ = d;
+        in.narrow = device_string(d, CL_DEVICE_NAME);
+        break;
+      }
+
   cl_int err = CL_SUCCESS;
-  dev->context_ = clCreateContext(nullptr, 1, &dev->device_, nullptr, nullptr, &err);
+  const std::vector<cl_device_id> devices = dev->devices();
+  dev->context_ = clCreateContext(nullptr, static_cast<cl_uint>(devices.size()), devices.data(),
+                                  nullptr, nullptr, &err);
   check_cl(err, "clCreateContext");
   dev->queue_ = clCreateCommandQueue(dev->context_, dev->device_, CL_QUEUE_PROFILING_ENABLE, &err);
   check_cl(err, "clCreateCommandQueue");
+  if (dev->narrow_device_) {
+    dev->narrow_queue_ =
+        clCreateCommandQueue(dev->context_, dev->narrow_device_, CL_QUEUE_PROFILING_ENABLE, &err);
+    check_cl(err, "clCreateCommandQueue(narrow)");
+  }
   dev->build_program(options);
   return dev;
 }
 
+std::vector<cl_device_id> ClDevice::devices() const {
+  std::vector<cl_device_id> d{device_};
+  if (narrow_device_) d.push_back(narrow_device_);
+  return d;
+}
+
+void ClDevice::use_narrow(bool on) {
+  on = on && narrow_queue_;
+  if (on == narrow_active_) return;
+  check_cl(clFinish(queue()), "clFinish(queue switch)");
+  narrow_active_ = on;
+}
+
+// The cache file: "DUETCLB2", a u32 count, then per device (the devices() order) a u64 size and
+// that many bytes of the program binary.
+namespace {
+
+constexpr char kBinaryMagic[8] = {'D', 'U', 'E', 'T', 'C', 'L', 'B', '2'};
+
+std::vector<std::vector<unsigned char>> read_binaries(const std::string& path, size_t n) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[8] = {};
+  uint32_t count = 0;
+  if (!f.read(magic, 8) || std::memcmp(magic, kBinaryMagic, 8) != 0 ||
+      !f.read(reinterpret_cast<char*>(&count), 4) || count != n)
+    return {};
+  std::vector<std::vector<unsigned char>> bins(n);
+  for (auto& b : bins) {
+    uint64_t size = 0;
+    if (!f.read(reinterpret_cast<char*>(&size), 8) || size == 0 || size > (uint64_t{1} << 32))
+      return {};
+    b.resize(size);
+    if (!f.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(size))) return {};
+  }
+  return bins;
+}
+
+}  // namespace
+
 void ClDevice::build_program(const DeviceOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const std::string build_options = "-cl-std=CL1.2 -cl-mad-enable";
+  const std::vector<cl_device_id> devs = devices();
   uint64_t h = 1469598103934665603ull;
   for (const std::string& s :
-       {info_.platform, info_.name, info_.version, info_.driver, build_options})
+       {info_.platform, info_.name, info_.narrow, info_.version, info_.driver, build_options})
     h = fnv1a(h, s.data(), s.size() + 1);
   h = fnv1a(h, kKernelSource, kKernelSourceSize);
 
@@ -222,16 +290,23 @@ void ClDevice::build_program(const DeviceOptions& options) {
 
   cl_int err = CL_SUCCESS;
   if (!cache_path_.empty()) {
-    std::ifstream f(cache_path_, std::ios::binary);
-    std::vector<unsigned char> bin((std::istreambuf_iterator<char>(f)),
-                                   std::istreambuf_iterator<char>());
-    if (!bin.empty()) {
-      const unsigned char* ptr = bin.data();
-      const size_t size = bin.size();
-      cl_int status = CL_SUCCESS;
-      cl_program p = clCreateProgramWithBinary(context_, 1, &device_, &size, &ptr, &status, &err);
-      if (err == CL_SUCCESS && status == CL_SUCCESS &&
-          clBuildProgram(p, 1, &device_, build_options.c_str(), nullptr, nullptr) == CL_SUCCESS) {
+    const auto bins = read_binaries(cache_path_, devs.size());
+    if (!bins.empty()) {
+      std::vector<const unsigned char*> ptrs;
+      std::vector<size_t> sizes;
+      for (const auto& b : bins) {
+        ptrs.push_back(b.data());
+        sizes.push_back(b.size());
+      }
+      std::vector<cl_int> status(devs.size(), CL_SUCCESS);
+      cl_program p =
+          clCreateProgramWithBinary(context_, static_cast<cl_uint>(devs.size()), devs.data(),
+                                    sizes.data(), ptrs.data(), status.data(), &err);
+      const bool loaded =
+          err == CL_SUCCESS &&
+          std::all_of(status.begin(), status.end(), [](cl_int st) { return st == CL_SUCCESS; });
+      if (loaded && clBuildProgram(p, static_cast<cl_uint>(devs.size()), devs.data(),
+                                   build_options.c_str(), nullptr, nullptr) == CL_SUCCESS) {
         program_ = p;
         program_from_cache_ = true;
       } else if (p) {
@@ -244,30 +319,47 @@ void ClDevice::build_program(const DeviceOptions& options) {
     const size_t len = kKernelSourceSize;
     program_ = clCreateProgramWithSource(context_, 1, &src, &len, &err);
     check_cl(err, "clCreateProgramWithSource");
-    err = clBuildProgram(program_, 1, &device_, build_options.c_str(), nullptr, nullptr);
+    err = clBuildProgram(program_, static_cast<cl_uint>(devs.size()), devs.data(),
+                         build_options.c_str(), nullptr, nullptr);
     if (err != CL_SUCCESS) {
-      size_t n = 0;
-      clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
-      std::string log(n, '\0');
-      clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr);
+      std::string log;
+      for (cl_device_id d : devs) {
+        size_t n = 0;
+        clGetProgramBuildInfo(program_, d, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
+        std::string one(n, '\0');
+        clGetProgramBuildInfo(program_, d, CL_PROGRAM_BUILD_LOG, n, one.data(), nullptr);
+        log += one;
+      }
       throw Error(Errc::internal, "building the gpu_svc kernels for " + info_.name + " failed (" +
                                       cl_error_name(err) + "):\n" + log);
     }
     if (!cache_path_.empty()) {
-      size_t size = 0;
-      check_cl(clGetProgramInfo(program_, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr),
+      std::vector<size_t> sizes(devs.size());
+      check_cl(clGetProgramInfo(program_, CL_PROGRAM_BINARY_SIZES, sizes.size() * sizeof(size_t),
+                                sizes.data(), nullptr),
                "clGetProgramInfo");
-      std::vector<unsigned char> bin(size);
-      unsigned char* ptr = bin.data();
-      check_cl(clGetProgramInfo(program_, CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr),
+      std::vector<std::vector<unsigned char>> bins(devs.size());
+      std::vector<unsigned char*> ptrs;
+      for (size_t i = 0; i < devs.size(); ++i) {
+        bins[i].resize(sizes[i]);
+        ptrs.push_back(bins[i].data());
+      }
+      check_cl(clGetProgramInfo(program_, CL_PROGRAM_BINARIES, ptrs.size() * sizeof(ptrs[0]),
+                                ptrs.data(), nullptr),
                "clGetProgramInfo");
-      // Write then rename, so a concurrent reader never sees half a binary.
+      // Write then rename, so a concurrent reader never sees half a file.
       std::error_code ec;
       std::filesystem::create_directories(std::filesystem::path(cache_path_).parent_path(), ec);
       const std::string tmp = cache_path_ + ".tmp" + std::to_string(::getpid());
       std::ofstream out(tmp, std::ios::binary);
-      out.write(reinterpret_cast<const char*>(bin.data()),
-                static_cast<std::streamsize>(bin.size()));
+      const auto count = static_cast<uint32_t>(bins.size());
+      out.write(kBinaryMagic, 8);
+      out.write(reinterpret_cast<const char*>(&count), 4);
+      for (const auto& b : bins) {
+        const uint64_t size = b.size();
+        out.write(reinterpret_cast<const char*>(&size), 8);
+        out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(size));
+      }
       out.close();
       if (out) std::filesystem::rename(tmp, cache_path_, ec);
       if (!out || ec)
@@ -293,6 +385,7 @@ ClDevice::~ClDevice() {
   for (auto& [name, k] : kernels_) clReleaseKernel(k);
   if (program_) clReleaseProgram(program_);
   if (queue_) clReleaseCommandQueue(queue_);
+  if (narrow_queue_) clReleaseCommandQueue(narrow_queue_);
   if (context_) clReleaseContext(context_);
 }
 
@@ -331,7 +424,7 @@ void CL_CALLBACK signal_on_complete(cl_event, cl_int, void* user) {
 // kernels (perf: 46k context switches in one 296-token prefill).
 void ClDevice::wait(cl_event e, std::chrono::steady_clock::time_point deadline, const char* what) {
   using Clock = std::chrono::steady_clock;
-  check_cl(clFlush(queue_), "clFlush");
+  check_cl(clFlush(queue()), "clFlush");
   const auto status_of = [&] {
     cl_int status = CL_QUEUED;
     check_cl(clGetEventInfo(e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr),

@@ -1,5 +1,6 @@
 #pragma once
-// One OpenCL device, its context and in-order profiling queue, and the kernel program built
+// One OpenCL device, its context and in-order profiling queue (plus, on PoCL's CPU device, a
+// narrow queue on PoCL's single-threaded driver for small steps), and the kernel program built
 // once per device: the binary is cached on disk keyed by a hash of the device, driver, build
 // options and source, so only the first run on a machine pays PoCL's (or a GPU driver's)
 // compile time.
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace duet::gpu {
 
@@ -32,6 +34,7 @@ struct DeviceInfo {
   size_t max_work_group = 0;
   bool host_unified = false;
   bool fp64 = false;
+  std::string narrow;  // the narrow queue's device (below), empty when there is none
 };
 
 struct DeviceOptions {
@@ -44,6 +47,11 @@ struct DeviceOptions {
   // Treat the device as discrete (copy in and out) even if it shares host memory: exercises the
   // copies path on PoCL. Env DUET_GPU_FORCE_COPIES=1 sets it too.
   bool force_copies = false;
+  // PoCL's CPU device: also open PoCL's single-threaded "basic" driver as the narrow queue
+  // (queue_picker.h says when it wins). Env DUET_GPU_NARROW=off turns it off. PoCL lists basic
+  // only when POCL_DEVICES names it: open() sets POCL_DEVICES="pthread basic" when it is unset
+  // and the platform was not loaded yet in this process (a user's own POCL_DEVICES is kept).
+  bool narrow = true;
 };
 
 class ClDevice {
@@ -55,7 +63,16 @@ class ClDevice {
 
   const DeviceInfo& info() const { return info_; }
   cl_context context() const { return context_; }
-  cl_command_queue queue() const { return queue_; }
+  // The queue commands go to now: the device's own (wide) one, or the narrow one while
+  // use_narrow(true). Both devices share the context, the buffers (host memory) and the built
+  // program; kernels get the same work-group sizes on both (the wide device's), so a step gives
+  // the same bits on either.
+  cl_command_queue queue() const { return narrow_active_ ? narrow_queue_ : queue_; }
+  bool has_narrow() const { return narrow_queue_ != nullptr; }
+  // Switches the queue for the commands that follow; the other queue is drained first (clFinish)
+  // so nothing of it runs beside them. No-op without a narrow queue.
+  void use_narrow(bool on);
+  bool narrow_active() const { return narrow_active_; }
   // Flushes the queue and waits for `e` until `deadline`: a short spin, then a blocking wait on
   // the event's completion callback. Throws Error(timeout) at the deadline, Error(internal) when
   // the command failed; both name `what`.
@@ -73,12 +90,16 @@ class ClDevice {
  private:
   ClDevice() = default;
   void build_program(const DeviceOptions& options);
+  std::vector<cl_device_id> devices() const;  // the device, then the narrow one if any
 
   DeviceInfo info_;
   cl_platform_id platform_ = nullptr;
   cl_device_id device_ = nullptr;
   cl_context context_ = nullptr;
   cl_command_queue queue_ = nullptr;
+  cl_device_id narrow_device_ = nullptr;
+  cl_command_queue narrow_queue_ = nullptr;
+  bool narrow_active_ = false;
   cl_program program_ = nullptr;
   std::map<std::string, cl_kernel> kernels_;
   bool zero_copy_ = false;

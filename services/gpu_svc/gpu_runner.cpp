@@ -65,9 +65,11 @@ struct GpuRunner::Program {
   std::map<uint64_t, std::shared_ptr<const TiledTensor>> tiled;
 };
 
-GpuRunner::GpuRunner(ClDevice& dev, const SocProfile* soc) : dev_(dev), kernels_(dev), soc_(soc) {}
+GpuRunner::GpuRunner(ClDevice& dev, const SocProfile* soc)
+    : dev_(dev), kernels_(dev), soc_(soc), picker_(QueuePicker::from_env()) {}
 
 GpuRunner::~GpuRunner() {
+  dev_.use_narrow(false);  // drains the narrow queue
   clFinish(dev_.queue());
   wait_callbacks(Clock::now() + std::chrono::seconds(5));
   for (auto& [key, mem] : buffers_) clReleaseMemObject(mem);
@@ -330,6 +332,10 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   const bool preemptible = step.preempt_flag >= 0;
   if (preemptible && !flags) bad(Errc::invalid_argument, "a preemptible step needs the flags");
 
+  // A small step may run on the narrow queue (queue_picker.h); whole steps are timed for it.
+  const StepQueue on = dev_.has_narrow() ? picker_.pick(id, n) : StepQueue::wide;
+  dev_.use_narrow(on == StepQueue::narrow);
+  const auto enqueued = Clock::now();
   cl_command_queue q = dev_.queue();
   if (copies()) {
     check_cl(clEnqueueWriteBuffer(q, p.arena, CL_FALSE, 0, p.mem.arena_bytes, p.mem.arena, 0,
@@ -511,6 +517,11 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     } release_end{end};
     dev_.wait(end, deadline, "the step's kernels");
     wait_callbacks(deadline);
+    if (dev_.has_narrow() && step.first_op == 0 && !report.preempted) {
+      // Its own time: what it waited for the other device's flags is not the queue's doing.
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - enqueued).count();
+      picker_.observe(id, n, on, std::max(0.0, us - report.wait_us));
+    }
   } catch (...) {
     // Callbacks of ops already enqueued hold `flags`, which the caller may free once we
     // return: let them run first (an error path, so a blocking clFinish is acceptable).

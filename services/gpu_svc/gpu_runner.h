@@ -23,6 +23,7 @@
 #include "core/soc_profile.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "services/gpu_svc/queue_picker.h"
 #include "services/gpu_svc/tiled_weights.h"
 #include "services/gpu_svc/weight_pack.h"
 
@@ -73,6 +74,8 @@ class GpuRunner {
 
   bool copies() const { return !dev_.zero_copy(); }
   ClDevice& device() { return dev_; }
+  // Which queue small steps run on, as measured (gpu_svc's status shows it).
+  const QueuePicker& queue_picker() const { return picker_; }
 
  private:
   struct Program;
@@ -96,6 +99,7 @@ class GpuRunner {
   // CPU integer path: the matmul weights' tiled copies (tiled_weights.h), shared by programs.
   TiledWeights tiled_;
   std::atomic<int> pending_callbacks_{0};
+  QueuePicker picker_;
 };
 
 }  // namespace duet::gpu

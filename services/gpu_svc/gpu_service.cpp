@@ -156,7 +156,9 @@ nlohmann::json GpuService::status_json() const {
           {"programs", programs},
           {"steps", steps_},
           {"doorbell_steps", doorbell_steps_},
-          {"doorbells", doorbells_.size()}};
+          {"doorbells", doorbells_.size()},
+          {"narrow_device", d.narrow},
+          {"narrow", runner_.queue_picker().to_json()}};
 }
 
 }  // namespace duet::gpu

@@ -155,6 +155,40 @@ TEST(GpuRunner, CopiesModeMatchesTheReferenceGpuOnlyAndWeightSplit) {
   expect_matches_reference(*m4, weight_split_plan(*m4), *dev);
 }
 
+// The narrow queue (PoCL's single-threaded driver, queue_picker.h) runs the same kernels with the
+// same work-group sizes as the all-cores one: a step gives the same bits on either, so the
+// picker's choice (made by timing) never changes a token. Prefill and decode, gpu-only and
+// weight-split, Q8_0 and Q4_0.
+TEST(GpuRunner, TheNarrowQueueGivesTheSameBitsAsTheWideOne) {
+  if (!shared_device().has_narrow()) GTEST_SKIP() << "no narrow queue on this device";
+  const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263, 1243, 322, 42, 17, 5, 900};
+  const std::vector<int32_t> decode = {100, 7, 1500};
+  auto run_all = [&](const LlamaModel& m, const Plan& plan, const char* narrow) {
+    const testing::ScopedEnv mode("DUET_GPU_NARROW", narrow);
+    GpuProgramRun run(m, plan, 16);
+    std::vector<float> all = run.step(prompt, 0);
+    EXPECT_EQ(shared_device().narrow_active(), std::string(narrow) == "on") << narrow;
+    int pos = static_cast<int>(prompt.size());
+    for (int32_t tok : decode) {
+      const std::vector<float> got = run.step({tok}, pos++);
+      all.insert(all.end(), got.begin(), got.end());
+    }
+    return all;
+  };
+  for (const char* variant : {"q8_0", "q4_0"}) {
+    auto m = LlamaModel::load(tiny_fortune_path(variant));
+    for (const Plan& plan : {Plan::gpu_only(), weight_split_plan(*m)}) {
+      SCOPED_TRACE(std::string(variant) + " " + plan.name);
+      const std::vector<float> wide = run_all(*m, plan, "off");
+      const std::vector<float> narrow = run_all(*m, plan, "on");
+      ASSERT_EQ(wide.size(), narrow.size());
+      EXPECT_EQ(std::memcmp(wide.data(), narrow.data(), wide.size() * sizeof(float)), 0)
+          << "max difference " << max_abs_diff(wide, narrow);
+    }
+  }
+  shared_device().use_narrow(false);
+}
+
 TEST(GpuRunner, ReportsMeasuredAndModelledTimePerOp) {
   auto m = LlamaModel::load(tiny_fortune_path("q4_0"));
   GpuProgramRun run(*m, Plan::gpu_only(), 4);

@@ -40,11 +40,13 @@ class StackServing : public ::testing::Test {
     EXPECT_EQ(r.rc, 0) << r.out;
   }
 
-  client::GenerateResult generate(const std::vector<int32_t>& prompt, int max_tokens) {
+  client::GenerateResult generate(const std::vector<int32_t>& prompt, int max_tokens,
+                                  bool ignore_eos = false) {
     client::Client c(client::stack_endpoint(id_));
     client::GenerateRequest req;
     req.prompt_ids = prompt;
     req.max_tokens = max_tokens;
+    req.ignore_eos = ignore_eos;
     return c.generate(req, {}, 60s);
   }
 
@@ -142,6 +144,41 @@ TEST_F(StackServing, SixteenConcurrentClientsEachGetWhatTheyGetAlone) {
   const nlohmann::json s = c.status();
   EXPECT_LT(s["metrics"]["steps"].get<double>() - steps_before, kClients * kTokens) << s.dump();
   EXPECT_EQ(s["engine"]["open_sequences"], 0);
+  down();
+}
+
+// gpu_svc on PoCL runs small steps on whichever of its two queues (all cores, or PoCL's
+// single-threaded driver) it measured faster (services/gpu_svc/queue_picker.h). Through the
+// stack: a decode gives the same tokens as a stack with the narrow queue off, and gpu_svc's
+// status shows it measured both queues for the one-token steps before choosing.
+TEST_F(StackServing, GpuSvcMeasuresBothQueuesForSmallStepsWithTheSameTokens) {
+  const std::vector<int32_t> prompt = tiny_tokenizer().encode("A fool and his money", true);
+  constexpr int kTokens = 40;
+  ::setenv("DUET_GPU_NARROW", "off", 1);
+  up("gpu-only");
+  ::unsetenv("DUET_GPU_NARROW");
+  const std::vector<int32_t> wide_only = generate(prompt, kTokens, true).ids;
+  ASSERT_EQ(wide_only.size(), size_t(kTokens));
+  down();
+  up("gpu-only");
+  const std::vector<int32_t> picked = generate(prompt, kTokens, true).ids;
+  EXPECT_EQ(picked, wide_only);
+  msg::RequestClient c(ipc_endpoint(control_socket_path(run_dir_, ServiceId::gpu)));
+  auto r = c.call([](uint64_t id) { return msg::make_status_request(id); }, 5s);
+  const auto gpu = nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
+  if (gpu["narrow_device"].get<std::string>().empty())
+    GTEST_SKIP() << "gpu_svc's device has no narrow queue: " << gpu["device"];
+  EXPECT_EQ(gpu["narrow"]["mode"], "auto");
+  bool one_token = false;
+  for (const auto& shape : gpu["narrow"]["shapes"])
+    if (shape["tokens"] == 1) {
+      one_token = true;
+      EXPECT_GE(shape["wide_steps"].get<int>(), 3) << shape.dump();
+      EXPECT_GE(shape["narrow_steps"].get<int>(), 3) << shape.dump();
+      EXPECT_GE(shape["wide_steps"].get<int>() + shape["narrow_steps"].get<int>(), kTokens - 1)
+          << shape.dump();
+    }
+  EXPECT_TRUE(one_token) << gpu["narrow"].dump();
   down();
 }
 

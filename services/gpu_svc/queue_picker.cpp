@@ -1,0 +1,85 @@
+#include "services/gpu_svc/queue_picker.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+
+namespace duet::gpu {
+
+QueuePicker::Options QueuePicker::from_env() {
+  Options o;
+  if (const char* v = std::getenv("DUET_GPU_NARROW"); v && *v) {
+    const std::string s = v;
+    if (s == "auto")
+      o.mode = Mode::measure;
+    else if (s == "off")
+      o.mode = Mode::off;
+    else if (s == "on")
+      o.mode = Mode::on;
+    else
+      throw Error(Errc::invalid_argument,
+                  "gpu_svc: DUET_GPU_NARROW='" + s + "' is not auto, off or on");
+  }
+  if (const char* v = std::getenv("DUET_GPU_NARROW_MAX_TOKENS"); v && *v) {
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || x < 1 || x > 4096)
+      throw Error(Errc::invalid_argument, std::string("gpu_svc: DUET_GPU_NARROW_MAX_TOKENS='") + v +
+                                              "' is not a whole number in [1, 4096]");
+    o.max_tokens = static_cast<uint32_t>(x);
+  }
+  return o;
+}
+
+double QueuePicker::Arm::estimate() const {
+  if (n == 0) return std::numeric_limits<double>::infinity();
+  if (n == 1) return last[0];
+  if (n == 2) return (last[0] + last[1]) / 2;
+  const double a = last[0], b = last[1], c = last[2];
+  return std::max(std::min(a, b), std::min(std::max(a, b), c));  // the median of three
+}
+
+StepQueue QueuePicker::pick(uint32_t program, uint32_t n_tokens) {
+  if (o_.mode == Mode::off || n_tokens > o_.max_tokens) return StepQueue::wide;
+  if (o_.mode == Mode::on) return StepQueue::narrow;
+  Shape& s = shapes_[{program, n_tokens}];
+  const Arm& w = s.arm[0];
+  const Arm& nr = s.arm[1];
+  if (w.n < o_.samples || nr.n < o_.samples)
+    return nr.n < w.n ? StepQueue::narrow : StepQueue::wide;  // alternate while measuring
+  const StepQueue best = nr.estimate() < w.estimate() ? StepQueue::narrow : StepQueue::wide;
+  ++s.picks;
+  if (o_.reprobe_every > 0 && s.picks % o_.reprobe_every == 0)
+    return best == StepQueue::wide ? StepQueue::narrow : StepQueue::wide;
+  return best;
+}
+
+void QueuePicker::observe(uint32_t program, uint32_t n_tokens, StepQueue q, double us) {
+  if (o_.mode != Mode::measure || n_tokens > o_.max_tokens) return;
+  Arm& a = shapes_[{program, n_tokens}].arm[static_cast<int>(q)];
+  a.last[static_cast<size_t>(a.n % 3)] = us;
+  ++a.n;
+  ++a.steps;
+}
+
+nlohmann::json QueuePicker::to_json() const {
+  nlohmann::json shapes = nlohmann::json::array();
+  for (const auto& [key, s] : shapes_) {
+    auto ms = [](const Arm& a) {
+      return a.n ? nlohmann::json(a.estimate() / 1000.0) : nlohmann::json(nullptr);
+    };
+    shapes.push_back({{"program", key.first},
+                      {"tokens", key.second},
+                      {"wide_steps", s.arm[0].steps},
+                      {"narrow_steps", s.arm[1].steps},
+                      {"wide_ms", ms(s.arm[0])},
+                      {"narrow_ms", ms(s.arm[1])}});
+  }
+  const char* mode = o_.mode == Mode::off ? "off" : o_.mode == Mode::on ? "on" : "auto";
+  return {{"mode", mode}, {"max_tokens", o_.max_tokens}, {"shapes", shapes}};
+}
+
+}  // namespace duet::gpu
