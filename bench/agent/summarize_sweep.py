@@ -57,6 +57,8 @@ def key_of(d):
         key += f" plan {r['plan']}"
     if r.get("requests", 40) != 40:
         key += f" requests {r['requests']}"
+    if r.get("gpu_narrow", "auto") != "auto":
+        key += f" narrow {r['gpu_narrow']}"
     return (key, r["compress"])
 
 

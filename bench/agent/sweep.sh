@@ -9,7 +9,8 @@
 #   bench/agent/sweep.sh OUT "10 20 30 45 60" "1 2 3" [rider-slack|default] [build dir] \
 #       [carry on|off|default] [preempt on|off|default]
 # AGENT_BENCH_EXTRA: more agent_bench options for every run (e.g. "--overlap all
-# --proactive-plan npu-only"); DUET_PLAN: the stacks' plan (both sides); SWEEP_REQUESTS: the
+# --proactive-plan npu-only"); DUET_PLAN: the stacks' plan (both sides); DUET_GPU_NARROW: gpu_svc's
+# narrow queue (both sides; recorded as gpu_narrow); SWEEP_REQUESTS: the
 # trace's length (default 40; longer traces vary less from run to run). All are recorded per run
 # ("extra", "plan", "requests") and summarize_sweep.py groups by them.
 set -euo pipefail
@@ -42,8 +43,8 @@ for c in $compresses; do
       continue
     fi
     rm -f /tmp/sweep_err.$$
-    python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["run"]={"compress":float(sys.argv[2]),"seed":int(sys.argv[3]),"rider_slack":sys.argv[4],"carry":sys.argv[7],"preempt":sys.argv[8],"started_utc":sys.argv[5],"load_before":sys.argv[6],"load_after":open("/proc/loadavg").read().split()[:3],"extra":sys.argv[9],"plan":sys.argv[10],"requests":int(sys.argv[11])}; print(json.dumps(d))' \
-      "$json" "$c" "$s" "$slack" "$started" "$load" "$carry" "$preempt" "$extra" "${DUET_PLAN:-auto}" "$requests" >> "$out"
+    python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["run"]={"compress":float(sys.argv[2]),"seed":int(sys.argv[3]),"rider_slack":sys.argv[4],"carry":sys.argv[7],"preempt":sys.argv[8],"started_utc":sys.argv[5],"load_before":sys.argv[6],"load_after":open("/proc/loadavg").read().split()[:3],"extra":sys.argv[9],"plan":sys.argv[10],"requests":int(sys.argv[11]),"gpu_narrow":sys.argv[12]}; print(json.dumps(d))' \
+      "$json" "$c" "$s" "$slack" "$started" "$load" "$carry" "$preempt" "$extra" "${DUET_PLAN:-auto}" "$requests" "${DUET_GPU_NARROW:-auto}" >> "$out"
     echo "sweep.sh: compress $c seed $s slack $slack carry $carry preempt $preempt $extra plan ${DUET_PLAN:-auto} done ($started, load $load)" >&2
   done
 done
