@@ -249,7 +249,9 @@ void stack_up(const StackArgs& a) {
     throw Error(Errc::timeout, "stack " + a.stack + " was not healthy within " +
                                    std::to_string(a.timeout_s) +
                                    " s; see `duet stack status --stack " + a.stack + "` and " +
-                                   log_path(run_dir, "supervisor"));
+                                   log_path(run_dir, "supervisor") +
+                                   " (gpu_svc's first start on a machine compiles the OpenCL "
+                                   "kernels: `gpu_svc --prepare` once, or a longer --timeout)");
   int status = 0;
   waitpid(pid, &status, 0);  // it closed the pipe without a word: it has exited
   throw Error(Errc::internal,

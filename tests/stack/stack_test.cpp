@@ -354,5 +354,33 @@ TEST_F(StackTest, BadInputIsAClearErrorAndStartsNothing) {
   EXPECT_FALSE(std::filesystem::exists(run_dir_));
 }
 
+// `gpu_svc --prepare` (deploy/build.sh runs it): builds the kernel program into the binary cache
+// and says so; the next run loads it from there; a device that does not exist is an error
+// naming it, exit 1.
+TEST(GpuSvcPrepare, BuildsTheProgramIntoTheCacheOnceAndSaysWhere) {
+  const std::string dir = "/tmp/duet-prepare-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const std::string gpu_svc = "env DUET_CACHE_DIR=" + dir + " '" DUET_BINARY_DIR "/bin/gpu_svc'";
+  auto run = [](const std::string& cmd) {
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int st = pclose(p);
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  const auto [rc1, out1] = run(gpu_svc + " --prepare");
+  EXPECT_EQ(rc1, 0) << out1;
+  EXPECT_NE(out1.find("program built"), std::string::npos) << out1;
+  ASSERT_NE(out1.find(dir + "/opencl-"), std::string::npos) << out1;
+  const auto [rc2, out2] = run(gpu_svc + " --prepare");
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_NE(out2.find("loaded from the cache"), std::string::npos) << out2;
+  const auto [rc3, out3] = run("DUET_OPENCL_DEVICE=9:0 " + gpu_svc + " --prepare");
+  EXPECT_EQ(rc3, 1) << out3;
+  EXPECT_NE(out3.find("OpenCL platform 9 does not exist"), std::string::npos) << out3;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace duet
