@@ -118,6 +118,8 @@ msg::Bytes GpuService::profile_op(const fb::Message& request) {
   OpMeasurement measured;
   if (!body->modeled_only()) {
     std::lock_guard lock(mu_);  // the device's queue: never beside a step
+    // A profile describes the device itself (all cores), whichever queue the last step used.
+    dev_.use_narrow(false);
     measured = measure_op(kernels_, shape, body->reps());
   }
   flatbuffers::FlatBufferBuilder fbb;

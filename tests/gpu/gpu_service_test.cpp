@@ -175,6 +175,8 @@ TEST(GpuService, BadRequestsGetErrorsNamingTheProblem) {
 
 TEST(GpuService, ProfilesAMatmulMeasuredAndModelled) {
   Fixture f;
+  // As if the last step ran on the narrow queue: a profile still measures the device itself.
+  shared_device().use_narrow(true);
   flatbuffers::FlatBufferBuilder fbb;
   const Request req = request(fbb, fb::CreateProfileOp(fbb, fb::OpKind::MatMul, fb::DTypeCode::Q4_0,
                                                        512, 512, 4, 3, false));
@@ -184,6 +186,7 @@ TEST(GpuService, ProfilesAMatmulMeasuredAndModelled) {
   EXPECT_GT(m->body_as_ProfileResult()->measured_us(), 0.0f);
   EXPECT_GT(m->body_as_ProfileResult()->modeled_us(), 0.0f);
   EXPECT_EQ(m->body_as_ProfileResult()->reps(), 3u);
+  EXPECT_FALSE(shared_device().narrow_active()) << "profiled on the one-core queue";
 
   flatbuffers::FlatBufferBuilder fbb2;
   const Request modeled = request(
