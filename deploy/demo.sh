@@ -12,20 +12,24 @@ duet=build/bin/duet
 stack="demo-$$"
 $duet stack up --stack "$stack" "$@"
 trap '$duet stack down --stack "$stack" >/dev/null' EXIT
+# The first run on a machine compiles OpenCL kernel variants (seconds; once per machine) and
+# gpu_svc measures its two queues for small steps: a short warm-up first, not measured.
+echo "--- warm-up (16 tokens, not measured):"
+$duet generate --stack "$stack" --max-tokens 16 --ignore-eos "$prompt" >/dev/null
 echo "--- generate (greedy, 64 tokens) through frontend -> gpu_svc (OpenCL) + npu_svc (NPU emulator):"
-$duet generate --stack "$stack" --max-tokens 64 "$prompt"
+greedy=$($duet generate --stack "$stack" --max-tokens 64 --json "$prompt")
+echo "$greedy" | python3 -c 'import json, sys; print(json.load(sys.stdin)["text"])'
 echo
 echo "--- the same prompt, sampled (temperature 0.8, top-p 0.95):"
 $duet generate --stack "$stack" --max-tokens 64 --temperature 0.8 --top-p 0.95 --seed 7 "$prompt"
 echo
 echo "--- stack status:"
 $duet stack status --stack "$stack"
-echo "--- speed (measured here and modelled on the SoC profile):"
-$duet status --stack "$stack" --json | python3 -c '
+echo "--- speed of the greedy run (measured here and modelled on the SoC profile):"
+echo "$greedy" | python3 -c '
 import json, sys
-s = json.load(sys.stdin)["frontend"]
-m = s["metrics"]
-print("plan %s: measured %.1f tok/s (TTFT %.1f ms, TPOT %.2f ms); modelled on the SoC: TTFT %.1f ms, TPOT %.2f ms" % (
-    s["engine"].get("plan"), m["measured"]["tokens_per_s"], m["measured"]["ttft_ms"], m["measured"]["tpot_ms"],
-    m["modeled"]["ttft_ms"], m["modeled"]["tpot_ms"]))
-' || true
+s = json.load(sys.stdin)["stats"]
+print("plan %s: measured %.1f tok/s (%d prompt tokens, TTFT %.1f ms; %d generated, TPOT %.2f ms); modelled on the SoC: TTFT %.1f ms, TPOT %.2f ms" % (
+    s["plan"], s["tokens_per_s"], s["prompt_tokens"], s["ttft_ms"], s["generated_tokens"], s["tpot_ms"],
+    s["modeled_ttft_ms"], s["modeled_tpot_ms"]))
+'
