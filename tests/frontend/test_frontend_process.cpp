@@ -57,6 +57,10 @@ class FrontendProcess : public ::testing::Test {
     for (int i = 0; i < 2000 && stat(sock.c_str(), &st) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ASSERT_EQ(stat(sock.c_str(), &st), 0) << "the frontend never bound " << sock;
+    // bind() creates it under the services' umask (0700, owner-only) and the frontend then
+    // narrows it to 0600: the file can appear a moment before the chmod.
+    for (int i = 0; i < 100 && stat(sock.c_str(), &st) == 0 && (st.st_mode & 0777) != 0600; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_EQ(st.st_mode & 0777, 0600u);
     env_ = "timeout 60 env DUET_RUN_ROOT=" + root_ + " ";
   }
