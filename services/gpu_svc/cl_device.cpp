@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "services/gpu_svc/queue_picker.h"
 
 namespace duet::gpu {
 
@@ -129,8 +130,9 @@ void check_cl(cl_int err, const char* what) {
 
 std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
   std::unique_ptr<ClDevice> dev(new ClDevice());
-  const char* narrow_env = std::getenv("DUET_GPU_NARROW");
-  const bool narrow_wanted = options.narrow && !(narrow_env && std::string(narrow_env) == "off");
+  // DUET_GPU_NARROW is read (and a bad value refused) where the runner reads it too.
+  const bool narrow_wanted =
+      options.narrow && QueuePicker::from_env().mode != QueuePicker::Mode::off;
   // PoCL reads POCL_DEVICES once, when its platform loads (the first clGetPlatformIDs).
   if (narrow_wanted) ::setenv("POCL_DEVICES", "pthread basic", /*overwrite=*/0);
   cl_uint n_platforms = 0;

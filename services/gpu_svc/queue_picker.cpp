@@ -62,7 +62,6 @@ void QueuePicker::observe(uint32_t program, uint32_t n_tokens, StepQueue q, doub
   Arm& a = shapes_[{program, n_tokens}].arm[static_cast<int>(q)];
   a.last[static_cast<size_t>(a.n % 3)] = us;
   ++a.n;
-  ++a.steps;
 }
 
 nlohmann::json QueuePicker::to_json() const {
@@ -73,8 +72,8 @@ nlohmann::json QueuePicker::to_json() const {
     };
     shapes.push_back({{"program", key.first},
                       {"tokens", key.second},
-                      {"wide_steps", s.arm[0].steps},
-                      {"narrow_steps", s.arm[1].steps},
+                      {"wide_steps", s.arm[0].n},
+                      {"narrow_steps", s.arm[1].n},
                       {"wide_ms", ms(s.arm[0])},
                       {"narrow_ms", ms(s.arm[1])}});
   }

@@ -31,7 +31,7 @@ struct QueuePickerOptions {
   };
   Mode mode = Mode::measure;
   uint32_t max_tokens = 16;
-  int samples = 3;  // measured steps per arm before the faster one is chosen
+  uint64_t samples = 3;  // measured steps per arm before the faster one is chosen
   uint64_t reprobe_every = 64;
 };
 
@@ -55,8 +55,7 @@ class QueuePicker {
  private:
   struct Arm {
     std::array<double, 3> last{};  // ring of the latest times
-    int n = 0;                     // times seen (ring holds min(n, 3))
-    uint64_t steps = 0;            // steps run on this arm
+    uint64_t n = 0;                // whole steps timed on this arm (the ring holds min(n, 3))
     double estimate() const;       // median of the ring; +inf before any time
   };
   struct Shape {
