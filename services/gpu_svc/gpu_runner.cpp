@@ -333,7 +333,9 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   if (preemptible && !flags) bad(Errc::invalid_argument, "a preemptible step needs the flags");
 
   // A small step may run on the narrow queue (queue_picker.h); whole steps are timed for it.
-  const StepQueue on = dev_.has_narrow() ? picker_.pick(id, n) : StepQueue::wide;
+  const uint32_t context =
+      static_cast<uint32_t>(*std::max_element(max_pos.begin(), max_pos.end()) + 1);
+  const StepQueue on = dev_.has_narrow() ? picker_.pick(id, n, context) : StepQueue::wide;
   dev_.use_narrow(on == StepQueue::narrow);
   const auto enqueued = Clock::now();
   cl_command_queue q = dev_.queue();
@@ -520,7 +522,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     if (dev_.has_narrow() && step.first_op == 0 && !report.preempted) {
       // Its own time: what it waited for the other device's flags is not the queue's doing.
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - enqueued).count();
-      picker_.observe(id, n, on, std::max(0.0, us - report.wait_us));
+      picker_.observe(id, n, context, on, std::max(0.0, us - report.wait_us));
     }
   } catch (...) {
     // Callbacks of ops already enqueued hold `flags`, which the caller may free once we
@@ -553,13 +555,10 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
           s.k = op.weight->cols();
           s.n = op.kind == fb::OpKind::Logits ? n_logit_rows : (t1 > t0 ? t1 - t0 : 0);
           break;
-        case fb::OpKind::Attention: {
-          int32_t longest = 0;
-          for (int32_t mp : max_pos) longest = std::max(longest, mp + 1);
+        case fb::OpKind::Attention:
           s.m = int64_t{op.n_heads} * op.head_dim;
-          s.k = longest;
+          s.k = context;
           break;
-        }
         case fb::OpKind::KvWrite:
           s.m = kvl.kv_dim;
           break;

@@ -1,6 +1,7 @@
 #include "services/gpu_svc/queue_picker.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -42,10 +43,14 @@ double QueuePicker::Arm::estimate() const {
   return std::max(std::min(a, b), std::min(std::max(a, b), c));  // the median of three
 }
 
-StepQueue QueuePicker::pick(uint32_t program, uint32_t n_tokens) {
+uint32_t QueuePicker::context_bucket(uint32_t context) {
+  return static_cast<uint32_t>(std::bit_width(context / 64));
+}
+
+StepQueue QueuePicker::pick(uint32_t program, uint32_t n_tokens, uint32_t context) {
   if (o_.mode == Mode::off || n_tokens > o_.max_tokens) return StepQueue::wide;
   if (o_.mode == Mode::on) return StepQueue::narrow;
-  Shape& s = shapes_[{program, n_tokens}];
+  Shape& s = shape(program, n_tokens, context);
   const Arm& w = s.arm[0];
   const Arm& nr = s.arm[1];
   if (w.n < o_.samples || nr.n < o_.samples)
@@ -57,9 +62,10 @@ StepQueue QueuePicker::pick(uint32_t program, uint32_t n_tokens) {
   return best;
 }
 
-void QueuePicker::observe(uint32_t program, uint32_t n_tokens, StepQueue q, double us) {
+void QueuePicker::observe(uint32_t program, uint32_t n_tokens, uint32_t context, StepQueue q,
+                          double us) {
   if (o_.mode != Mode::measure || n_tokens > o_.max_tokens) return;
-  Arm& a = shapes_[{program, n_tokens}].arm[static_cast<int>(q)];
+  Arm& a = shape(program, n_tokens, context).arm[static_cast<int>(q)];
   a.last[static_cast<size_t>(a.n % 3)] = us;
   ++a.n;
 }
@@ -70,8 +76,11 @@ nlohmann::json QueuePicker::to_json() const {
     auto ms = [](const Arm& a) {
       return a.n ? nlohmann::json(a.estimate() / 1000.0) : nlohmann::json(nullptr);
     };
-    shapes.push_back({{"program", key.first},
-                      {"tokens", key.second},
+    // The bucket's context range: [64 * 2^(b-1), 64 * 2^b), from 0 for bucket 0.
+    const uint32_t from = key.context_bucket == 0 ? 0 : 64u << (key.context_bucket - 1);
+    shapes.push_back({{"program", key.program},
+                      {"tokens", key.n_tokens},
+                      {"context_from", from},
                       {"wide_steps", s.arm[0].n},
                       {"narrow_steps", s.arm[1].n},
                       {"wide_ms", ms(s.arm[0])},

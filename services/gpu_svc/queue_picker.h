@@ -7,17 +7,22 @@
 // runs the kernels on the flushing thread: 0.31 ms for that step, but one core, so it loses on
 // large steps (261-token prefill 23 vs 17 ms) and on a big model's decode (llama3.2-1b Q4_0 one
 // token: 17.1 vs 14.8 ms). Which one wins depends on the model, the step's token count and the
-// machine, so the picker measures instead of assuming: per (program, token count) it runs the
+// machine, so the picker measures instead of assuming: per (program, token count, context
+// bucket) it runs the
 // first steps alternately on both, then the one whose recent steps were faster, and re-measures
 // the other every `reprobe_every` steps (load changes). An estimate is the median of an arm's
 // last three times, so one slow first run (PoCL compiling a kernel variant) does not decide.
-// Steps over max_tokens always go wide (one core cannot win there). Not thread-safe: the runner
-// runs one step at a time.
+// Steps over max_tokens always go wide (one core cannot win there). The context matters as much
+// as the token count: attention reads every earlier position, in parallel over heads and
+// tokens, so 8 decoders at 16 positions run faster on one core (0.86 vs 1.05 ms) and at 320
+// positions slower (3.4 vs 2.7 ms; bench/gpu/narrow_side_by_side.sh). The context bucket is
+// that of the step's longest context, in doubling ranges: [0, 64), [64, 128), [128, 256), ...
+// Not thread-safe: the runner runs one step at a time.
 #include <array>
+#include <compare>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <utility>
 
 namespace duet::gpu {
 
@@ -45,9 +50,12 @@ class QueuePicker {
 
   QueuePicker() = default;
   explicit QueuePicker(Options o) : o_(o) {}
-  StepQueue pick(uint32_t program, uint32_t n_tokens);
+  // context: the step's longest context (positions a token attends to, itself included).
+  StepQueue pick(uint32_t program, uint32_t n_tokens, uint32_t context);
   // A whole step of that shape took `us` (host wall clock) on `q`.
-  void observe(uint32_t program, uint32_t n_tokens, StepQueue q, double us);
+  void observe(uint32_t program, uint32_t n_tokens, uint32_t context, StepQueue q, double us);
+  // The context bucket: 0 below 64 positions, then one per doubling.
+  static uint32_t context_bucket(uint32_t context);
   const Options& options() const { return o_; }
   // Per shape: steps and median times of each arm (for gpu_svc's status).
   nlohmann::json to_json() const;
@@ -63,7 +71,14 @@ class QueuePicker {
     uint64_t picks = 0;
   };
   Options o_;
-  std::map<std::pair<uint32_t, uint32_t>, Shape> shapes_;
+  struct Key {
+    uint32_t program, n_tokens, context_bucket;
+    auto operator<=>(const Key&) const = default;
+  };
+  Shape& shape(uint32_t program, uint32_t n_tokens, uint32_t context) {
+    return shapes_[Key{program, n_tokens, context_bucket(context)}];
+  }
+  std::map<Key, Shape> shapes_;
 };
 
 }  // namespace duet::gpu

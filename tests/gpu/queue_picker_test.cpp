@@ -13,12 +13,13 @@ namespace {
 
 // Runs `steps` steps of one shape, each taking wide_us or narrow_us on its queue; returns how
 // many ran narrow.
-int run_steps(QueuePicker& p, uint32_t tokens, int steps, double wide_us, double narrow_us) {
+int run_steps(QueuePicker& p, uint32_t tokens, int steps, double wide_us, double narrow_us,
+              uint32_t context = 16) {
   int narrow = 0;
   for (int i = 0; i < steps; ++i) {
-    const StepQueue q = p.pick(1, tokens);
+    const StepQueue q = p.pick(1, tokens, context);
     narrow += q == StepQueue::narrow;
-    p.observe(1, tokens, q, q == StepQueue::narrow ? narrow_us : wide_us);
+    p.observe(1, tokens, context, q, q == StepQueue::narrow ? narrow_us : wide_us);
   }
   return narrow;
 }
@@ -26,10 +27,10 @@ int run_steps(QueuePicker& p, uint32_t tokens, int steps, double wide_us, double
 TEST(QueuePicker, MeasuresBothQueuesThenKeepsTheFasterOne) {
   QueuePicker p;
   // The first steps alternate, wide first, until each queue has three times.
-  EXPECT_EQ(p.pick(1, 1), StepQueue::wide);
-  p.observe(1, 1, StepQueue::wide, 600);
-  EXPECT_EQ(p.pick(1, 1), StepQueue::narrow);
-  p.observe(1, 1, StepQueue::narrow, 300);
+  EXPECT_EQ(p.pick(1, 1, 16), StepQueue::wide);
+  p.observe(1, 1, 16, StepQueue::wide, 600);
+  EXPECT_EQ(p.pick(1, 1, 16), StepQueue::narrow);
+  p.observe(1, 1, 16, StepQueue::narrow, 300);
   EXPECT_EQ(run_steps(p, 1, 4, 600, 300), 2);
   // Then the faster one (narrow at 300 us), but for the re-measurement every 64th step.
   EXPECT_EQ(run_steps(p, 1, 128, 600, 300), 126);
@@ -41,10 +42,10 @@ TEST(QueuePicker, MeasuresBothQueuesThenKeepsTheFasterOne) {
 TEST(QueuePicker, OneSlowFirstStepDoesNotDecide) {
   // PoCL compiles a kernel variant at its first launch on a driver: that step takes seconds.
   QueuePicker p;
-  EXPECT_EQ(p.pick(1, 2), StepQueue::wide);
-  p.observe(1, 2, StepQueue::wide, 700);
-  EXPECT_EQ(p.pick(1, 2), StepQueue::narrow);
-  p.observe(1, 2, StepQueue::narrow, 3'000'000);
+  EXPECT_EQ(p.pick(1, 2, 16), StepQueue::wide);
+  p.observe(1, 2, 16, StepQueue::wide, 700);
+  EXPECT_EQ(p.pick(1, 2, 16), StepQueue::narrow);
+  p.observe(1, 2, 16, StepQueue::narrow, 3'000'000);
   EXPECT_EQ(run_steps(p, 2, 4, 700, 400), 2);
   // Narrow's median of (3 s, 400, 400) is 400 us: it wins.
   EXPECT_EQ(run_steps(p, 2, 10, 700, 400), 10);
@@ -60,16 +61,35 @@ TEST(QueuePicker, FollowsTheMachineWhenTheWinnerSlowsDown) {
   EXPECT_LE(narrow_after, 2) << "still on the slowed queue";
 }
 
+// The same token count at another context is another shape: 8 decoders at 16 positions run
+// faster on one core, at 320 positions faster on all (attention over every earlier position).
+TEST(QueuePicker, EachContextBucketIsMeasuredOnItsOwn) {
+  QueuePicker p;
+  run_steps(p, 8, 6, 1050, 860, 16);
+  run_steps(p, 8, 6, 2700, 3400, 320);
+  EXPECT_EQ(run_steps(p, 8, 20, 1050, 860, 16), 20);
+  EXPECT_EQ(run_steps(p, 8, 20, 2700, 3400, 320), 0);
+  EXPECT_EQ(QueuePicker::context_bucket(0), 0u);
+  EXPECT_EQ(QueuePicker::context_bucket(63), 0u);
+  EXPECT_EQ(QueuePicker::context_bucket(64), 1u);
+  EXPECT_EQ(QueuePicker::context_bucket(127), 1u);
+  EXPECT_EQ(QueuePicker::context_bucket(128), 2u);
+  EXPECT_EQ(QueuePicker::context_bucket(320), 3u);
+  const nlohmann::json j = p.to_json();
+  ASSERT_EQ(j["shapes"].size(), 2u) << j.dump();
+  EXPECT_EQ(j["shapes"][1]["context_from"], 256);
+}
+
 TEST(QueuePicker, LargeStepsAndModesSkipMeasurement) {
   QueuePicker p;
-  EXPECT_EQ(p.pick(1, 17), StepQueue::wide) << "over max_tokens (16)";
-  p.observe(1, 17, StepQueue::wide, 100);
+  EXPECT_EQ(p.pick(1, 17, 16), StepQueue::wide) << "over max_tokens (16)";
+  p.observe(1, 17, 16, StepQueue::wide, 100);
   EXPECT_TRUE(p.to_json()["shapes"].empty()) << p.to_json().dump();
   QueuePicker::Options on;
   on.mode = QueuePicker::Mode::on;
   QueuePicker always(on);
   EXPECT_EQ(run_steps(always, 16, 10, 100, 1000), 10);
-  EXPECT_EQ(always.pick(1, 17), StepQueue::wide);
+  EXPECT_EQ(always.pick(1, 17, 16), StepQueue::wide);
   QueuePicker::Options off;
   off.mode = QueuePicker::Mode::off;
   QueuePicker never(off);
