@@ -140,10 +140,27 @@ def op_tokenize_bytes(lib, req):
 
 
 def op_chat_template(lib, req):
+    """The formatted text, and which of llama.cpp's built-in template names give the same text
+    (llama.cpp does not say what it detected; equal output on these messages is what we can see)."""
+    out = apply_template(lib, req["template"], req)
+    if "error" in out:
+        return out
+    lib.llama_chat_builtin_templates.restype = ctypes.c_int32
+    lib.llama_chat_builtin_templates.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t]
+    n = lib.llama_chat_builtin_templates(None, 0)
+    names = (ctypes.c_char_p * n)()
+    lib.llama_chat_builtin_templates(names, n)
+    out["same_as_builtin"] = sorted(
+        name.decode() for name in names
+        if apply_template(lib, name.decode(), req).get("text") == out["text"])
+    return out
+
+
+def apply_template(lib, template, req):
     msgs = req["messages"]
     keep = [(m["role"].encode(), m["content"].encode()) for m in msgs]
     arr = (ChatMessage * len(msgs))(*[ChatMessage(r, c) for r, c in keep])
-    tmpl = req["template"].encode()
+    tmpl = template.encode()
     size = 4096 + 2 * sum(len(c) for _, c in keep)
     for _ in range(2):
         buf = ctypes.create_string_buffer(size)

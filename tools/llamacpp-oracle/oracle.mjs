@@ -165,8 +165,14 @@ async function cmdChat(llama, args) {
   const model = await loadModel(llama, modelPath, true);
   const template = model.fileInfo.metadata.tokenizer?.chat_template;
   if (!template) throw new Error(`${modelPath} has no tokenizer.chat_template`);
-  const r = llamaC({op: "chat-template", template, messages, add_ass: true});
-  if (r.error) throw new Error(`${modelPath}: ${r.error}`);
+  const auto = llamaC({op: "chat-template", template, messages, add_ass: true});
+  if (auto.error) throw new Error(`${modelPath}: ${auto.error}`);
+  // --template-name NAME: llama.cpp's template chosen by name (llama-cli --chat-template NAME),
+  // for a family whose template text this llama.cpp recognises as another family
+  const forced = args["template-name"];
+  const r = forced ? llamaC({op: "chat-template", template: forced, messages, add_ass: true})
+                   : auto;
+  if (r.error) throw new Error(`${forced}: ${r.error}`);
   const hd = header(modelPath, model);
   const body = Array.from(model.tokenize(r.text, true));
   // add_special: BOS unless the template text already starts with it (llama.cpp warns about a
@@ -181,8 +187,10 @@ async function cmdChat(llama, args) {
   } catch (e) {
     jinja = {error: String(e.message ?? e)};
   }
-  return {...hd, family: args.family ?? null, chat_template: template, messages,
-          add_generation_prompt: true, text: r.text, ids, jinja_text: jinja};
+  return {...hd, family: args.family ?? null, chat_template: template,
+          template_name: forced ?? null, messages, add_generation_prompt: true, text: r.text,
+          ids, same_as_builtin: r.same_as_builtin, auto_text: auto.text,
+          auto_same_as_builtin: auto.same_as_builtin, jinja_text: jinja};
 }
 
 const commands = {tokenize: cmdTokenize, logits: cmdLogits, greedy: cmdGreedy, chat: cmdChat};

@@ -242,7 +242,23 @@ def from_gguf(args):
         w.add(key, vtype, value, elem)
     if template is not None:
         w.add("tokenizer.chat_template", T_STRING, template)
+    if args.add_control:
+        append_control_tokens(w, args.add_control)
     return w
+
+
+def append_control_tokens(w, texts):
+    """Appends CONTROL tokens (score 0) to a copied vocabulary: a family's turn markers, so a
+    small SentencePiece vocab can stand in for the family's own large one."""
+    kv = {k: i for i, (k, _, _, _) in enumerate(w.kv)}
+    tokens = w.kv[kv["tokenizer.ggml.tokens"]][2]
+    for t in texts:
+        if t.encode() in tokens:
+            raise ValueError(f"--add-control {t!r} is already a token")
+        tokens.append(t.encode())
+        w.kv[kv["tokenizer.ggml.token_type"]][2].append(CONTROL)
+        if "tokenizer.ggml.scores" in kv:
+            w.kv[kv["tokenizer.ggml.scores"]][2].append(0.0)
 
 
 def main():
@@ -265,6 +281,8 @@ def main():
     p.add_argument("--add-eos", type=lambda s: s == "true", help="true|false when the config "
                    "has no add_eos_token")
     p.add_argument("--chat-template-file", help="use this Jinja text as tokenizer.chat_template")
+    p.add_argument("--add-control", action="append", help="with --from-gguf: append this text "
+                   "as a CONTROL token (repeatable)")
     args = p.parse_args()
     if args.tokenizer_json:
         if not (args.tokenizer_config and args.pre and args.arch):
