@@ -5,6 +5,7 @@
 // code they check (tokenizer, chat templates, forward pass).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -153,6 +154,36 @@ TEST(LlamacppOracleData, ChatAnswersFormatTheCommittedConversation) {
   }
   for (const char* f : {"llama3", "chatml", "llama2", "mistral", "gemma", "zephyr"})
     EXPECT_TRUE(families.contains(f)) << "no chat answer for " << f;
+}
+
+TEST(LlamacppOracleData, LogitsAndGreedyAnswersOnTinyFortuneNameTheirFiles) {
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(data_dir("llamacpp"))) {
+    const auto name = entry.path().filename().string();
+    if (!name.ends_with("-fortune-f16.json") && !name.ends_with("-fortune-q8_0.json") &&
+        !name.ends_with("-fortune-q4_0.json"))
+      continue;
+    if (!name.starts_with("logits-") && !name.starts_with("greedy-")) continue;
+    ++files;
+    const auto j = testdata::load_json(entry.path().string());
+    expect_header_matches_file(j, name);
+    const auto n_vocab = j.at("n_vocab").get<int64_t>();
+    if (name.starts_with("greedy-")) {
+      expect_ids_in_vocab(j.at("generated"), n_vocab, name);
+      EXPECT_EQ(j.at("generated").size(), j.at("n").get<size_t>());
+      continue;
+    }
+    expect_ids_in_vocab(j.at("ids"), n_vocab, name);
+    ASSERT_EQ(j.at("positions").size(), j.at("ids").size());
+    for (const auto& p : j.at("positions")) {
+      expect_ids_in_vocab(p.at("top_ids"), n_vocab, name);
+      const auto logits = p.at("top_logits").get<std::vector<double>>();
+      EXPECT_TRUE(std::is_sorted(logits.rbegin(), logits.rend())) << "top-k not highest first";
+      EXPECT_GE(p.at("logsumexp").get<double>(), logits.front());
+      EXPECT_NEAR(p.at("margin").get<double>(), logits[0] - logits[1], 1e-9);
+    }
+  }
+  EXPECT_EQ(files, 4);
 }
 
 TEST(LlamacppOracleData, NoiseMeasurementCoversEveryFortuneVariant) {
