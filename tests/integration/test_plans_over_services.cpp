@@ -20,6 +20,7 @@
 #include "core/run_dir.h"
 #include "core/solver.h"
 #include "services/frontend/program_engine.h"
+#include "tests/support/llamacpp_agreement.h"
 #include "tests/support/teacher_forced.h"
 
 extern char** environ;
@@ -136,6 +137,30 @@ TEST_F(PlansOverServices, EveryPlanMatchesTheReferenceTeacherForced) {
       const Agreement a = teacher_forced(*e, data_dir(), variant);
       EXPECT_GT(a.clear, 100);
       EXPECT_EQ(a.agree, a.clear) << describe(a);
+    }
+  }
+}
+
+// The same plans held to llama.cpp's answers on the same files (tests/data/llamacpp/
+// logits-fortune-*.json): top-1 equal wherever llama.cpp's margin exceeds its own noise.
+TEST_F(PlansOverServices, EveryPlanMatchesLlamacppTeacherForced) {
+  uint32_t id_base = 3000;
+  for (const char* variant : {"f16", "q8_0", "q4_0"}) {
+    const auto answer = test_support::load_json(
+        std::string(DUET_SOURCE_DIR) + "/tests/data/llamacpp/logits-fortune-" + variant + ".json");
+    const std::vector<std::pair<std::string, std::function<Plan(uint32_t)>>> plans = {
+        {"gpu-only", nullptr},
+        {"npu-only", nullptr},
+        {"npu-only:pipe", nullptr},
+        {"tensor", [variant](uint32_t b) { return tensor_plan_for(variant, b); }},
+    };
+    for (const auto& [name, plan_for] : plans) {
+      SCOPED_TRACE(std::string(variant) + " " + name);
+      auto e = engine(variant, name, plan_for, id_base);
+      id_base += 100;
+      const auto a = test_support::llamacpp_teacher_forced(*e, answer, 1);
+      EXPECT_GE(a.clear, 5);
+      EXPECT_EQ(a.agree, a.clear) << a.flipped;
     }
   }
 }
