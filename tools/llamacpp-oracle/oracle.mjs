@@ -5,6 +5,7 @@
 //   node oracle.mjs logits   --model F.gguf --ids 1,2,3 | --ids-file ids.json --out O.json [--top 64]
 //   node oracle.mjs greedy   --model F.gguf --prompt-ids 1,2,3 --n 16 --out O.json
 //   node oracle.mjs chat     --model F.gguf --messages M.json --out O.json [--family NAME]
+//   node oracle.mjs bench-tokenize --model F.gguf --text T.txt [--repeat 5]
 import {spawnSync} from "node:child_process";
 import {createHash} from "node:crypto";
 import {readFileSync, writeFileSync} from "node:fs";
@@ -193,7 +194,27 @@ async function cmdChat(llama, args) {
           auto_same_as_builtin: auto.same_as_builtin, jinja_text: jinja};
 }
 
-const commands = {tokenize: cmdTokenize, logits: cmdLogits, greedy: cmdGreedy, chat: cmdChat};
+// llama.cpp's tokenizer throughput on one text (the whole file in one llama_tokenize call, one
+// thread, parse_special off), best of --repeat runs: the number duet's tokenizer bench is set
+// beside. Prints {mb_per_s, bytes, tokens, seconds}.
+async function cmdBenchTokenize(llama, args) {
+  const modelPath = need(args, "model");
+  const text = readFileSync(need(args, "text"), "utf8");
+  const repeat = Number(args.repeat ?? 5);
+  const model = await loadModel(llama, modelPath, true);
+  const bytes = Buffer.byteLength(text, "utf8");
+  let best = Infinity, tokens = 0;
+  for (let i = 0; i < repeat; ++i) {
+    const t0 = process.hrtime.bigint();
+    tokens = model.tokenize(text, false).length;
+    best = Math.min(best, Number(process.hrtime.bigint() - t0) / 1e9);
+  }
+  return {oracle: oracleInfo(), model: basename(modelPath), text: basename(args.text), bytes,
+          tokens, seconds: best, mb_per_s: bytes / 1e6 / best};
+}
+
+const commands = {tokenize: cmdTokenize, logits: cmdLogits, greedy: cmdGreedy, chat: cmdChat,
+                  "bench-tokenize": cmdBenchTokenize};
 const args = parseArgs(process.argv.slice(2));
 const cmd = commands[args._[0]];
 if (!cmd) {
