@@ -108,13 +108,19 @@ TEST(LlamacppLogits, ReferenceGreedyEqualsLlamacppGreedyOnF16) {
     const auto n_vocab = static_cast<size_t>(model->hp().n_vocab);
     ReferenceForward fwd(*model, 512);
     auto logits = fwd.forward(j.at("prompt_ids").get<std::vector<int32_t>>(), false);
-    std::vector<int32_t> generated;
-    for (size_t i = 0; i < j.at("n").get<size_t>(); ++i) {
+    // Equal token for token up to (and including) the first step whose llama.cpp top-1 margin
+    // is within its F16 noise: from there a different choice is a near-tie, not an error.
+    const auto want = j.at("generated").get<std::vector<int32_t>>();
+    const auto margins = j.at("margins").get<std::vector<double>>();
+    size_t i = 0;
+    for (; i < want.size(); ++i) {
       const auto next = static_cast<int32_t>(argmax(logits.data(), n_vocab));
-      generated.push_back(next);
+      if (margins[i] <= tolerance_for("f16").top1_margin) break;
+      ASSERT_EQ(next, want[i]) << "greedy step " << i;
       logits = fwd.forward(std::vector<int32_t>{next}, false);
     }
-    EXPECT_EQ(generated, j.at("generated").get<std::vector<int32_t>>());
+    std::printf("%s: greedy equal for %zu of %zu steps (clear margins)\n",
+                j.at("model").get<std::string>().c_str(), i, want.size());
     ++compared;
   }
   EXPECT_GE(compared, 1);

@@ -144,15 +144,31 @@ async function cmdGreedy(llama, args) {
   const prompt = parseIds(need(args, "prompt-ids"));
   const n = Number(need(args, "n"));
   const model = await loadModel(llama, modelPath, false);
-  const {context, seq} = await newSequence(model);
-  const generated = [];
-  // temperature 0 is llama.cpp's greedy sampler; EOS/EOT are not treated specially.
+  // 1. llama.cpp's greedy sampler (temperature 0); EOS/EOT are not treated specially.
+  let {context, seq} = await newSequence(model);
+  const sampled = [];
   for await (const t of seq.evaluate(prompt, {temperature: 0})) {
-    generated.push(t);
-    if (generated.length >= n) break;
+    sampled.push(t);
+    if (sampled.length >= n) break;
   }
   await context.dispose();
-  return {...header(modelPath, model), prompt_ids: prompt, n, generated};
+  // 2. The same continuation step by step with each step's top-2 logits, so a comparison can
+  // tell a real divergence from a near-tie that llama.cpp's F16 rounding decides.
+  ({context, seq} = await newSequence(model));
+  const top2 = {generateNext: {logits: {filter: {tokens: [], includeTop: 2}}}};
+  const generated = [], margins = [];
+  let input = prompt.map((t, i) => (i === prompt.length - 1 ? [t, top2] : t));
+  for (let i = 0; i < n; ++i) {
+    const out = await seq.controlledEvaluate(input);
+    const entries = [...out[out.length - 1].next.logits.entries()];
+    generated.push(entries[0][0]);
+    margins.push(entries[0][1] - entries[1][1]);
+    input = [[entries[0][0], top2]];
+  }
+  await context.dispose();
+  if (JSON.stringify(generated) !== JSON.stringify(sampled))
+    throw new Error(`greedy sampler ${sampled} and argmax ${generated} differ`);
+  return {...header(modelPath, model), prompt_ids: prompt, n, generated, margins};
 }
 
 // The formatted text comes from llama_chat_apply_template (llama.cpp's own template code, which
