@@ -1,5 +1,5 @@
-// duet mkmodel --shape S --type T --out F: a synthetic Llama GGUF with a real model's shape and
-// random weights, for benchmarks (core/shapes.h).
+// duet mkmodel --shape S [--arch A] [--vocab N|FILE.gguf] --type T --out F: a synthetic GGUF with a
+// real model's shape and random weights, for benchmarks and tests (core/shapes.h).
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -10,16 +10,18 @@
 #include <string>
 
 #include "cli/command.h"
+#include "core/arch.h"
 #include "core/error.h"
 #include "core/shapes.h"
 
 namespace {
 
 struct MkmodelArgs {
+  std::string arch = "llama";
   std::string shape;
   std::string type = "q4_0";
   std::string out;
-  int vocab = 0;
+  std::string vocab = "0";  // a size (all digits) or a GGUF to copy the tokenizer from
   int layers = 0;
   int ctx = 0;
   uint64_t seed = 1;
@@ -40,8 +42,18 @@ duet::DType parse_type(std::string name) {
 void run_mkmodel(const MkmodelArgs& args) {
   const duet::ModelShape& shape = duet::model_shape(args.shape);
   duet::SyntheticModelOptions options;
+  options.arch = duet::parse_arch(args.arch);
   options.type = parse_type(args.type);
-  options.n_vocab = args.vocab;
+  const bool is_size =
+      !args.vocab.empty() && std::all_of(args.vocab.begin(), args.vocab.end(),
+                                         [](unsigned char c) { return std::isdigit(c); });
+  if (is_size) {
+    if (args.vocab.size() > 9)
+      throw duet::Error(duet::Errc::invalid_argument, "--vocab " + args.vocab + " is too large");
+    options.n_vocab = std::stoi(args.vocab);
+  } else {
+    options.vocab_gguf = args.vocab;
+  }
   options.n_layer = args.layers;
   options.n_ctx = args.ctx;
   options.seed = args.seed;
@@ -53,8 +65,9 @@ void run_mkmodel(const MkmodelArgs& args) {
   struct stat st {};
   const double mb =
       ::stat(args.out.c_str(), &st) == 0 ? static_cast<double>(st.st_size) / 1e6 : 0.0;
-  std::printf("wrote %s: %s %s, %.1f MB in %.2f s (%.0f MB/s)\n", args.out.c_str(),
-              shape.name.c_str(), std::string(duet::dtype_name(options.type)).c_str(), mb, seconds,
+  std::printf("wrote %s: %s %s %s, %.1f MB in %.2f s (%.0f MB/s)\n", args.out.c_str(),
+              args.arch.c_str(), shape.name.c_str(),
+              std::string(duet::dtype_name(options.type)).c_str(), mb, seconds,
               seconds > 0 ? mb / seconds : 0.0);
 }
 
@@ -71,10 +84,16 @@ duet::cli::RegisterCommand register_mkmodel([](CLI::App& app) {
                                      "are that small unless --vocab "
                                      "gives the real size.");
   cmd->add_option("--shape", args->shape, "Model shape: " + shapes)->required();
+  cmd->add_option("--arch", args->arch,
+                  "Architecture: llama, qwen2 (q/k/v biases, NEOX rope) or internlm2")
+      ->capture_default_str();
   cmd->add_option("--type", args->type, "Matrix type: f16, q8_0, q4_0 (norms are always f32)")
       ->capture_default_str();
   cmd->add_option("--out", args->out, "Output GGUF path")->required();
-  cmd->add_option("--vocab", args->vocab, "Vocab size (0: min(4096, the shape's))")
+  cmd->add_option("--vocab", args->vocab,
+                  "Vocab size of the synthetic SentencePiece vocabulary (0: min(4096, the "
+                  "shape's)), or a GGUF whose tokenizer (every tokenizer.* key, chat template "
+                  "included) is copied")
       ->capture_default_str();
   cmd->add_option("--layers", args->layers, "Number of layers (0: the shape's)")
       ->capture_default_str();

@@ -35,6 +35,7 @@ std::vector<float> ReferenceForward::forward(std::span<const int32_t> tokens, bo
   std::vector<int32_t> positions(n);
   for (int t = 0; t < n; ++t) positions[t] = pos_ + t;
 
+  const ops::RopeParams rope = rope_params(m_);
   ops::embed(m_.tok_embd, tokens.data(), n, x_.data());
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& w = m_.layers[l];
@@ -46,8 +47,13 @@ std::vector<float> ReferenceForward::forward(std::span<const int32_t> tokens, bo
     ops::matmul(w.wq, xb_.data(), n, q_.data());
     ops::matmul(w.wk, xb_.data(), n, k_rows);
     ops::matmul(w.wv, xb_.data(), n, v_rows);
-    ops::rope(q_.data(), n, hp.n_head, hp.head_dim, positions.data(), hp.rope_freq_base);
-    ops::rope(k_rows, n, hp.n_head_kv, hp.head_dim, positions.data(), hp.rope_freq_base);
+    if (w.bq) {
+      ops::add_bias(q_.data(), w.bq, n, embd);
+      ops::add_bias(k_rows, w.bk, n, kv_dim);
+      ops::add_bias(v_rows, w.bv, n, kv_dim);
+    }
+    ops::rope(q_.data(), n, hp.n_head, hp.head_dim, positions.data(), rope);
+    ops::rope(k_rows, n, hp.n_head_kv, hp.head_dim, positions.data(), rope);
     ops::attention(q_.data(), k_cache_[l].data(), v_cache_[l].data(), n, positions.data(),
                    hp.n_head, hp.n_head_kv, hp.head_dim, att_.data());
     ops::matmul(w.wo, att_.data(), n, proj_.data());

@@ -89,6 +89,76 @@ class OutFile {
   uint64_t written_ = 0;
 };
 
+// One scalar of type t: integers from u (unsigned, bool) or i (signed), floats from f.
+void write_scalar(Buffer& b, GgufType t, uint64_t u, int64_t i, double f, const std::string& s) {
+  switch (t) {
+    case GgufType::U8:
+    case GgufType::BOOL:
+      b.pod<uint8_t>(static_cast<uint8_t>(u));
+      break;
+    case GgufType::U16:
+      b.pod<uint16_t>(static_cast<uint16_t>(u));
+      break;
+    case GgufType::U32:
+      b.pod<uint32_t>(static_cast<uint32_t>(u));
+      break;
+    case GgufType::U64:
+      b.pod<uint64_t>(u);
+      break;
+    case GgufType::I8:
+      b.pod<int8_t>(static_cast<int8_t>(i));
+      break;
+    case GgufType::I16:
+      b.pod<int16_t>(static_cast<int16_t>(i));
+      break;
+    case GgufType::I32:
+      b.pod<int32_t>(static_cast<int32_t>(i));
+      break;
+    case GgufType::I64:
+      b.pod<int64_t>(i);
+      break;
+    case GgufType::F32:
+      b.pod<float>(static_cast<float>(f));
+      break;
+    case GgufType::F64:
+      b.pod<double>(f);
+      break;
+    case GgufType::STRING:
+      b.str(s);
+      break;
+    case GgufType::ARRAY:
+      throw Error(Errc::internal, "gguf writer: array written as a scalar");
+  }
+}
+
+bool is_signed_type(GgufType t) {
+  return t == GgufType::I8 || t == GgufType::I16 || t == GgufType::I32 || t == GgufType::I64;
+}
+
+// A value as GgufFile read it (core/gguf.h): arrays keep their elements in strings, floats or
+// ints (unsigned elements bit-cast into int64).
+void write_value(Buffer& b, const GgufValue& v) {
+  b.pod<uint32_t>(static_cast<uint32_t>(v.type));
+  if (v.type != GgufType::ARRAY) {
+    write_scalar(b, v.type, v.u, v.i, v.f, v.s);
+    return;
+  }
+  b.pod<uint32_t>(static_cast<uint32_t>(v.elem_type));
+  const GgufType e = v.elem_type;
+  if (e == GgufType::STRING) {
+    b.pod<uint64_t>(v.strings.size());
+    for (const auto& s : v.strings) b.str(s);
+  } else if (e == GgufType::F32 || e == GgufType::F64) {
+    b.pod<uint64_t>(v.floats.size());
+    for (double f : v.floats) write_scalar(b, e, 0, 0, f, {});
+  } else {
+    b.pod<uint64_t>(v.ints.size());
+    for (int64_t x : v.ints)
+      write_scalar(b, e, is_signed_type(e) ? 0 : static_cast<uint64_t>(x),
+                   is_signed_type(e) ? x : 0, 0, {});
+  }
+}
+
 }  // namespace
 
 void GgufWriter::set(std::string key, Value v) {
@@ -124,6 +194,12 @@ void GgufWriter::set_float32_array(std::string key, std::vector<float> v) {
   set(std::move(key), std::move(v));
 }
 void GgufWriter::set_int32_array(std::string key, std::vector<int32_t> v) {
+  set(std::move(key), std::move(v));
+}
+
+void GgufWriter::set_value(std::string key, GgufValue v) {
+  if (v.type == GgufType::ARRAY && v.elem_type == GgufType::ARRAY)
+    throw Error(Errc::invalid_argument, "gguf writer: " + key + " is an array of arrays");
   set(std::move(key), std::move(v));
 }
 
@@ -236,6 +312,8 @@ void GgufWriter::write(const std::string& path) const {
             header.pod(ValueType::float32);
             header.pod<uint64_t>(v.size());
             for (float f : v) header.pod(f);
+          } else if constexpr (std::is_same_v<T, GgufValue>) {
+            write_value(header, v);
           } else {
             static_assert(std::is_same_v<T, std::vector<int32_t>>);
             header.pod(ValueType::array);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/gguf.h"
 
 namespace duet {
 
@@ -34,6 +35,9 @@ class GgufWriter {
   void set_string_array(std::string key, std::vector<std::string> v);
   void set_float32_array(std::string key, std::vector<float> v);
   void set_int32_array(std::string key, std::vector<int32_t> v);
+  // A value read from another GGUF, written with its own type (copying metadata such as a
+  // tokenizer). Throws invalid_argument for arrays of arrays, which the reader does not keep.
+  void set_value(std::string key, GgufValue v);
 
   // dims[0] innermost. Data is written as given (already quantised for Q types); its size must be
   // exactly what type and dims call for. Throws invalid_argument on a duplicate name, a bad shape
@@ -58,7 +62,7 @@ class GgufWriter {
     uint64 = 10,
   };
   using Value = std::variant<uint32_t, uint64_t, float, bool, std::string, std::vector<std::string>,
-                             std::vector<float>, std::vector<int32_t>>;
+                             std::vector<float>, std::vector<int32_t>, GgufValue>;
   struct KeyValue {
     std::string key;
     Value value;

@@ -1,6 +1,8 @@
 #include "core/model.h"
 
+#include <cmath>
 #include <limits>
+#include <set>
 
 #include "core/error.h"
 #include "core/quant.h"
@@ -12,12 +14,29 @@ class LlamaLoader {
   explicit LlamaLoader(LlamaModel& m) : m_(m), f_(*m.file_) {}
 
   void load() {
+    if (f_.tensors().empty()) {
+      throw Error(Errc::invalid_argument,
+                  f_.path() + " has no weights (a vocab-only GGUF): only `duet tokenize` reads it");
+    }
     read_hparams();
     LlamaHparams& hp = m_.hp_;
     m_.tok_embd = matrix("token_embd.weight", hp.n_vocab, hp.n_embd);
-    m_.tied_ = f_.find_tensor("output.weight") == nullptr;
+    // llama and qwen2 tie the output projection to the embedding when output.weight is absent;
+    // internlm2 always has its own.
+    m_.tied_ = hp.arch != Arch::internlm2 && f_.find_tensor("output.weight") == nullptr;
     m_.output = m_.tied_ ? m_.tok_embd : matrix("output.weight", hp.n_vocab, hp.n_embd);
-    m_.output_norm = norm("output_norm.weight");
+    m_.output_norm = vec("output_norm.weight", hp.n_embd);
+    if (f_.find_tensor("rope_freqs.weight")) {
+      if (hp.arch != Arch::llama)
+        fail(Errc::unsupported, "rope_freqs.weight is only read for llama models");
+      m_.rope_freqs = vec("rope_freqs.weight", hp.head_dim / 2);
+      for (int i = 0; i < hp.head_dim / 2; ++i) {
+        if (!(m_.rope_freqs[i] > 0) || !std::isfinite(m_.rope_freqs[i]))
+          fail(Errc::bad_format, "rope_freqs.weight[" + std::to_string(i) +
+                                     "] = " + std::to_string(m_.rope_freqs[i]) +
+                                     " is not a positive frequency divisor");
+      }
+    }
     m_.vocab_ = Vocab::from_gguf(f_);
     if (static_cast<int>(m_.vocab_.pieces.size()) != hp.n_vocab) {
       fail(Errc::bad_format, "tokenizer has " + std::to_string(m_.vocab_.pieces.size()) +
@@ -25,19 +44,33 @@ class LlamaLoader {
                                  " rows");
     }
     const int kv_dim = hp.n_head_kv * hp.head_dim;
+    const bool biases_required = hp.arch == Arch::qwen2;
     for (int i = 0; i < hp.n_layer; ++i) {
       const std::string p = "blk." + std::to_string(i) + ".";
       LlamaLayer l;
-      l.attn_norm = norm(p + "attn_norm.weight");
+      l.attn_norm = vec(p + "attn_norm.weight", hp.n_embd);
       l.wq = matrix(p + "attn_q.weight", hp.n_embd, hp.n_embd);
       l.wk = matrix(p + "attn_k.weight", kv_dim, hp.n_embd);
       l.wv = matrix(p + "attn_v.weight", kv_dim, hp.n_embd);
+      // q/k/v biases: qwen2 always has them; llama.cpp reads them when present for the others.
+      if (biases_required || f_.find_tensor(p + "attn_q.bias")) {
+        l.bq = vec(p + "attn_q.bias", hp.n_embd);
+        l.bk = vec(p + "attn_k.bias", kv_dim);
+        l.bv = vec(p + "attn_v.bias", kv_dim);
+      }
       l.wo = matrix(p + "attn_output.weight", hp.n_embd, hp.n_embd);
-      l.ffn_norm = norm(p + "ffn_norm.weight");
+      l.ffn_norm = vec(p + "ffn_norm.weight", hp.n_embd);
       l.w_gate = matrix(p + "ffn_gate.weight", hp.n_ff, hp.n_embd);
       l.w_up = matrix(p + "ffn_up.weight", hp.n_ff, hp.n_embd);
       l.w_down = matrix(p + "ffn_down.weight", hp.n_embd, hp.n_ff);
       m_.layers.push_back(l);
+    }
+    // A tensor nothing above read (an output bias, MoE experts, a fused wqkv...) would change the
+    // model's function: refuse rather than run a different model, as llama.cpp does.
+    for (const auto& t : f_.tensors()) {
+      if (!used_.contains(t.name))
+        fail(Errc::unsupported, "tensor \"" + t.name + "\" is not part of a " +
+                                    std::string(arch_name(hp.arch)) + " model duet runs");
     }
   }
 
@@ -55,12 +88,17 @@ class LlamaLoader {
   }
 
   void read_hparams() {
-    const std::string arch =
+    // llama.cpp requires general.architecture; older duet files without it are llama.
+    const std::string arch_str =
         f_.has("general.architecture") ? f_.get_string("general.architecture") : "llama";
-    if (arch != "llama")
-      fail(Errc::unsupported, "architecture \"" + arch + "\" is not a Llama-family model");
-    const std::string a = arch + ".";
     LlamaHparams& hp = m_.hp_;
+    try {
+      hp.arch = parse_arch(arch_str);
+    } catch (const Error& e) {
+      fail(e.code(), e.what());
+    }
+    hp.rope_mode = hp.arch == Arch::qwen2 ? ops::RopeMode::neox : ops::RopeMode::normal;
+    const std::string a = arch_str + ".";
     constexpr uint64_t kMaxDim = 1 << 20;
     hp.n_ctx = count(a + "context_length", 1 << 24);
     hp.n_embd = count(a + "embedding_length", kMaxDim);
@@ -75,6 +113,7 @@ class LlamaLoader {
     hp.rms_eps = f_.has(a + "attention.layer_norm_rms_epsilon")
                      ? f_.get_float(a + "attention.layer_norm_rms_epsilon")
                      : 1e-5f;
+    read_rope_scaling(a);
     if (hp.n_embd % hp.n_head != 0) {
       fail(Errc::bad_format, "embedding_length " + std::to_string(hp.n_embd) +
                                  " is not a multiple of head_count " + std::to_string(hp.n_head));
@@ -87,6 +126,12 @@ class LlamaLoader {
     hp.head_dim = hp.n_embd / hp.n_head;
     if (hp.head_dim % 2 != 0)
       fail(Errc::bad_format, "head dimension " + std::to_string(hp.head_dim) + " is odd");
+    if (f_.has(a + "rope.dimension_count") &&
+        f_.get_uint(a + "rope.dimension_count") != static_cast<uint64_t>(hp.head_dim)) {
+      fail(Errc::unsupported,
+           a + "rope.dimension_count " + std::to_string(f_.get_uint(a + "rope.dimension_count")) +
+               " is not the head dimension " + std::to_string(hp.head_dim) + " (partial RoPE)");
+    }
     if (!(hp.rope_freq_base > 0) || !(hp.rms_eps >= 0))
       fail(Errc::bad_format, "rope.freq_base or rms epsilon out of range");
     // The vocabulary size is the embedding table's; vocab_size, when present, must agree.
@@ -103,6 +148,34 @@ class LlamaLoader {
     }
   }
 
+  // <arch>.rope.scaling.type (llama.cpp's default when absent: "linear") and
+  // <arch>.rope.scaling.factor (or the older rope.scale_linear): linear scaling divides every
+  // angle by the factor. Llama 3's "llama3" scaling is no metadata type: the converter writes its
+  // per-frequency divisors as rope_freqs.weight.
+  void read_rope_scaling(const std::string& a) {
+    const std::string type =
+        f_.has(a + "rope.scaling.type") ? f_.get_string(a + "rope.scaling.type") : "linear";
+    float factor = 0.0f;
+    if (f_.has(a + "rope.scaling.factor"))
+      factor = f_.get_float(a + "rope.scaling.factor");
+    else if (f_.has(a + "rope.scale_linear"))
+      factor = f_.get_float(a + "rope.scale_linear");
+    if (!std::isfinite(factor) || factor < 0.0f)
+      fail(Errc::bad_format, "rope scaling factor " + std::to_string(factor) + " is out of range");
+    if (type == "none") {
+      m_.hp_.rope_freq_scale = 1.0f;
+    } else if (type == "linear") {
+      m_.hp_.rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+    } else if (type == "yarn" || type == "longrope") {
+      fail(Errc::unsupported, "rope scaling type \"" + type + "\" is not supported (none, linear)");
+    } else {
+      fail(Errc::bad_format,
+           "unknown rope scaling type \"" + type +
+               "\" (known: none, linear, yarn, longrope; llama3 scaling is the rope_freqs.weight "
+               "tensor)");
+    }
+  }
+
   static std::string dims_str(const std::vector<int64_t>& d) {
     std::string s = "[";
     for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
@@ -112,6 +185,7 @@ class LlamaLoader {
   const GgufTensorInfo& expect(const std::string& name, std::vector<int64_t> dims) const {
     const GgufTensorInfo* t = f_.find_tensor(name);
     if (!t) fail(Errc::not_found, "tensor \"" + name + "\" is missing");
+    used_.insert(name);
     if (t->dims != dims) {
       fail(Errc::bad_format, "tensor \"" + name + "\" has dims " + dims_str(t->dims) +
                                  " but the hyperparameters need " + dims_str(dims));
@@ -124,16 +198,22 @@ class LlamaLoader {
     return ops::Matrix{t.type, rows, cols, t.data};
   }
 
-  const float* norm(const std::string& name) {
-    const GgufTensorInfo& t = expect(name, {m_.hp_.n_embd});
+  // A 1-D vector of n floats (norm weights, biases, rope factors), as fp32.
+  const float* vec(const std::string& name, int n) {
+    const GgufTensorInfo& t = expect(name, {n});
     if (t.type == DType::F32) return reinterpret_cast<const float*>(t.data);
-    auto& converted = m_.converted_norms_.emplace_back(static_cast<size_t>(m_.hp_.n_embd));
-    dequantize_row(t.type, t.data, converted.data(), m_.hp_.n_embd);
+    if (t.type != DType::F16) {
+      fail(Errc::unsupported, "tensor \"" + name + "\" is " + std::string(dtype_name(t.type)) +
+                                  "; vectors must be F32 or F16");
+    }
+    auto& converted = m_.converted_vectors_.emplace_back(static_cast<size_t>(n));
+    dequantize_row(t.type, t.data, converted.data(), n);
     return converted.data();
   }
 
   LlamaModel& m_;
   const GgufFile& f_;
+  mutable std::set<std::string, std::less<>> used_;  // tensor names load() has read
 };
 
 std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& path) {
@@ -152,13 +232,20 @@ uint64_t LlamaModel::offset_of(const void* p) const {
   return static_cast<uint64_t>(b - file_->data());
 }
 
+ops::RopeParams rope_params(const LlamaModel& m) {
+  return ops::RopeParams{m.hp().rope_freq_base, m.hp().rope_freq_scale, m.rope_freqs,
+                         m.hp().rope_mode};
+}
+
 uint64_t LlamaModel::weight_bytes() const {
   auto mat = [](const ops::Matrix& w) { return static_cast<uint64_t>(w.rows) * w.row_bytes(); };
   const uint64_t norm = static_cast<uint64_t>(hp_.n_embd) * sizeof(float);
   uint64_t total = tok_embd.row_bytes() + mat(output) + norm;  // one embedding row per token
-  for (const auto& l : layers)
+  for (const auto& l : layers) {
     total += mat(l.wq) + mat(l.wk) + mat(l.wv) + mat(l.wo) + mat(l.w_gate) + mat(l.w_up) +
              mat(l.w_down) + 2 * norm;
+    if (l.bq) total += static_cast<uint64_t>(l.wq.rows + l.wk.rows + l.wv.rows) * sizeof(float);
+  }
   return total;
 }
 

@@ -140,29 +140,44 @@ void matmul(const Matrix& w, const float* x, int n_tokens, float* y, int64_t row
 }
 
 void rope(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* positions,
-          float freq_base) {
+          const RopeParams& p) {
   require(head_dim > 0 && head_dim % 2 == 0, "rope",
           "head_dim must be even, got " + std::to_string(head_dim));
   require(n_tokens >= 0 && n_heads > 0, "rope", "bad shape");
-  require(freq_base > 0.0f, "rope", "freq_base must be positive");
+  require(p.freq_base > 0.0f, "rope", "freq_base must be positive");
+  require(p.freq_scale > 0.0f, "rope", "freq_scale must be positive");
+  require(p.mode == RopeMode::normal || p.mode == RopeMode::neox, "rope", "unknown mode");
+  const int half = head_dim / 2;
+  // The partner of value i of a pair: adjacent (normal) or half a head away (neox).
+  const int first_stride = p.mode == RopeMode::normal ? 2 : 1;
+  const int partner = p.mode == RopeMode::normal ? 1 : half;
   pool()->parallel_for(n_tokens, 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      for (int i = 0; i < head_dim / 2; ++i) {
+      for (int i = 0; i < half; ++i) {
         // Angles in double: positions up to a long context times the fastest frequency lose
         // digits in float.
-        const double theta =
-            positions[t] * std::pow(static_cast<double>(freq_base), -2.0 * i / head_dim);
+        double theta = positions[t] * static_cast<double>(p.freq_scale) *
+                       std::pow(static_cast<double>(p.freq_base), -2.0 * i / head_dim);
+        if (p.freq_factors) theta /= static_cast<double>(p.freq_factors[i]);
         const float c = static_cast<float>(std::cos(theta));
         const float s = static_cast<float>(std::sin(theta));
         for (int h = 0; h < n_heads; ++h) {
-          float* pair = x + (t * n_heads + h) * head_dim + 2 * i;
-          const float a = pair[0], b = pair[1];
-          pair[0] = a * c - b * s;
-          pair[1] = a * s + b * c;
+          float* v = x + (t * n_heads + h) * head_dim + first_stride * i;
+          const float a = v[0], b = v[partner];
+          v[0] = a * c - b * s;
+          v[partner] = a * s + b * c;
         }
       }
     }
   });
+}
+
+void add_bias(float* x, const float* bias, int n_tokens, int64_t dim) {
+  require(n_tokens >= 0 && dim > 0, "add_bias", "bad shape");
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* row = x + t * dim;
+    for (int64_t i = 0; i < dim; ++i) row[i] += bias[i];
+  }
 }
 
 void attention(const float* q, const float* k_cache, const float* v_cache, int n_tokens,

@@ -43,10 +43,26 @@ void rmsnorm(const float* x, const float* weight, int n_tokens, int dim, float e
 void matmul(const Matrix& w, const float* x, int n_tokens, float* y, int64_t row_begin = 0,
             int64_t row_end = -1);
 
-// RoPE on interleaved pairs (GGUF's permuted Q/K): for each head, pair (2i, 2i+1) of x[t] is
-// rotated by angle positions[t] * freq_base^(-2i / head_dim). In place.
+// How RoPE pairs a head's values (ggml's mode numbers): normal rotates (2i, 2i+1), GGUF's
+// permuted Q/K of llama and internlm2; neox rotates (i, i + head_dim/2), qwen2's.
+enum class RopeMode : uint8_t { normal = 0, neox = 2 };
+
+// The rotation of a head's pair i at position p, as ggml's rope with no YaRN extrapolation:
+//   theta = p * freq_scale * freq_base^(-2i / head_dim) / freq_factors[i]
+// (freq_scale: 1 / linear scaling factor; freq_factors: Llama 3's rope_freqs, nullptr = all 1).
+struct RopeParams {
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;
+  const float* freq_factors = nullptr;  // [head_dim / 2]
+  RopeMode mode = RopeMode::normal;
+};
+
+// Rotates every head of x[t] by positions[t]. In place.
 void rope(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* positions,
-          float freq_base);
+          const RopeParams& p);
+
+// out[t][i] += bias[i] for t < n_tokens, i < dim (a biased projection's output).
+void add_bias(float* x, const float* bias, int n_tokens, int64_t dim);
 
 // Causal GQA attention over a KV cache. q[t] has n_heads*head_dim values; token t attends to
 // cache rows 0..positions[t] inclusive (the caller has already written this step's K/V rows).

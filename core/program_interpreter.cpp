@@ -250,10 +250,22 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
         }
         break;
       }
-      case fb::OpKind::Rope:
-        ops::rope(at<float>(mem, *op.in0), n, op.n_heads, op.head_dim, positions.data(),
-                  op.freq_base);
+      case fb::OpKind::Rope: {
+        ops::RopeParams rope{op.freq_base, op.freq_scale, nullptr,
+                             static_cast<ops::RopeMode>(op.rope_mode)};
+        if (op.freq_factors) rope.freq_factors = at<float>(mem, *op.freq_factors);
+        ops::rope(at<float>(mem, *op.in0), n, op.n_heads, op.head_dim, positions.data(), rope);
         break;
+      }
+      case fb::OpKind::AddBias: {
+        const uint32_t t0 = std::min<uint32_t>(op.seq_begin, step.n_tokens);
+        const uint32_t t1 =
+            op.seq_end ? std::min<uint32_t>(op.seq_end, step.n_tokens) : step.n_tokens;
+        if (t1 > t0)
+          ops::add_bias(at<float>(mem, *op.in0) + size_t(t0) * op.in0->cols(),
+                        at<float>(mem, *op.weight), static_cast<int>(t1 - t0), op.in0->cols());
+        break;
+      }
       case fb::OpKind::KvWrite: {
         const float* k = at<float>(mem, *op.in0);
         const float* v = at<float>(mem, *op.in1);

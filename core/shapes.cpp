@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/gguf.h"
 #include "core/gguf_writer.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
@@ -15,13 +16,22 @@ namespace {
 
 // From the models' published configs (HF config.json): vocab, hidden, layers, intermediate, heads,
 // KV heads, max positions, rope theta, rms eps, tied embeddings.
-const std::array<ModelShape, 5>& all_shapes() {
-  static const std::array<ModelShape, 5> shapes{{
-      {"llama3.2-1b", 128256, 2048, 16, 8192, 32, 8, 131072, 500000.0f, 1e-5f, true},
-      {"llama3-8b", 128256, 4096, 32, 14336, 32, 8, 8192, 500000.0f, 1e-5f, false},
-      {"llama2-7b", 32000, 4096, 32, 11008, 32, 32, 4096, 10000.0f, 1e-5f, false},
-      {"internlm-1.8b", 92544, 2048, 24, 8192, 16, 8, 32768, 1000000.0f, 1e-5f, false},
-      {"tiny-fortune", 2048, 256, 6, 704, 8, 4, 512, 10000.0f, 1e-5f, false},
+// Llama 3.x rope_scaling: 3.1 factor 8, 3.2 factor 32 (low 1, high 4, original context 8192).
+const std::vector<ModelShape>& all_shapes() {
+  constexpr Llama3RopeScaling kLlama31{8.0f, 1.0f, 4.0f, 8192};
+  constexpr Llama3RopeScaling kLlama32{32.0f, 1.0f, 4.0f, 8192};
+  static const std::vector<ModelShape> shapes{{
+      {"llama3.2-1b", 128256, 2048, 16, 8192, 32, 8, 131072, 500000.0f, 1e-5f, true, kLlama32},
+      {"llama3-8b", 128256, 4096, 32, 14336, 32, 8, 8192, 500000.0f, 1e-5f, false, {}},
+      {"llama3.1-8b", 128256, 4096, 32, 14336, 32, 8, 131072, 500000.0f, 1e-5f, false, kLlama31},
+      {"llama2-7b", 32000, 4096, 32, 11008, 32, 32, 4096, 10000.0f, 1e-5f, false, {}},
+      {"internlm-1.8b", 92544, 2048, 24, 8192, 16, 8, 32768, 1000000.0f, 1e-5f, false, {}},
+      {"tiny-fortune", 2048, 256, 6, 704, 8, 4, 512, 10000.0f, 1e-5f, false, {}},
+      // Test shapes: the families' vocabularies and rope settings (Llama 3.2, Qwen2.5-0.5B,
+      // InternLM2) on two small layers of head_dim 32.
+      {"tiny-llama3", 128256, 128, 2, 256, 4, 2, 131072, 500000.0f, 1e-5f, true, kLlama32},
+      {"tiny-qwen2", 151936, 128, 2, 256, 4, 2, 32768, 1000000.0f, 1e-6f, true, {}},
+      {"tiny-internlm2", 92544, 128, 2, 256, 4, 2, 32768, 1000000.0f, 1e-5f, false, {}},
   }};
   return shapes;
 }
@@ -67,7 +77,7 @@ void fill_row_normalish(uint64_t row_seed, float stddev, float* out, int64_t n) 
 }
 
 void check_shape(const ModelShape& s, const SyntheticModelOptions& o, int n_vocab, int n_layer,
-                 int n_ctx) {
+                 int n_ctx, bool synthetic_vocab) {
   auto bad = [&](const std::string& what) {
     throw Error(Errc::invalid_argument, "mkmodel " + s.name + ": " + what);
   };
@@ -75,10 +85,14 @@ void check_shape(const ModelShape& s, const SyntheticModelOptions& o, int n_voca
     bad("dims must be positive");
   if (s.n_embd % s.n_head != 0) bad("n_embd is not a multiple of n_head");
   if (s.n_head % s.n_head_kv != 0) bad("n_head is not a multiple of n_head_kv");
-  if (n_vocab < kMinSyntheticVocab || n_vocab > kMaxSyntheticVocab) {
+  if (synthetic_vocab && (n_vocab < kMinSyntheticVocab || n_vocab > kMaxSyntheticVocab)) {
     bad("vocab must be " + std::to_string(kMinSyntheticVocab) + " to " +
         std::to_string(kMaxSyntheticVocab));
   }
+  if (n_vocab < 1 || n_vocab > kMaxSyntheticVocab)
+    bad("the vocab file has " + std::to_string(n_vocab) + " tokens");
+  if (s.rope_scaling.factor > 0 && o.arch != Arch::llama)
+    bad("llama3 rope scaling (rope_freqs.weight) is read only by --arch llama");
   if (n_layer < 1) bad("at least one layer is needed");
   if (n_ctx < 1) bad("context must be positive");
   if (o.n_threads < 1) bad("threads must be positive");
@@ -159,37 +173,53 @@ SyntheticVocab make_synthetic_vocab(int n_vocab) {
   return v;
 }
 
-void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions& options,
-                           const std::string& path) {
-  if (options.n_vocab < 0 || options.n_layer < 0 || options.n_ctx < 0) {
-    throw Error(Errc::invalid_argument, "mkmodel: vocab, layers and ctx must not be negative");
+std::vector<float> llama3_rope_freqs(const Llama3RopeScaling& s, float freq_base, int head_dim) {
+  if (!(s.factor > 0) || !(s.high_freq_factor > s.low_freq_factor) || s.original_ctx <= 0 ||
+      head_dim <= 0 || head_dim % 2 != 0 || !(freq_base > 0)) {
+    throw Error(Errc::invalid_argument, "llama3 rope scaling: bad parameters");
   }
-  const int n_vocab =
-      options.n_vocab > 0 ? options.n_vocab : std::min(kDefaultSyntheticVocab, shape.n_vocab);
-  const int n_layer = options.n_layer > 0 ? options.n_layer : shape.n_layer;
-  const int n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min(kMaxSyntheticCtx, shape.n_ctx);
-  check_shape(shape, options, n_vocab, n_layer, n_ctx);
-  const int head_dim = shape.n_embd / shape.n_head;
-  const int n_embd_kv = head_dim * shape.n_head_kv;
+  constexpr double kPi = 3.14159265358979323846;
+  const double low_freq_wavelen = s.original_ctx / static_cast<double>(s.low_freq_factor);
+  const double high_freq_wavelen = s.original_ctx / static_cast<double>(s.high_freq_factor);
+  std::vector<float> factors(static_cast<size_t>(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i) {
+    // The converters compute the inverse frequencies in float32.
+    const float freq =
+        1.0f / std::pow(freq_base, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    const double wavelen = 2 * kPi / freq;
+    double f;
+    if (wavelen < high_freq_wavelen) {
+      f = 1.0;
+    } else if (wavelen > low_freq_wavelen) {
+      f = s.factor;
+    } else {
+      const double smooth =
+          (s.original_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = 1.0 / ((1.0 - smooth) / s.factor + smooth);
+    }
+    factors[static_cast<size_t>(i)] = static_cast<float>(f);
+  }
+  return factors;
+}
 
-  GgufWriter w;
-  w.set_string("general.architecture", "llama");
-  w.set_string("general.name",
-               "synthetic-" + shape.name + "-" + std::string(dtype_name(options.type)));
-  w.set_uint32("general.file_type", file_type_of(options.type));
-  w.set_uint32("general.quantization_version", 2);
-  w.set_uint64("duet.synthetic.seed", options.seed);
-  w.set_uint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
-  w.set_uint32("llama.context_length", static_cast<uint32_t>(n_ctx));
-  w.set_uint32("llama.embedding_length", static_cast<uint32_t>(shape.n_embd));
-  w.set_uint32("llama.block_count", static_cast<uint32_t>(n_layer));
-  w.set_uint32("llama.feed_forward_length", static_cast<uint32_t>(shape.n_ff));
-  w.set_uint32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
-  w.set_uint32("llama.attention.head_count", static_cast<uint32_t>(shape.n_head));
-  w.set_uint32("llama.attention.head_count_kv", static_cast<uint32_t>(shape.n_head_kv));
-  w.set_float32("llama.attention.layer_norm_rms_epsilon", shape.rms_eps);
-  w.set_float32("llama.rope.freq_base", shape.rope_freq_base);
+namespace {
 
+// Copies every tokenizer.* key of a GGUF (vocabulary, merges, special ids, chat template) into w;
+// returns its token count.
+int copy_tokenizer(const std::string& vocab_path, GgufWriter& w) {
+  const auto vocab = GgufFile::open(vocab_path);
+  if (!vocab->has("tokenizer.ggml.tokens"))
+    throw Error(Errc::bad_format, vocab_path + ": no tokenizer.ggml.tokens to copy");
+  for (const std::string& key : vocab->keys()) {
+    if (key.rfind("tokenizer.", 0) == 0) w.set_value(key, vocab->value(key));
+  }
+  const uint64_t n = vocab->value("tokenizer.ggml.tokens").count;
+  if (n == 0 || n > static_cast<uint64_t>(kMaxSyntheticVocab))
+    throw Error(Errc::bad_format, vocab_path + ": " + std::to_string(n) + " tokens");
+  return static_cast<int>(n);
+}
+
+void write_synthetic_vocab(int n_vocab, GgufWriter& w) {
   SyntheticVocab vocab = make_synthetic_vocab(n_vocab);
   w.set_string("tokenizer.ggml.model", "llama");
   w.set_string_array("tokenizer.ggml.tokens", std::move(vocab.tokens));
@@ -200,6 +230,56 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
   w.set_uint32("tokenizer.ggml.unknown_token_id", 0);
   w.set_bool("tokenizer.ggml.add_bos_token", true);
   w.set_bool("tokenizer.ggml.add_eos_token", false);
+}
+
+std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> bytes(v.size() * sizeof(float));
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  return bytes;
+}
+
+}  // namespace
+
+void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions& options,
+                           const std::string& path) {
+  if (options.n_vocab < 0 || options.n_layer < 0 || options.n_ctx < 0) {
+    throw Error(Errc::invalid_argument, "mkmodel: vocab, layers and ctx must not be negative");
+  }
+  const bool synthetic_vocab = options.vocab_gguf.empty();
+  if (!synthetic_vocab && options.n_vocab != 0) {
+    throw Error(Errc::invalid_argument,
+                "mkmodel: a vocab file sets the vocab size; give a size or a file, not both");
+  }
+  GgufWriter w;
+  const std::string arch(arch_name(options.arch));
+  w.set_string("general.architecture", arch);
+  w.set_string("general.name",
+               "synthetic-" + shape.name + "-" + std::string(dtype_name(options.type)));
+  w.set_uint32("general.file_type", file_type_of(options.type));
+  w.set_uint32("general.quantization_version", 2);
+  w.set_uint64("duet.synthetic.seed", options.seed);
+  const int n_vocab = synthetic_vocab
+                          ? (options.n_vocab > 0 ? options.n_vocab
+                                                 : std::min(kDefaultSyntheticVocab, shape.n_vocab))
+                          : copy_tokenizer(options.vocab_gguf, w);
+  const int n_layer = options.n_layer > 0 ? options.n_layer : shape.n_layer;
+  const int n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min(kMaxSyntheticCtx, shape.n_ctx);
+  check_shape(shape, options, n_vocab, n_layer, n_ctx, synthetic_vocab);
+  const int head_dim = shape.n_embd / shape.n_head;
+  const int n_embd_kv = head_dim * shape.n_head_kv;
+
+  const std::string a = arch + ".";
+  w.set_uint32(a + "vocab_size", static_cast<uint32_t>(n_vocab));
+  w.set_uint32(a + "context_length", static_cast<uint32_t>(n_ctx));
+  w.set_uint32(a + "embedding_length", static_cast<uint32_t>(shape.n_embd));
+  w.set_uint32(a + "block_count", static_cast<uint32_t>(n_layer));
+  w.set_uint32(a + "feed_forward_length", static_cast<uint32_t>(shape.n_ff));
+  w.set_uint32(a + "rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.set_uint32(a + "attention.head_count", static_cast<uint32_t>(shape.n_head));
+  w.set_uint32(a + "attention.head_count_kv", static_cast<uint32_t>(shape.n_head_kv));
+  w.set_float32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps);
+  w.set_float32(a + "rope.freq_base", shape.rope_freq_base);
+  if (synthetic_vocab) write_synthetic_vocab(n_vocab, w);
 
   // The pool lives until write() returns: the row sources below run inside it.
   ThreadPool pool(options.n_threads);
@@ -224,13 +304,22 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
                       });
   };
   auto add_norm = [&](std::string name) {
-    std::vector<uint8_t> bytes(static_cast<size_t>(shape.n_embd) * sizeof(float));
-    const float one = 1.0f;
-    for (size_t i = 0; i < bytes.size(); i += sizeof one)
-      std::memcpy(bytes.data() + i, &one, sizeof one);
-    w.add_tensor(std::move(name), DType::F32, {shape.n_embd}, std::move(bytes));
+    w.add_tensor(std::move(name), DType::F32, {shape.n_embd},
+                 f32_bytes(std::vector<float>(static_cast<size_t>(shape.n_embd), 1.0f)));
+  };
+  // Biases are large next to a projection's output (Qwen2's are), so a forward pass that drops
+  // or misplaces one is visibly wrong.
+  auto add_bias = [&](std::string name, int64_t n) {
+    std::vector<float> bias(static_cast<size_t>(n));
+    fill_row_normalish(splitmix64(options.seed ^ splitmix64(++tensor_index)),
+                       5.0f * options.weight_std, bias.data(), n);
+    w.add_tensor(std::move(name), DType::F32, {n}, f32_bytes(bias));
   };
 
+  if (shape.rope_scaling.factor > 0) {
+    w.add_tensor("rope_freqs.weight", DType::F32, {head_dim / 2},
+                 f32_bytes(llama3_rope_freqs(shape.rope_scaling, shape.rope_freq_base, head_dim)));
+  }
   add_matrix("token_embd.weight", shape.n_embd, n_vocab);
   for (int l = 0; l < n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -238,6 +327,11 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
     add_matrix(p + "attn_q.weight", shape.n_embd, shape.n_embd);
     add_matrix(p + "attn_k.weight", shape.n_embd, n_embd_kv);
     add_matrix(p + "attn_v.weight", shape.n_embd, n_embd_kv);
+    if (options.arch == Arch::qwen2) {
+      add_bias(p + "attn_q.bias", shape.n_embd);
+      add_bias(p + "attn_k.bias", n_embd_kv);
+      add_bias(p + "attn_v.bias", n_embd_kv);
+    }
     add_matrix(p + "attn_output.weight", shape.n_embd, shape.n_embd);
     add_norm(p + "ffn_norm.weight");
     add_matrix(p + "ffn_gate.weight", shape.n_embd, shape.n_ff);
@@ -245,7 +339,9 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
     add_matrix(p + "ffn_down.weight", shape.n_ff, shape.n_embd);
   }
   add_norm("output_norm.weight");
-  if (!shape.tied_embeddings) add_matrix("output.weight", shape.n_embd, n_vocab);
+  // InternLM2 always has its own output matrix (llama.cpp requires it).
+  if (!shape.tied_embeddings || options.arch == Arch::internlm2)
+    add_matrix("output.weight", shape.n_embd, n_vocab);
   w.write(path);
 }
 

@@ -7,9 +7,20 @@
 #include <string_view>
 #include <vector>
 
+#include "core/arch.h"
 #include "core/dtype.h"
 
 namespace duet {
+
+// Llama 3.1+'s "llama3" RoPE scaling (HF rope_scaling): frequencies whose wavelength exceeds
+// original_ctx / low_freq_factor are divided by factor, those shorter than original_ctx /
+// high_freq_factor are kept, and the band between is interpolated. factor 0: none.
+struct Llama3RopeScaling {
+  float factor = 0.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_ctx = 8192;
+};
 
 struct ModelShape {
   std::string name;
@@ -18,18 +29,29 @@ struct ModelShape {
   float rope_freq_base;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // no output.weight: the output projection is token_embd.weight
+  Llama3RopeScaling rope_scaling{};
 };
 
-// llama3.2-1b, llama3-8b, llama2-7b, internlm-1.8b, tiny-fortune. Throws Errc::not_found naming the
-// known shapes.
+// The rope_freqs.weight a converter writes for llama3 scaling: head_dim/2 divisors of each
+// pair's frequency (llama.cpp's convert_hf_to_gguf and HF's _compute_llama3_parameters).
+std::vector<float> llama3_rope_freqs(const Llama3RopeScaling& s, float freq_base, int head_dim);
+
+// llama3.2-1b, llama3-8b (Llama 3.0: no rope scaling), llama3.1-8b, llama2-7b, internlm-1.8b,
+// tiny-fortune, and tiny-llama3 / tiny-qwen2 / tiny-internlm2 (two small layers with the family's
+// real vocabulary size and rope settings, for tests). Throws Errc::not_found naming the known
+// shapes.
 const ModelShape& model_shape(std::string_view name);
 std::vector<std::string> model_shape_names();
 
 struct SyntheticModelOptions {
-  DType type = DType::Q4_0;  // every matrix; norm weights are always F32
+  Arch arch = Arch::llama;   // general.architecture and the key prefix; qwen2 adds q/k/v biases
+  DType type = DType::Q4_0;  // every matrix; norm weights, biases and rope factors are F32
   int n_vocab = 0;           // 0: min(kDefaultSyntheticVocab, the shape's vocab)
-  int n_layer = 0;           // 0: the shape's
-  int n_ctx = 0;             // 0: min(kMaxSyntheticCtx, the shape's)
+  // A GGUF whose tokenizer.* keys (vocabulary, merges, special ids, chat template) are copied;
+  // n_vocab is then its token count. Empty: the synthetic SentencePiece vocabulary.
+  std::string vocab_gguf;
+  int n_layer = 0;  // 0: the shape's
+  int n_ctx = 0;    // 0: min(kMaxSyntheticCtx, the shape's)
   uint64_t seed = 1;
   int n_threads = 2;
   float weight_std = 0.02f;  // matrices; norms are 1.0, which keeps activations finite at any depth
@@ -49,9 +71,10 @@ struct SyntheticVocab {
 };
 SyntheticVocab make_synthetic_vocab(int n_vocab);
 
-// Writes a Llama GGUF (llama.* hyperparameters, tokenizer.ggml.* vocabulary, blk.N.* tensors) with
-// weights drawn from a seeded PRNG and quantised per row; tensors stream to the file. The same
-// shape, options and seed give the same bytes whatever n_threads is. Throws duet::Error.
+// Writes a GGUF of options.arch (<arch>.* hyperparameters, tokenizer.* vocabulary, blk.N.* tensors,
+// rope_freqs.weight for llama3 scaling) with weights drawn from a seeded PRNG and quantised per
+// row; tensors stream to the file. The same shape, options, vocab file and seed give the same
+// bytes whatever n_threads is. Throws duet::Error.
 void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions& options,
                            const std::string& path);
 

@@ -163,7 +163,7 @@ TEST(Ops, RopeRotatesInterleavedPairsByPositionTimesFrequency) {
   std::vector<float> x(n_heads * head_dim);
   for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 2 == 0) ? 1.0f : 0.0f;  // every pair is (1, 0)
   const int32_t pos[] = {3};
-  ops::rope(x.data(), 1, n_heads, head_dim, pos, 10000.0f);
+  ops::rope(x.data(), 1, n_heads, head_dim, pos, ops::RopeParams{10000.0f});
   for (int h = 0; h < n_heads; ++h) {
     for (int i = 0; i < head_dim / 2; ++i) {
       const double theta = 3 * std::pow(10000.0, -2.0 * i / head_dim);
@@ -171,6 +171,44 @@ TEST(Ops, RopeRotatesInterleavedPairsByPositionTimesFrequency) {
       EXPECT_NEAR(x[h * head_dim + 2 * i + 1], std::sin(theta), 1e-6);
     }
   }
+}
+
+TEST(Ops, NeoxRopePairsValuesHalfAHeadApart) {
+  const int head_dim = 8, half = head_dim / 2;
+  std::vector<float> x(head_dim, 0.0f);
+  for (int i = 0; i < half; ++i) x[i] = 1.0f;  // every neox pair (i, i + half) is (1, 0)
+  const int32_t pos[] = {5};
+  ops::RopeParams p;
+  p.mode = ops::RopeMode::neox;
+  ops::rope(x.data(), 1, 1, head_dim, pos, p);
+  for (int i = 0; i < half; ++i) {
+    const double theta = 5 * std::pow(10000.0, -2.0 * i / head_dim);
+    EXPECT_NEAR(x[i], std::cos(theta), 1e-6);
+    EXPECT_NEAR(x[i + half], std::sin(theta), 1e-6);
+  }
+}
+
+TEST(Ops, RopeDividesEachAngleByItsFreqFactorAndScalesLinearly) {
+  // ggml's rope: theta_i = pos * freq_scale * base^(-2i/d) / factor_i.
+  const int head_dim = 8;
+  const float factors[] = {1.0f, 2.0f, 8.0f, 32.0f};
+  std::vector<float> x(head_dim);
+  for (int i = 0; i < head_dim; ++i) x[i] = (i % 2 == 0) ? 1.0f : 0.0f;
+  const int32_t pos[] = {1000};
+  ops::RopeParams p{500000.0f, 0.25f, factors, ops::RopeMode::normal};
+  ops::rope(x.data(), 1, 1, head_dim, pos, p);
+  for (int i = 0; i < head_dim / 2; ++i) {
+    const double theta = 1000 * 0.25 * std::pow(500000.0, -2.0 * i / head_dim) / factors[i];
+    EXPECT_NEAR(x[2 * i], std::cos(theta), 1e-6) << i;
+    EXPECT_NEAR(x[2 * i + 1], std::sin(theta), 1e-6) << i;
+  }
+}
+
+TEST(Ops, AddBiasAddsTheVectorToEveryRow) {
+  std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  const float bias[] = {10, 20, 30};
+  ops::add_bias(x.data(), bias, 2, 3);
+  EXPECT_EQ(x, (std::vector<float>{11, 22, 33, 14, 25, 36}));
 }
 
 TEST(Ops, AttentionIsCausalGqaSoftmaxOverTheCache) {

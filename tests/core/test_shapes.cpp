@@ -54,7 +54,7 @@ TEST(Shapes, NamedShapesHaveThePublishedDimensions) {
 
 TEST(Shapes, EveryShapeSplitsIntoWholeHeadsAndQuantBlocks) {
   const auto names = model_shape_names();
-  EXPECT_EQ(names.size(), 5u);
+  EXPECT_EQ(names.size(), 9u);
   for (const auto& name : names) {
     const ModelShape& s = model_shape(name);
     EXPECT_EQ(s.name, name);

@@ -104,7 +104,7 @@ TEST_F(GpuKernelsTest, RopeMatchesReferenceAtLongPositions) {
     std::vector<float> want = x;
     std::vector<int32_t> pos(n);
     for (uint32_t t = 0; t < n; ++t) pos[t] = arena.at<int32_t>(0)[4 * t + 1];
-    ops::rope(want.data(), static_cast<int>(n), n_heads, head_dim, pos.data(), 10000.0f);
+    ops::rope(want.data(), static_cast<int>(n), n_heads, head_dim, pos.data(), ops::RopeParams{10000.0f});
     EXPECT_LT(max_abs_diff(arena.at<float>(kActs), want.data(), want.size()), 1e-5f) << "n=" << n;
   }
 }
