@@ -1,37 +1,42 @@
 #pragma once
-// The tokenizer of tokenizer.ggml.model = "llama": SentencePiece BPE, reproducing sentencepiece's
-// own encoder (normalizer.cc + bpe_model.cc + sentencepiece_processor.cc) for a model with
-// identity normalisation, a dummy prefix, whitespace escaped as "▁" (U+2581), extra whitespace
-// kept, user-defined pieces and byte fallback.
+// The tokenizers of GGUF files, as llama.cpp reads them:
+//   tokenizer.ggml.model = "llama": SentencePiece BPE (core/tokenizer_spm.cpp), reproducing
+//     sentencepiece's own encoder for a model with identity normalisation, a dummy prefix,
+//     whitespace escaped as "▁", user-defined pieces and byte fallback (sentencepiece is the
+//     reference there, where llama.cpp differs).
+//   tokenizer.ggml.model = "gpt2": byte-level BPE (core/tokenizer_bpe.cpp): a pre-tokenizer
+//     chosen by tokenizer.ggml.pre splits the text into words (core/bpe_pretokenize.cpp, PCRE2),
+//     each word's bytes are merged by merge rank; llama.cpp's tokenisation is the reference.
 //
-// encode():
-//   1. normalise: a non-empty text gets a leading "▁" (the dummy prefix); every ' ' becomes "▁";
-//      a byte that is not part of valid UTF-8 becomes U+FFFD (as sentencepiece does), which then
-//      falls back to its three bytes <0xEF><0xBF><0xBD>. Nothing else changes (tabs, newlines,
-//      case, runs of spaces are kept).
-//   2. split into symbols: the longest user-defined piece (token type 4) starting here, or one
-//      UTF-8 character. User-defined symbols never merge.
-//   3. BPE: repeatedly merge the adjacent pair whose concatenation is a piece with the highest
-//      score (ties: the leftmost pair), via a priority queue: O(n log n).
-//   4. each symbol maps to its piece id; a symbol that is no piece becomes its UTF-8 bytes as
-//      <0xNN> pieces (or <unk> if the vocab has no byte pieces). Control, unknown and byte
-//      pieces are never produced from text: "<s>" in a text is the characters '<', 's', '>'.
-// That the user-defined "\n" splits the text, not the words, is why the word after it gets no
-// "▁" (llama.cpp differs here; sentencepiece is the reference).
+// Special tokens (llama.cpp's tokenizer_st_partition): before the model runs, the text is cut at
+// the texts of special tokens, longest token first; the pieces between them are encoded on their
+// own. Which tokens may cut the text:
+//   - control and unknown tokens: only with parse_special (or inside a special span);
+//   - user-defined tokens: always, for byte-level BPE (llama.cpp does, after HF tokenizers);
+//     for SentencePiece they are sentencepiece's user-defined pieces inside the encoder instead.
+// Token attributes follow llama.cpp, including its detection by text: a token whose text is an
+// end-of-generation marker ("<|eot_id|>", "<|im_end|>", "</s>", ...) or a FIM marker is treated
+// as control (not printed by decode, cut from text only with parse_special) and such EOG texts end
+// generation (is_eog).
 //
-// decode(): control pieces (<s>, </s>) are dropped, "▁" becomes ' ', runs of byte pieces are
-// decoded as UTF-8 (each invalid byte becomes U+FFFD), <unk> becomes " ⁇ ", and the "▁" of the
-// first piece is removed (the dummy prefix), all as sentencepiece's Decode.
+// decode(): control and unknown tokens are dropped (llama.cpp's detokenize with special=false).
+//   SentencePiece: "▁" becomes ' ', byte pieces are decoded as UTF-8 (an invalid byte becomes
+//   U+FFFD), <unk> becomes " ⁇ " and the first piece loses its dummy-prefix "▁", as sentencepiece.
+//   Byte-level BPE: the exact bytes (byte-level mapping reversed; user-defined tokens as their
+//   text), no space clean-up, invalid UTF-8 passed through unchanged.
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace duet {
 
 class GgufFile;
+class SpmModel;
+class BpeModel;
 
 // GGUF token types (llama_token_type), as sentencepiece's piece types.
 enum class TokenType : int32_t {
@@ -44,26 +49,54 @@ enum class TokenType : int32_t {
 };
 
 struct Vocab {
+  enum class Kind { spm, bpe };  // tokenizer.ggml.model "llama" | "gpt2"
+  Kind kind = Kind::spm;
+  std::string pre;  // tokenizer.ggml.pre ("" when absent)
   std::vector<std::string> pieces;
   std::vector<float> scores;
-  std::vector<int32_t> types;  // TokenType values (0, llama.cpp's "undefined", is read as normal)
-  int32_t bos = 1, eos = 2, unk = 0;
-  bool add_space_prefix =
-      true;  // tokenizer.ggml.add_space_prefix: sentencepiece's add_dummy_prefix
+  std::vector<int32_t> types;  // TokenType values (0, llama.cpp's "undefined", reads as normal)
+  std::vector<std::string> merges;  // bpe only: "a b" per line, by rank (first = merged first)
+  // -1 when the vocab has none. Defaults (absent keys) are llama.cpp's: SentencePiece bos 1,
+  // eos 2, unk 0; BPE bos = eos = 11 (when the vocab is that large); eot found by text.
+  int32_t bos = 1, eos = 2, eot = -1, unk = 0, pad = -1;
+  // add_bos_token / add_eos_token, defaulting as llama.cpp: SentencePiece BOS yes; BPE BOS only
+  // for the llama3 pre-tokenizers; EOS never.
+  bool add_bos = true, add_eos = false;
+  bool add_space_prefix = true;  // tokenizer.ggml.add_space_prefix (sentencepiece's dummy prefix)
+  std::string chat_template;     // tokenizer.chat_template, "" when absent
 
-  // Reads tokenizer.ggml.{model,tokens,scores,token_type,bos_token_id,eos_token_id,
-  // unknown_token_id,add_space_prefix}. Throws unsupported for another tokenizer model,
-  // bad_format (naming the file and key) for missing or inconsistent arrays and ids.
+  // Reads tokenizer.ggml.{model,pre,tokens,scores,token_type,merges,*_token_id,add_*} and
+  // tokenizer.chat_template. Throws unsupported for another tokenizer model, bad_format (naming
+  // the file and key) for missing or inconsistent arrays, a special-token id outside the vocab,
+  // or an unknown pre-tokenizer (listing the known ones).
   static Vocab from_gguf(const GgufFile& f);
+};
+
+struct TextSpan {  // byte range [begin, end) of a text
+  size_t begin, end;
 };
 
 class Tokenizer {
  public:
-  explicit Tokenizer(
-      Vocab v);  // throws bad_format for an inconsistent vocab or an unknown token type
+  // Throws bad_format for an inconsistent vocab: an unknown token type, ids outside the vocab,
+  // merges naming missing tokens, an unknown pre-tokenizer, add_bos without a BOS id.
+  explicit Tokenizer(Vocab v);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&);
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+  Tokenizer& operator=(Tokenizer&&) = delete;
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
-  // Skips BOS/EOS (every control piece). Throws invalid_argument for an id outside the vocab.
+  // add_special: BOS/EOS as the vocab's add_bos/add_eos say (llama.cpp's add_special);
+  // parse_special: control-token texts in `text` become their ids (llama.cpp's parse_special).
+  std::vector<int32_t> encode(std::string_view text, bool add_special,
+                              bool parse_special = false) const;
+  // Special tokens are recognised only when they lie inside one of `special_spans` (a chat
+  // template's own markers); the text between recognised special tokens is one fragment, as
+  // llama.cpp tokenises after its partition. A user who types "<|eot_id|>" gets those characters.
+  std::vector<int32_t> encode_with_special_spans(std::string_view text, bool add_special,
+                                                 std::span<const TextSpan> special_spans) const;
+  // Drops control and unknown tokens. Throws invalid_argument for an id outside the vocab.
   std::string decode(const std::vector<int32_t>& ids) const;
 
   // Token-by-token decoding for streaming: the concatenation of every push() and the final
@@ -72,43 +105,60 @@ class Tokenizer {
    public:
     explicit StreamDecoder(const Tokenizer& t);
     std::string push(int32_t id);  // throws invalid_argument for an id outside the vocab
-    std::string flush();           // what is still held (an unfinished byte sequence, as U+FFFD)
+    std::string flush();           // what is still held (SentencePiece: an unfinished byte
+                                   // sequence as U+FFFD; BPE: the held bytes as they are)
 
    private:
+    std::string push_spm(int32_t id);
+    std::string push_bpe(int32_t id);
+
     const Tokenizer* tok_;
-    std::string pending_bytes_;  // byte pieces not yet forming a whole character
+    std::string pending_bytes_;  // bytes not yet forming a whole character
     bool text_started_ = false;  // anything emitted yet
-    bool is_bos_ws_ = true;      // the next piece may still carry the dummy-prefix "▁"
-    bool bos_ws_seen_ = false;   // the previous piece's "▁" was removed as the dummy prefix
+    bool is_bos_ws_ = true;      // SentencePiece: the next piece may still carry the dummy "▁"
+    bool bos_ws_seen_ = false;   // SentencePiece: the previous piece's "▁" was the dummy prefix
   };
 
-  const Vocab& vocab() const { return vocab_; }
+  bool is_eog(int32_t id) const;  // EOS, EOT and the other end-of-generation ids
   int32_t bos() const { return vocab_.bos; }
   int32_t eos() const { return vocab_.eos; }
+  int32_t eot() const { return vocab_.eot; }
   int32_t n_vocab() const { return static_cast<int32_t>(vocab_.pieces.size()); }
-  // The piece id of a text, as sentencepiece's PieceToId: unk when there is none.
+  const Vocab& vocab() const { return vocab_; }
+  // The piece id of a text (SentencePiece: as its PieceToId, unk when there is none; BPE: the
+  // token whose stored text this is, -1 when there is none).
   int32_t piece_to_id(std::string_view piece) const;
 
  private:
-  struct StringHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  // A piece of the text after the special-token partition: a token, or a byte range to encode.
+  struct Fragment {
+    int32_t token;  // -1 for text
+    size_t begin, end;
   };
-  using PieceMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+  // llama.cpp's tokenizer_st_partition. A control/unknown token cuts the text when
+  // parse_special, or when it lies inside one of `spans` (spans non-empty).
+  std::vector<Fragment> partition(std::string_view text, bool parse_special,
+                                  std::span<const TextSpan> spans) const;
+  std::vector<int32_t> encode_fragments(std::string_view text, const std::vector<Fragment>& frags,
+                                        bool add_special) const;
+  void check_id(int32_t id) const;
 
-  TokenType type_of(int32_t id) const {
-    return static_cast<TokenType>(vocab_.types[static_cast<size_t>(id)]);
-  }
-  size_t match_user_defined(std::string_view text) const;  // longest user-defined prefix, 0 if none
-  std::string normalize(std::string_view text) const;
+  // llama.cpp's token attributes (bit set): the GGUF type plus what llama.cpp infers from texts.
+  enum Attr : uint8_t {
+    kNormal = 1,
+    kUnknown = 2,
+    kControl = 4,
+    kUserDefined = 8,
+    kUnused = 16,
+    kByte = 32,
+  };
 
   Vocab vocab_;
-  PieceMap mergeable_;  // normal, user-defined and unused pieces: the ones BPE may produce
-  PieceMap reserved_;   // control, unknown and byte pieces: looked up first, never merged into
-  std::array<int32_t, 256> byte_ids_{};  // <0xNN> piece per byte, -1 if absent
-  std::vector<int16_t> byte_of_id_;      // the byte of a byte piece, -1 for others
-  bool byte_fallback_ = false;           // the vocab has byte pieces
-  std::array<std::vector<std::string>, 256> user_defined_by_first_byte_;  // longest first
+  std::vector<uint8_t> attrs_;
+  std::vector<int32_t> special_by_length_;  // control/user-defined/unknown, longest text first
+  std::vector<int32_t> eog_ids_;            // sorted
+  std::shared_ptr<const SpmModel> spm_;     // one of the two, by vocab_.kind
+  std::shared_ptr<const BpeModel> bpe_;
 };
 
 }  // namespace duet

@@ -11,6 +11,7 @@ PACKAGES=(
   ocl-icd-opencl-dev opencl-headers opencl-clhpp-headers pocl-opencl-icd clinfo
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
+  libpcre2-dev
   libopenblas-dev
   clang libclang-rt-14-dev clang-format
   python3

@@ -116,6 +116,26 @@ TEST(Tokenizer, ControlPiecesInTextAreJustCharacters) {
   EXPECT_EQ(t.decode(ids), "<s></s><unk><0x41>");
 }
 
+TEST(Tokenizer, ParseSpecialTurnsControlTextsIntoTheirIds) {
+  const Tokenizer& t = fortune_tokenizer();
+  std::vector<int32_t> expected{1};
+  for (int32_t id : t.encode("Hello world", false)) expected.push_back(id);
+  expected.push_back(2);
+  EXPECT_EQ(t.encode("<s>Hello world</s>", false, true), expected);
+  // As llama.cpp: the text after a special token gets the dummy prefix again.
+  const auto again = t.encode("</s>Hello", false, true);
+  EXPECT_EQ(again.front(), 2);
+  EXPECT_EQ(std::vector<int32_t>(again.begin() + 1, again.end()), t.encode("Hello", false));
+  // Only inside a special span when the spans are given.
+  const std::string text = "<s>Hi</s>";
+  const TextSpan first_marker{0, 3};
+  const auto spans = t.encode_with_special_spans(text, false, std::span(&first_marker, 1));
+  EXPECT_EQ(spans.front(), 1);
+  EXPECT_EQ(std::count(spans.begin(), spans.end(), 2), 0);
+  EXPECT_EQ(t.decode(spans), "Hi</s>");
+  EXPECT_EQ(t.encode_with_special_spans(text, false, {}), t.encode(text, false));
+}
+
 TEST(Tokenizer, NewlineIsUserDefinedAndTheNextWordHasNoSpaceMark) {
   const Tokenizer& t = fortune_tokenizer();
   // "▁a", "\n", then "b" without "▁": sentencepiece, not llama.cpp.
@@ -212,9 +232,9 @@ TEST(Tokenizer, LongUnbrokenTextEncodesInNearLinearTime) {
 }
 
 TEST(Tokenizer, OtherTokenizerModelsAreRejectedWithTheirName) {
-  const std::string path = ::testing::TempDir() + "duet-gpt2-vocab.gguf";
+  const std::string path = ::testing::TempDir() + "duet-bert-vocab.gguf";
   GgufWriter w;
-  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string("tokenizer.ggml.model", "bert");
   w.set_string_array("tokenizer.ggml.tokens", {"a", "b"});
   w.write(path);
   const auto f = GgufFile::open(path);
@@ -223,7 +243,7 @@ TEST(Tokenizer, OtherTokenizerModelsAreRejectedWithTheirName) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::unsupported);
-    EXPECT_NE(std::string(e.what()).find("gpt2"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("bert"), std::string::npos);
   }
   std::filesystem::remove(path);
 }

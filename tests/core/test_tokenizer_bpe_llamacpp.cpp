@@ -1,0 +1,115 @@
+// Byte-level BPE against llama.cpp itself: every string of tests/data/llamacpp/corpus.json (722
+// strings: prose, whitespace runs, numbers, code, CJK, Arabic, emoji, combining marks, invalid
+// UTF-8, special-token texts) tokenised by duet must give exactly the ids llama.cpp gave for
+// the same vocab-only GGUF (Llama 3.1's and Qwen3's real vocabularies), with and without
+// parse_special. The ids were written by tools/llamacpp-oracle (node-llama-cpp 3.22.1).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/gguf.h"
+#include "core/tokenizer.h"
+#include "reference_data.h"
+
+namespace duet {
+namespace {
+
+std::string data_dir() {
+  return std::string(DUET_SOURCE_DIR) + "/tests/data/";
+}
+
+const Tokenizer& vocab_tokenizer(const std::string& name) {
+  static std::map<std::string, Tokenizer> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    const auto f = GgufFile::open(data_dir() + "vocab/" + name + ".gguf");
+    it = cache.emplace(name, Tokenizer(Vocab::from_gguf(*f))).first;
+  }
+  return it->second;
+}
+
+// A corpus entry's bytes: "text", or "hex" for byte strings that are not valid UTF-8.
+std::string entry_bytes(const nlohmann::json& entry) {
+  if (entry.contains("text")) return entry["text"].get<std::string>();
+  const std::string hex = entry["hex"];
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return bytes;
+}
+
+std::string show(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) s += std::to_string(id) + " ";
+  return s;
+}
+
+class BpeAgainstLlamaCpp : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BpeAgainstLlamaCpp, HeaderIdsAndFlagsAgree) {
+  const auto oracle = testdata::load_json(data_dir() + "llamacpp/tokenize-" + GetParam() + ".json");
+  const Tokenizer& t = vocab_tokenizer(GetParam());
+  EXPECT_EQ(t.vocab().kind, Vocab::Kind::bpe);
+  EXPECT_EQ(t.n_vocab(), oracle["n_vocab"].get<int32_t>());
+  EXPECT_EQ(t.bos(), oracle["bos"].get<int32_t>());
+  EXPECT_EQ(t.eos(), oracle["eos"].get<int32_t>());
+  EXPECT_EQ(t.eot(), oracle["eot"].get<int32_t>());
+  EXPECT_EQ(t.vocab().add_bos, oracle["add_bos"].get<bool>());
+  EXPECT_EQ(t.vocab().add_eos, oracle["add_eos"].get<bool>());
+  EXPECT_TRUE(t.is_eog(t.eos()));
+  EXPECT_TRUE(t.is_eog(t.eot()));
+  EXPECT_FALSE(t.vocab().chat_template.empty());
+}
+
+TEST_P(BpeAgainstLlamaCpp, EveryCorpusStringGivesLlamaCppsIds) {
+  const auto oracle = testdata::load_json(data_dir() + "llamacpp/tokenize-" + GetParam() + ".json");
+  const Tokenizer& t = vocab_tokenizer(GetParam());
+  const auto& strings = oracle["strings"];
+  ASSERT_GE(strings.size(), 500u);
+  int compared = 0, mismatches = 0;
+  for (const auto& entry : strings) {
+    const std::string text = entry_bytes(entry);
+    if (entry.contains("error")) {
+      // llama.cpp dies on a code point above U+10FFFF; duet reads it as U+FFFD instead.
+      EXPECT_NO_THROW(t.encode(text, false)) << entry.dump();
+      continue;
+    }
+    const auto plain = t.encode(text, false);
+    const auto special = t.encode(text, false, true);
+    const bool ok = plain == entry["plain"].get<std::vector<int32_t>>() &&
+                    special == entry["special"].get<std::vector<int32_t>>();
+    if (!ok && ++mismatches <= 20) {
+      ADD_FAILURE() << entry.dump() << "\n duet plain:   " << show(plain)
+                    << "\n duet special: " << show(special);
+    }
+    if (entry.contains("plain_add_special")) {
+      EXPECT_EQ(t.encode(text, true), entry["plain_add_special"].get<std::vector<int32_t>>())
+          << entry.dump();
+    }
+    ++compared;
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << compared << " strings";
+  EXPECT_GE(compared, 500);
+}
+
+TEST_P(BpeAgainstLlamaCpp, DecodeGivesBackTheExactBytesOfPlainTokenisation) {
+  const auto corpus = testdata::load_json(data_dir() + "llamacpp/corpus.json");
+  const Tokenizer& t = vocab_tokenizer(GetParam());
+  for (const auto& entry : corpus["strings"]) {
+    if (!entry.contains("text")) continue;  // invalid UTF-8 is read as U+FFFD: not invertible
+    const std::string text = entry["text"];
+    const auto ids = t.encode(text, false);
+    EXPECT_EQ(t.decode(ids), text) << entry.dump();
+    Tokenizer::StreamDecoder stream(t);
+    std::string streamed;
+    for (int32_t id : ids) streamed += stream.push(id);
+    streamed += stream.flush();
+    EXPECT_EQ(streamed, text) << entry.dump();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RealVocabs, BpeAgainstLlamaCpp, ::testing::Values("llama3", "qwen2"));
+
+}  // namespace
+}  // namespace duet
