@@ -29,7 +29,8 @@ ARCHS = [("llama", "tiny-llama3", "tests/data/vocab/llama3.gguf"),
          ("internlm2", "tiny-internlm2", "tests/data/vocab/spm-internlm2.gguf")]
 TYPES = ["f16", "q8_0", "q4_0"]
 TEXT = "The quick brown fox jumps over the lazy dog; 12345 foxes. 你好"
-N_POSITIONS = 16
+N_IDS = 320        # teacher-forced length: RoPE (and llama3's rope_freqs) at large positions
+N_POSITIONS = 16   # the last N_POSITIONS positions' logits are written
 N_GREEDY = 16
 
 
@@ -46,7 +47,7 @@ def node(*args):
 
 
 def fixed_ids(vocab, tmp):
-    """BOS (where the vocab adds it) + llama.cpp's tokens of TEXT, cut to N_POSITIONS."""
+    """BOS (where the vocab adds it) + llama.cpp's tokens of TEXT repeated, N_IDS ids."""
     corpus = os.path.join(tmp, "one.json")
     with open(corpus, "w") as f:
         json.dump({"strings": [{"text": TEXT}]}, f)
@@ -54,10 +55,11 @@ def fixed_ids(vocab, tmp):
     node("tokenize", "--model", os.path.join(ROOT, vocab), "--corpus", corpus, "--out", out)
     with open(out) as f:
         r = json.load(f)
-    ids = ([r["bos"]] if r["add_bos"] else []) + r["strings"][0]["plain"]
-    if len(ids) < N_POSITIONS:
-        raise RuntimeError(f"{vocab}: only {len(ids)} ids for the fixed text")
-    return ids[:N_POSITIONS]
+    text_ids = r["strings"][0]["plain"]
+    ids = [r["bos"]] if r["add_bos"] else []
+    while len(ids) < N_IDS:
+        ids += text_ids
+    return ids[:N_IDS]
 
 
 def main():
@@ -77,9 +79,9 @@ def main():
                            "command": "duet mkmodel " + " ".join(args) + f" --out {name}.gguf",
                            "sha256": sha256(path), "size": os.path.getsize(path), "ids": ids})
             node("logits", "--model", path, "--ids", ",".join(map(str, ids)),
-                 "--out", os.path.join(DATA, f"logits-{name}.json"))
+                 "--keep-last", str(N_POSITIONS), "--out", os.path.join(DATA, f"logits-{name}.json"))
             if typ == "f16":
-                node("greedy", "--model", path, "--prompt-ids", ",".join(map(str, ids)),
+                node("greedy", "--model", path, "--prompt-ids", ",".join(map(str, ids[:N_POSITIONS])),
                      "--n", str(N_GREEDY), "--out", os.path.join(DATA, f"greedy-{name}.json"))
     doc = {"about": "small random-weight models from `duet mkmodel` (run from the repository "
                     "root; --out any path) and the ids llama.cpp was fed; made by "
