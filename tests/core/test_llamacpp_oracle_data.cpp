@@ -209,6 +209,7 @@ TEST(LlamacppOracleData, NoiseMeasurementCoversEveryFortuneVariant) {
     EXPECT_GT(r.at("positions").get<int>(), 300);
     EXPECT_GE(r.at("max_abs_diff").get<double>(), 0.0);
     EXPECT_LT(r.at("max_abs_diff").get<double>(), 1.0);  // the tolerances derived from it
+    EXPECT_EQ(r.at("vs_duet").at("positions"), r.at("positions"));
   }
   EXPECT_EQ(variants, (std::set<std::string>{"f16", "q8_0", "q4_0"}));
 }
