@@ -3,6 +3,8 @@
 // recognition of real Jinja sources by llama.cpp's llm_chat_detect_template substrings.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -229,6 +231,26 @@ TEST(ChatTemplate, LlamaCppTrimsAsciiWhitespaceOnly) {
   // Gemma: a system message that trims to nothing adds no blank line.
   const std::vector<ChatMessage> g = {{"system", "  "}, {"user", "q"}};
   EXPECT_EQ(apply_chat_template("gemma", g, false).text, "<start_of_turn>user\nq<end_of_turn>\n");
+}
+
+// llama.cpp's own answers (tests/data/llamacpp/chat-*.json, written by helper oracle's
+// node-llama-cpp script with llama_chat_apply_template): the same messages, the same text.
+TEST(ChatTemplate, TextEqualsLlamaCppsOnTheOracleFiles) {
+  const std::string dir = DUET_SOURCE_DIR "/tests/data/llamacpp/";
+  for (const char* name : {"chat-llama3", "chat-chatml", "chat-chatml-spm", "chat-llama2",
+                           "chat-mistral", "chat-gemma", "chat-zephyr"}) {
+    SCOPED_TRACE(name);
+    std::ifstream in(dir + name + ".json");
+    ASSERT_TRUE(in) << name;
+    const auto j = nlohmann::json::parse(in);
+    std::vector<ChatMessage> msgs;
+    for (const auto& m : j["messages"]) msgs.push_back({m["role"], m["content"]});
+    const std::string tmpl = j["template_name"].is_string() ? j["template_name"].get<std::string>()
+                                                            : j["chat_template"].get<std::string>();
+    const FormattedChat f =
+        apply_chat_template(detect_chat_template(tmpl), msgs, j["add_generation_prompt"]);
+    EXPECT_EQ(f.text, j["text"].get<std::string>());
+  }
 }
 
 }  // namespace
