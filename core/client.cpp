@@ -193,11 +193,16 @@ uint64_t Client::submit(const GenerateRequest& r) {
                                             r.sampling.top_p, r.sampling.seed);
   std::vector<flatbuffers::Offset<flatbuffers::String>> stops;
   for (const auto& s : r.stop) stops.push_back(fbb.CreateString(s));
-  auto body = fbc::CreateGenerateDirect(fbb, r.prompt_ids.empty() ? r.prompt.c_str() : nullptr,
-                                        r.prompt_ids.empty() ? nullptr : &r.prompt_ids, sampling,
-                                        r.max_tokens, stops.empty() ? nullptr : &stops,
-                                        static_cast<fbc::Priority>(r.priority), r.stream,
-                                        r.plan.c_str(), r.session, r.heartbeat_ms, r.ignore_eos);
+  std::vector<flatbuffers::Offset<fbc::ChatMessage>> messages;
+  for (const auto& m : r.messages)
+    messages.push_back(fbc::CreateChatMessageDirect(fbb, m.role.c_str(), m.content.c_str()));
+  const bool text = r.prompt_ids.empty() && r.messages.empty();
+  auto body = fbc::CreateGenerateDirect(
+      fbb, text ? r.prompt.c_str() : nullptr, r.prompt_ids.empty() ? nullptr : &r.prompt_ids,
+      sampling, r.max_tokens, stops.empty() ? nullptr : &stops,
+      static_cast<fbc::Priority>(r.priority), r.stream, r.plan.c_str(), r.session, r.heartbeat_ms,
+      r.ignore_eos, messages.empty() ? nullptr : &messages,
+      r.chat_template.empty() ? nullptr : r.chat_template.c_str(), r.parse_special);
   send(finish(fbb, id, fbc::ClientBody::Generate, body.Union()));
   return id;
 }

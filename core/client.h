@@ -16,6 +16,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "core/chat_template.h"
 #include "core/error.h"
 #include "core/sampling.h"
 
@@ -27,7 +28,7 @@ Priority parse_priority(
 std::string_view priority_name(Priority p);
 
 struct GenerateRequest {
-  std::string prompt;               // text (the frontend adds BOS) ...
+  std::string prompt;               // text (the frontend adds BOS as the vocab says) ...
   std::vector<int32_t> prompt_ids;  // ... or ids as given (used when non-empty)
   SamplingParams sampling;
   int max_tokens = 128;
@@ -42,6 +43,12 @@ struct GenerateRequest {
   // EOS does not end the request (it is returned like any token): exactly max_tokens come back
   // unless a stop string or a cancel ends it first.
   bool ignore_eos = false;
+  // Chat: messages (non-empty) replace prompt and prompt_ids; the frontend formats them with
+  // chat_template ("" = the model's own) and reads special tokens in the template's markers only.
+  // In a session, each turn sends only its new messages (the frontend keeps the conversation).
+  std::vector<ChatMessage> messages;
+  std::string chat_template;
+  bool parse_special = false;  // prompt text: "<|eot_id|>" etc. become their ids
 };
 
 struct Stats {

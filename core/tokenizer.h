@@ -33,6 +33,10 @@ namespace duet {
 
 class GgufFile;
 
+struct TextSpan {  // byte range [begin, end) of a text
+  size_t begin = 0, end = 0;
+};
+
 // GGUF token types (llama_token_type), as sentencepiece's piece types.
 enum class TokenType : int32_t {
   normal = 1,

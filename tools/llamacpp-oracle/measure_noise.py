@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""How far llama.cpp's logits are from the exact forward pass of the same file: the tolerance
+that duet's comparisons against llama.cpp may use.
+
+For each tiny-fortune variant (f16, q8_0, q4_0) and each teacher-forced sequence of
+tests/data/tiny-fortune/teacher-forced/<variant>.json (a float64 forward pass over the file's
+dequantised weights, checked against HF transformers to 1e-5), asks llama.cpp (oracle.mjs logits,
+all 2048 logits) for the same ids, and reports:
+  max_abs_diff  the largest |llama.cpp logit - exact logit| over every position and token
+  max_abs_diff_centered  the same after subtracting each row's mean (a shift of every logit by
+                one constant changes no probability)
+  flips         positions where llama.cpp's top-1 differs from the exact top-1
+  max_flip_margin  the largest exact top-1 margin (top1 - top2) among the flips: top-1 agrees
+                wherever the margin exceeds it
+usage: python3 measure_noise.py [OUT.json]   (run from tools/llamacpp-oracle after npm ci)
+"""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+FORTUNE = os.path.join(ROOT, "tests", "data", "tiny-fortune")
+N_VOCAB = 2048
+
+
+def exact_rows(variant):
+    with open(os.path.join(FORTUNE, "teacher-forced", f"{variant}.json")) as f:
+        meta = json.load(f)
+    with open(os.path.join(FORTUNE, "teacher-forced", f"{variant}.logits.f32"), "rb") as f:
+        raw = f.read()
+    rows, off = [], 0
+    for seq in meta["sequences"]:
+        n = len(seq["ids"])
+        flat = struct.unpack_from(f"<{n * N_VOCAB}f", raw, off * N_VOCAB * 4)
+        rows.append([flat[i * N_VOCAB:(i + 1) * N_VOCAB] for i in range(n)])
+        off += n
+    return meta["sequences"], rows
+
+
+def llamacpp_rows(model, ids):
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_file, out = os.path.join(tmp, "ids.json"), os.path.join(tmp, "out.json")
+        with open(ids_file, "w") as f:
+            json.dump(ids, f)
+        subprocess.run(["node", "oracle.mjs", "logits", "--model", model, "--ids-file", ids_file,
+                        "--top", str(N_VOCAB), "--out", out], check=True,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+        with open(out) as f:
+            res = json.load(f)
+    rows = []
+    for p in res["positions"]:
+        row = [0.0] * N_VOCAB
+        for i, v in zip(p["top_ids"], p["top_logits"]):
+            row[i] = v
+        rows.append(row)
+    return rows
+
+
+def top2(row):
+    a = max(range(len(row)), key=lambda i: row[i])
+    b = max((row[i] for i in range(len(row)) if i != a))
+    return a, row[a] - b
+
+
+def measure(variant):
+    seqs, exact = exact_rows(variant)
+    model = os.path.join(FORTUNE, f"fortune-{variant.replace('_', '_')}.gguf")
+    worst = worst_c = 0.0
+    flips, max_flip_margin, positions = [], 0.0, 0
+    min_margin = float("inf")
+    for seq, ex_rows in zip(seqs, exact):
+        lc_rows = llamacpp_rows(model, seq["ids"])
+        for pos, (ex, lc) in enumerate(zip(ex_rows, lc_rows)):
+            positions += 1
+            d = [a - b for a, b in zip(lc, ex)]
+            mean = sum(d) / len(d)
+            worst = max(worst, max(abs(x) for x in d))
+            worst_c = max(worst_c, max(abs(x - mean) for x in d))
+            ea, em = top2(ex)
+            la, _ = top2(lc)
+            min_margin = min(min_margin, em)
+            if ea != la:
+                flips.append({"text": seq["text"], "pos": pos, "exact_top1": ea,
+                              "llamacpp_top1": la, "exact_margin": em})
+                max_flip_margin = max(max_flip_margin, em)
+    return {"variant": variant, "positions": positions, "max_abs_diff": worst,
+            "max_abs_diff_centered": worst_c, "flips": flips,
+            "max_flip_margin": max_flip_margin, "min_exact_margin": min_margin}
+
+
+def main():
+    out = [measure(v) for v in ("f16", "q8_0", "q4_0")]
+    text = json.dumps({"about": "llama.cpp (oracle.mjs logits) vs the exact float64 forward "
+                                "pass of tiny-fortune; made by measure_noise.py",
+                       "results": out}, indent=1)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
