@@ -242,6 +242,13 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
     if (!harmless) throw bad_request(name, std::string("'") + name + "' is not supported");
   }
   if (present(body, "ignore_eos")) g.ignore_eos = bool_field(body, "ignore_eos");
+  if (present(body, "chat_template")) {
+    if (endpoint != Endpoint::chat || !body["chat_template"].is_string())
+      throw bad_request("chat_template",
+                        "'chat_template' (a family name: llama3, chatml, ...) is a string of chat "
+                        "completions only");
+    g.chat_template = body["chat_template"].get<std::string>();
+  }
   if (!header_priority.empty())
     g.priority = parse_priority_value(header_priority, "X-Duet-Priority");
   if (present(body, "priority")) {
@@ -254,12 +261,9 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
 }
 
 void apply_chat_messages(CompletionRequest& r) {
-  // The client API's Generate.messages (chat templates in the frontend) is branch chat's work
-  // (CONTRACTS.md); until it is merged there is no chat formatting to ask for.
-  (void)r;
-  throw ApiError(501, "not_implemented",
-                 "chat completions need the frontend's chat templates, not in this build yet; "
-                 "use /v1/completions");
+  // The frontend formats them with the model's chat template (or the family named).
+  r.generate.messages.clear();
+  for (const ChatMessage& m : r.messages) r.generate.messages.push_back({m.role, m.content});
 }
 
 std::string finish_reason(const std::string& duet_reason) {

@@ -153,6 +153,21 @@ TEST_F(HttpSvcTest, CurlStreamGetsTheSameTokensAsDuetGenerate) {
   EXPECT_EQ(json::parse(whole)["choices"][0]["text"], native["text"]);
 }
 
+TEST_F(HttpSvcTest, ChatStreamGetsTheSameTokensAsDuetGenerateChat) {
+  auto r = run_duet("generate --stack " + id_ +
+                    " --json --max-tokens 20 --chat --chat-template chatml 'Tell me a fortune'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const json native = json::parse(r.out.substr(r.out.find('{')));
+  auto [status, body] = curl("/v1/chat/completions",
+                             R"({"messages": [{"role": "user", "content": "Tell me a fortune"}],
+                                 "chat_template": "chatml", "max_tokens": 20, "stream": true})");
+  ASSERT_EQ(status, 200) << body;
+  const Sse sse = parse_sse(body);
+  EXPECT_TRUE(sse.done);
+  EXPECT_EQ(sse.text, native["text"].get<std::string>());
+  EXPECT_NE(body.find("\"role\":\"assistant\""), std::string::npos) << body;
+}
+
 TEST_F(HttpSvcTest, ThirtyTwoConcurrentStreamsEachGetTheirSoloTokens) {
   const std::vector<std::string> prompts = {"Once upon a time", "The cat", "A bug is",
                                             "Never trust"};

@@ -17,7 +17,7 @@ for await (const chunk of stream) {
 }
 if (chatText) {
   const chat = await client.chat.completions.create({
-    model: "fortune-q8_0", messages: [{ role: "user", content: chatText }],
+    model: "fortune-q8_0", messages: [{ role: "user", content: chatText }], chat_template: "chatml",
     max_tokens: Number(maxTokens), stream: true,
   });
   out.chat = "";
