@@ -264,6 +264,12 @@ void Frontend::handle(msg::Envelope& env) {
       case fbc::ClientBody::CloseSession:
         on_close_session(routing, id, m->body_as_CloseSession()->session());
         return;
+      case fbc::ClientBody::Tokenize:
+        on_tokenize(routing, id, *m->body_as_Tokenize());
+        return;
+      case fbc::ClientBody::Detokenize:
+        on_detokenize(routing, id, *m->body_as_Detokenize());
+        return;
       case fbc::ClientBody::Status: {
         flatbuffers::FlatBufferBuilder fbb;
         auto body = fbc::CreateStatusReplyDirect(fbb, status().dump().c_str());
@@ -276,8 +282,8 @@ void Frontend::handle(msg::Envelope& env) {
         throw Error(Errc::invalid_argument,
                     std::string("the frontend does not accept ") +
                         fbc::EnumNameClientBody(m->body_type()) +
-                        " from clients (send Generate, Cancel, Status, Eval, KeepAlive or "
-                        "CloseSession)");
+                        " from clients (send Generate, Cancel, Status, Eval, KeepAlive, "
+                        "CloseSession, Tokenize or Detokenize)");
     }
   } catch (const Error& e) {
     ++metrics_.rejected;

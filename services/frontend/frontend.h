@@ -127,6 +127,11 @@ class Frontend {
   void on_cancel(const std::vector<std::string>& routing, uint64_t id, uint64_t target);
   void on_close_session(const std::vector<std::string>& routing, uint64_t id, uint64_t session);
   void check_plan(const flatbuffers::String* plan) const;
+  // frontend_tokenize.cpp: the model's tokenizer for clients (http_svc's /tokenize, /detokenize)
+  void on_tokenize(const std::vector<std::string>& routing, uint64_t id,
+                   const fb::client::Tokenize& t);
+  void on_detokenize(const std::vector<std::string>& routing, uint64_t id,
+                     const fb::client::Detokenize& d);
   SendResult send_to(const std::vector<std::string>& routing, std::span<const uint8_t> bytes);
   // An eval on another plan's engine, run to completion at once (eval is one request).
   void eval_on_plan(const std::vector<std::string>& routing, uint64_t id, const std::string& plan,
