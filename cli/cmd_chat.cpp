@@ -1,6 +1,9 @@
 // duet chat --stack ID: an interactive chat over the stack's frontend. Each stdin line is one
-// turn of a session, so the frontend keeps the KV cache between turns and a turn only prefills
-// its own text; the reply streams to stdout. The session is closed at end of input.
+// user message of a session, formatted by the frontend with the model's chat template (or
+// --chat-template NAME); the frontend keeps the conversation and the KV cache between turns, so
+// a turn prefills only the template's text after the last reply. The reply streams to stdout.
+// --raw sends each line as prompt text instead (no template). The session is closed at end of
+// input.
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,6 +23,8 @@ struct ChatArgs {
   std::string priority = "reactive";
   duet::client::GenerateRequest request;
   int timeout_s = 600;
+  std::string system;  // the first turn's system message ("" = none)
+  bool raw = false;    // lines are prompt text, not chat messages
 };
 
 void run_chat(ChatArgs args) {
@@ -31,12 +36,23 @@ void run_chat(ChatArgs args) {
   std::random_device rd;
   turn.session = (uint64_t(rd()) << 32 | rd()) | 1;  // never 0 (= no session)
   const bool interactive = isatty(STDIN_FILENO);
+  if (args.raw && (!args.system.empty() || !turn.chat_template.empty()))
+    throw duet::Error(duet::Errc::invalid_argument,
+                      "--raw sends lines as they are: it takes no --system or --chat-template");
   std::string line;
+  bool first_turn = true;
   for (;;) {
     if (interactive) std::fputs("> ", stderr);
     if (!std::getline(std::cin, line)) break;
     if (line.empty()) continue;
-    turn.prompt = line;
+    if (args.raw) {
+      turn.prompt = line;
+    } else {
+      turn.messages.clear();
+      if (!args.system.empty() && first_turn) turn.messages.push_back({"system", args.system});
+      turn.messages.push_back({"user", line});
+    }
+    first_turn = false;
     const GenerateResult r = c.generate(
         turn,
         [](const Chunk& chunk) {
@@ -63,7 +79,8 @@ duet::cli::RegisterCommand register_chat([](CLI::App& app) {
   auto args = std::make_shared<ChatArgs>();
   auto* cmd = app.add_subcommand(
       "chat",
-      "Chat with a running stack: each stdin line is a turn; the KV cache is kept between turns");
+      "Chat with a running stack: each stdin line is a user message, formatted with the model's "
+      "chat template; the KV cache is kept between turns");
   cmd->add_option("--stack", args->stack, "stack id")->capture_default_str();
   cmd->add_option("--run-dir", args->run_dir, "run directory (default: from the stack id)");
   cmd->add_option("--max-tokens", args->request.max_tokens, "tokens per reply at most")
@@ -80,6 +97,11 @@ duet::cli::RegisterCommand register_chat([](CLI::App& app) {
   cmd->add_option("--stop", args->request.stop, "stop strings (repeatable)");
   cmd->add_option("--timeout", args->timeout_s, "seconds one reply may take")
       ->capture_default_str();
+  cmd->add_option("--chat-template", args->request.chat_template,
+                  "chat template family (llama3, llama2, chatml, mistral-v7, gemma, zephyr, ...; "
+                  "default: the model's own)");
+  cmd->add_option("--system", args->system, "system message of the conversation");
+  cmd->add_flag("--raw", args->raw, "send each line as prompt text, without a chat template");
   cmd->callback([args] { run_chat(*args); });
 });
 

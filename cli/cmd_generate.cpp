@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "core/chat_template.h"
+#include "core/chat_tokens.h"
 #include "core/client.h"
 #include "core/error.h"
 #include "core/forward.h"
@@ -33,7 +35,44 @@ struct GenerateArgs {
   std::string plan;
   bool json = false;
   bool ignore_eos = false;  // fixed-length runs: EOS is kept, only --max-tokens ends it
+  // --chat: the prompt is one user message, formatted with the model's chat template (or
+  // --chat-template NAME), after --system's message when given.
+  bool chat = false;
+  std::string chat_template;
+  std::string system;
+  bool special = false;  // the prompt's special token texts become their ids (not with --chat)
 };
+
+std::vector<duet::ChatMessage> chat_messages(const GenerateArgs& args) {
+  std::vector<duet::ChatMessage> msgs;
+  if (!args.system.empty()) msgs.push_back({"system", args.system});
+  msgs.push_back({"user", args.prompt});
+  return msgs;
+}
+
+void check_chat_flags(const GenerateArgs& args) {
+  if (!args.chat && (!args.chat_template.empty() || !args.system.empty()))
+    throw duet::Error(duet::Errc::invalid_argument, "--chat-template and --system need --chat");
+  if (args.chat && args.special)
+    throw duet::Error(duet::Errc::invalid_argument,
+                      "--special reads special tokens in prompt text; with --chat only the "
+                      "template's markers are special");
+}
+
+// The prompt's ids as the stack's frontend makes them: BOS as the vocab says; with --chat the
+// formatted conversation, special tokens read in the template's markers only.
+std::vector<int32_t> prompt_ids(const GenerateArgs& args, const duet::Tokenizer& tok,
+                                const std::string& model_template) {
+  if (!args.chat) {
+    if (!args.special) return tok.encode(args.prompt, true);
+    const duet::TextSpan whole{0, args.prompt.size()};
+    return duet::encode_with_specials(tok, args.prompt, true, {&whole, 1});
+  }
+  const std::string family = duet::resolve_chat_template(args.chat_template, model_template);
+  const auto msgs = chat_messages(args);
+  const duet::FormattedChat f = duet::apply_chat_template(family, msgs, true);
+  return encode_with_specials(tok, f.text, true, f.special_spans);
+}
 
 // Appends tokens to the sequence and returns the logits after the last one.
 using GenerateBackend = std::function<std::vector<float>(std::span<const int32_t> tokens)>;
@@ -47,13 +86,13 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// Decodes until EOS (unless ignore_eos), max_tokens or a full context; each token's text goes to
-// `emit` as soon as it is a whole UTF-8 character.
+// Decodes until an end-of-generation id (EOS, EOT; unless ignore_eos), max_tokens or a full
+// context; each token's text goes to `emit` as soon as it is a whole UTF-8 character.
 GenerateStats generate(const duet::Tokenizer& tok, const GenerateBackend& backend, int n_ctx,
-                       const std::string& prompt, int max_tokens, duet::SamplingParams sampling,
-                       bool ignore_eos, const std::function<void(const std::string&)>& emit) {
+                       const std::vector<int32_t>& prompt_ids, int max_tokens,
+                       duet::SamplingParams sampling, bool ignore_eos,
+                       const std::function<void(const std::string&)>& emit) {
   GenerateStats stats;
-  const std::vector<int32_t> prompt_ids = tok.encode(prompt, true);
   stats.prompt_tokens = static_cast<int>(prompt_ids.size());
   if (stats.prompt_tokens >= n_ctx) {
     throw duet::Error(duet::Errc::out_of_range, "prompt of " + std::to_string(stats.prompt_tokens) +
@@ -69,7 +108,7 @@ GenerateStats generate(const duet::Tokenizer& tok, const GenerateBackend& backen
   int position = stats.prompt_tokens;
   while (stats.generated < max_tokens) {
     const int32_t id = sampler.sample(logits);
-    if (id == tok.eos() && !ignore_eos) break;
+    if (is_end_of_generation(tok, id) && !ignore_eos) break;
     ++stats.generated;
     emit(stream.push(id));
     if (stats.generated == max_tokens || position >= n_ctx) break;
@@ -88,7 +127,13 @@ void run_generate_through_stack(const GenerateArgs& args) {
   duet::client::StackGenerateArgs a;
   a.stack_id = args.stack;
   a.json = args.json;
-  a.request.prompt = args.prompt;
+  if (args.chat) {
+    a.request.messages = chat_messages(args);
+    a.request.chat_template = args.chat_template;
+  } else {
+    a.request.prompt = args.prompt;
+    a.request.parse_special = args.special;
+  }
   a.request.max_tokens = args.max_tokens;
   a.request.sampling = args.sampling;
   a.request.priority = duet::client::parse_priority(args.priority);
@@ -98,6 +143,7 @@ void run_generate_through_stack(const GenerateArgs& args) {
 }
 
 void run_generate(GenerateArgs args) {
+  check_chat_flags(args);
   if (!args.stack.empty()) return run_generate_through_stack(args);
   if (!args.local) {
     throw duet::Error(duet::Errc::invalid_argument,
@@ -114,11 +160,12 @@ void run_generate(GenerateArgs args) {
   const GenerateBackend backend = [&](std::span<const int32_t> tokens) {
     return fwd.forward(tokens, false);
   };
-  const GenerateStats stats = generate(tok, backend, fwd.n_ctx(), args.prompt, args.max_tokens,
-                                       args.sampling, args.ignore_eos, [](const std::string& text) {
-                                         std::fwrite(text.data(), 1, text.size(), stdout);
-                                         std::fflush(stdout);
-                                       });
+  const GenerateStats stats = generate(
+      tok, backend, fwd.n_ctx(), prompt_ids(args, tok, duet::chat_template_of(model->file())),
+      args.max_tokens, args.sampling, args.ignore_eos, [](const std::string& text) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+      });
   std::printf("\n");
   std::fprintf(stderr, "prompt: %d tokens, %.1f tok/s; generated: %d tokens, %.1f tok/s\n",
                stats.prompt_tokens, stats.prompt_tokens / std::max(stats.prompt_s, 1e-9),
@@ -128,10 +175,12 @@ void run_generate(GenerateArgs args) {
 duet::cli::RegisterCommand register_generate([](CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand(
-      "generate", "Generate text from a prompt, streaming it to stdout (BOS is added)");
+      "generate",
+      "Generate text from a prompt, streaming it to stdout (BOS as the model's vocab says)");
   cmd->add_option("--model", args->model, "GGUF model")->capture_default_str();
   cmd->add_flag("--local", args->local, "Run in-process with the reference forward pass");
-  cmd->add_option("--max-tokens", args->max_tokens, "Stop after this many tokens (or at EOS)")
+  cmd->add_option("--max-tokens", args->max_tokens,
+                  "Stop after this many tokens (or at EOS / end of turn)")
       ->capture_default_str();
   cmd->add_option("--temperature", args->sampling.temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", args->sampling.top_k, "Keep the k most likely tokens (0 = all)")
@@ -149,6 +198,14 @@ duet::cli::RegisterCommand register_generate([](CLI::App& app) {
   cmd->add_flag("--json", args->json, "With --stack: print text, ids and stats as one JSON object");
   cmd->add_flag("--ignore-eos", args->ignore_eos,
                 "Keep generating past EOS: exactly --max-tokens tokens (fixed-length runs)");
+  cmd->add_flag("--chat", args->chat,
+                "The prompt is a user message, formatted with the model's chat template");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "With --chat: the template family (llama3, llama2, chatml, mistral-v7, gemma, "
+                  "zephyr, ...; default: the model's own)");
+  cmd->add_option("--system", args->system, "With --chat: a system message before the prompt");
+  cmd->add_flag("--special", args->special,
+                "Special token texts in the prompt (<|eot_id|>, <s>...) become their ids");
   cmd->add_option("prompt", args->prompt, "Prompt text")->required();
   cmd->callback([args] { run_generate(*args); });
 });

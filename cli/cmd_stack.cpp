@@ -41,6 +41,8 @@ struct StackArgs {
   std::string plan;    // the frontend's plan (DUET_PLAN in the services' environment)
   std::string timing;  // what the solver optimises (DUET_TIMING)
   std::string service;
+  std::string http;          // [ADDR:]PORT: also run http_svc there
+  std::string api_key_file;  // http_svc's bearer key
   int timeout_s = 30;
   int max_restarts = 5;
   int restart_window_ms = 10000;
@@ -150,6 +152,9 @@ std::pair<pid_t, int> spawn_supervisor(const StackArgs& a, const std::string& ru
                                    std::to_string(a.stop_timeout_ms),
                                    "--ready-fd",
                                    "3"};
+  if (!a.http.empty()) args.insert(args.end(), {"--http", a.http});
+  if (!a.api_key_file.empty())
+    args.insert(args.end(), {"--api-key-file", absolute_path(a.api_key_file)});
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -219,6 +224,11 @@ void stack_up(const StackArgs& a) {
     throw Error(Errc::not_found, "model '" + a.model + "' does not exist or is not readable");
   const std::string soc = resolve_soc(a.soc);
   (void)ipc_endpoint(supervisor_socket_path(run_dir));  // a too-long run dir fails here
+  if (!a.api_key_file.empty() && a.http.empty())
+    throw Error(Errc::invalid_argument, "--api-key-file is http_svc's: give --http too");
+  if (!a.api_key_file.empty() && access(a.api_key_file.c_str(), R_OK) != 0)
+    throw Error(Errc::not_found,
+                "API key file '" + a.api_key_file + "' does not exist or is not readable");
 
   // The supervisor passes its environment on to the services.
   if (!a.plan.empty()) setenv("DUET_PLAN", a.plan.c_str(), 1);
@@ -233,8 +243,8 @@ void stack_up(const StackArgs& a) {
           .count();
   if (line && line->starts_with("ok")) {
     std::printf(
-        "stack %s is up: 4 services healthy in %lld ms (supervisor pid %d, run dir %s)%s%s\n",
-        a.stack.c_str(), static_cast<long long>(ms), pid, run_dir.c_str(),
+        "stack %s is up: %d services healthy in %lld ms (supervisor pid %d, run dir %s)%s%s\n",
+        a.stack.c_str(), a.http.empty() ? 4 : 5, static_cast<long long>(ms), pid, run_dir.c_str(),
         line->size() > 2 ? "\n  " : "", line->size() > 4 ? line->c_str() + 4 : "");
     return;
   }
@@ -415,6 +425,12 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
   up->add_option("--timing", args->timing,
                  "what the solver optimises: modeled (default) or measured")
       ->check(CLI::IsMember({"modeled", "measured"}));
+  up->add_option("--http", args->http,
+                 "also run http_svc, the OpenAI-compatible HTTP service, on [ADDR:]PORT "
+                 "(ADDR defaults to 127.0.0.1)");
+  up->add_option("--api-key-file", args->api_key_file,
+                 "http_svc: require 'Authorization: Bearer <key>', the key being this file's "
+                 "first line");
   up->add_option("--timeout", args->timeout_s, "seconds to wait for healthy")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
@@ -445,7 +461,8 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
 
   auto* restart = stack->add_subcommand("restart", "restart one service and wait until healthy");
   add_stack_opt(restart);
-  restart->add_option("service", args->service, "frontend, gpu_svc, npu_svc or solver_svc")
+  restart
+      ->add_option("service", args->service, "frontend, gpu_svc, npu_svc, solver_svc or http_svc")
       ->required();
   restart->add_option("--timeout", args->timeout_s, "seconds to wait")->capture_default_str();
   restart->callback([args] { stack_restart(*args); });

@@ -112,6 +112,18 @@ Event decode_event(const std::vector<uint8_t>& bytes) {
       e.kind = Event::Kind::status;
       e.json = to_str(m->body_as_StatusReply()->json());
       return e;
+    case fbc::ClientBody::TokenizeReply: {
+      const auto* r = m->body_as_TokenizeReply();
+      e.kind = Event::Kind::tokenize;
+      e.tokenize.ids = to_ids(r->ids());
+      if (r->pieces())
+        for (const auto* p : *r->pieces()) e.tokenize.pieces.push_back(to_str(p));
+      return e;
+    }
+    case fbc::ClientBody::DetokenizeReply:
+      e.kind = Event::Kind::detokenize;
+      e.json = to_str(m->body_as_DetokenizeReply()->text());
+      return e;
     default:
       throw Error(Errc::bad_format, std::string("the frontend sent an unexpected ") +
                                         fbc::EnumNameClientBody(m->body_type()));
@@ -181,11 +193,16 @@ uint64_t Client::submit(const GenerateRequest& r) {
                                             r.sampling.top_p, r.sampling.seed);
   std::vector<flatbuffers::Offset<flatbuffers::String>> stops;
   for (const auto& s : r.stop) stops.push_back(fbb.CreateString(s));
-  auto body = fbc::CreateGenerateDirect(fbb, r.prompt_ids.empty() ? r.prompt.c_str() : nullptr,
-                                        r.prompt_ids.empty() ? nullptr : &r.prompt_ids, sampling,
-                                        r.max_tokens, stops.empty() ? nullptr : &stops,
-                                        static_cast<fbc::Priority>(r.priority), r.stream,
-                                        r.plan.c_str(), r.session, r.heartbeat_ms, r.ignore_eos);
+  std::vector<flatbuffers::Offset<fbc::ChatMessage>> messages;
+  for (const auto& m : r.messages)
+    messages.push_back(fbc::CreateChatMessageDirect(fbb, m.role.c_str(), m.content.c_str()));
+  const bool text = r.prompt_ids.empty() && r.messages.empty();
+  auto body = fbc::CreateGenerateDirect(
+      fbb, text ? r.prompt.c_str() : nullptr, r.prompt_ids.empty() ? nullptr : &r.prompt_ids,
+      sampling, r.max_tokens, stops.empty() ? nullptr : &stops,
+      static_cast<fbc::Priority>(r.priority), r.stream, r.plan.c_str(), r.session, r.heartbeat_ms,
+      r.ignore_eos, messages.empty() ? nullptr : &messages,
+      r.chat_template.empty() ? nullptr : r.chat_template.c_str(), r.parse_special);
   send(finish(fbb, id, fbc::ClientBody::Generate, body.Union()));
   return id;
 }
@@ -323,6 +340,31 @@ void Client::close_session(uint64_t session, std::chrono::milliseconds timeout) 
   send(finish(fbb, id, fbc::ClientBody::CloseSession, body.Union()));
   Event e = wait_for(id, Clock::now() + timeout, "close-session");
   if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
+}
+
+TokenizeResult Client::tokenize(const std::string& text, bool add_special, bool parse_special,
+                                std::chrono::milliseconds timeout) {
+  const uint64_t id = next_request_id_++;
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateTokenize(fbb, fbb.CreateString(text), add_special, parse_special);
+  send(finish(fbb, id, fbc::ClientBody::Tokenize, body.Union()));
+  Event e = wait_for(id, Clock::now() + timeout, "tokenize");
+  if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
+  if (e.kind != Event::Kind::tokenize)
+    throw Error(Errc::bad_format, "tokenize: the frontend answered with something else");
+  return std::move(e.tokenize);
+}
+
+std::string Client::detokenize(const std::vector<int32_t>& ids, std::chrono::milliseconds timeout) {
+  const uint64_t id = next_request_id_++;
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateDetokenizeDirect(fbb, &ids);
+  send(finish(fbb, id, fbc::ClientBody::Detokenize, body.Union()));
+  Event e = wait_for(id, Clock::now() + timeout, "detokenize");
+  if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
+  if (e.kind != Event::Kind::detokenize)
+    throw Error(Errc::bad_format, "detokenize: the frontend answered with something else");
+  return std::move(e.json);
 }
 
 std::optional<std::vector<uint8_t>> Client::call_raw(std::span<const uint8_t> bytes,

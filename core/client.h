@@ -16,6 +16,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "core/chat_template.h"
 #include "core/error.h"
 #include "core/sampling.h"
 
@@ -27,7 +28,7 @@ Priority parse_priority(
 std::string_view priority_name(Priority p);
 
 struct GenerateRequest {
-  std::string prompt;               // text (the frontend adds BOS) ...
+  std::string prompt;               // text (the frontend adds BOS as the vocab says) ...
   std::vector<int32_t> prompt_ids;  // ... or ids as given (used when non-empty)
   SamplingParams sampling;
   int max_tokens = 128;
@@ -42,6 +43,12 @@ struct GenerateRequest {
   // EOS does not end the request (it is returned like any token): exactly max_tokens come back
   // unless a stop string or a cancel ends it first.
   bool ignore_eos = false;
+  // Chat: messages (non-empty) replace prompt and prompt_ids; the frontend formats them with
+  // chat_template ("" = the model's own) and reads special tokens in the template's markers only.
+  // In a session, each turn sends only its new messages (the frontend keeps the conversation).
+  std::vector<ChatMessage> messages;
+  std::string chat_template;
+  bool parse_special = false;  // prompt text: "<|eot_id|>" etc. become their ids
 };
 
 struct Stats {
@@ -72,16 +79,22 @@ struct EvalResult {
   std::vector<float> logits;  // [n_tokens][n_vocab]
 };
 
+struct TokenizeResult {
+  std::vector<int32_t> ids;
+  std::vector<std::string> pieces;  // the text each id adds when decoded in order
+};
+
 // One message from the frontend, decoded.
 struct Event {
-  enum class Kind { chunk, done, error, eval, status } kind = Kind::error;
+  enum class Kind { chunk, done, error, eval, status, tokenize, detokenize } kind = Kind::error;
   uint64_t request_id = 0;
   Chunk chunk;           // chunk
   GenerateResult done;   // done
   Errc code = Errc::ok;  // error
   std::string message;   // error
   EvalResult eval;       // eval
-  std::string json;      // status
+  std::string json;      // status; detokenize: the text
+  TokenizeResult tokenize;
 };
 
 // ipc://<run dir>/frontend.sock of a stack (run_dir "" = default_run_dir(stack_id)). Throws
@@ -112,6 +125,11 @@ class Client {
                   const std::string& model_path = "",
                   std::chrono::milliseconds timeout = std::chrono::minutes(5));
   void close_session(uint64_t session, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  // The stack's tokenizer (add_special: BOS/EOS as the vocab says).
+  TokenizeResult tokenize(const std::string& text, bool add_special, bool parse_special = false,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  std::string detokenize(const std::vector<int32_t>& ids,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
   // Sends bytes as they are (tests of hostile input) and returns the next reply's last frame,
   // or nullopt at the deadline.

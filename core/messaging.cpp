@@ -85,6 +85,8 @@ fb::ServiceKind service_kind(ServiceId id) {
       return fb::ServiceKind::Npu;
     case ServiceId::solver:
       return fb::ServiceKind::Solver;
+    case ServiceId::http:
+      return fb::ServiceKind::Http;
   }
   throw Error(Errc::internal, "unknown service id");
 }

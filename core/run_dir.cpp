@@ -29,11 +29,12 @@ struct ServiceNames {
 
 // The frontend's plain name is taken by its client socket (frontend.sock), so its control
 // socket gets a distinct one.
-constexpr std::array<ServiceNames, 4> kNames = {{
+constexpr std::array<ServiceNames, 5> kNames = {{
     {ServiceId::frontend, "frontend", "frontend", "frontend-control.sock"},
     {ServiceId::gpu, "gpu_svc", "gpu", "gpu.sock"},
     {ServiceId::npu, "npu_svc", "npu", "npu.sock"},
     {ServiceId::solver, "solver_svc", "solver", "solver.sock"},
+    {ServiceId::http, "http_svc", "http", "http.sock"},
 }};
 
 const ServiceNames& names_of(ServiceId id) {
@@ -58,8 +59,9 @@ std::string_view service_name(ServiceId id) {
 ServiceId parse_service(std::string_view name) {
   for (const auto& n : kNames)
     if (name == n.exe || name == n.short_name) return n.id;
-  throw Error(Errc::not_found, "unknown service '" + std::string(name) +
-                                   "' (expected one of: frontend, gpu_svc, npu_svc, solver_svc)");
+  throw Error(Errc::not_found,
+              "unknown service '" + std::string(name) +
+                  "' (expected one of: frontend, gpu_svc, npu_svc, solver_svc, http_svc)");
 }
 
 void validate_stack_id(std::string_view stack_id) {

@@ -10,8 +10,10 @@
 
 namespace duet {
 
-// The four supervised services, in start order (the supervisor stops them in reverse).
-enum class ServiceId : uint8_t { frontend = 0, gpu = 1, npu = 2, solver = 3 };
+// The supervised services. The first four always run, in start order (kAllServices); http_svc
+// (the OpenAI-compatible HTTP door, a client of the frontend) runs only when `stack up --http`
+// asks for it.
+enum class ServiceId : uint8_t { frontend = 0, gpu = 1, npu = 2, solver = 3, http = 4 };
 inline constexpr std::array<ServiceId, 4> kAllServices = {ServiceId::frontend, ServiceId::gpu,
                                                           ServiceId::npu, ServiceId::solver};
 

@@ -240,7 +240,8 @@ void ServiceLoop::run() {
 }
 
 int service_main(int argc, char** argv, ServiceId id,
-                 const std::function<void(ServiceLoop&)>& setup) {
+                 const std::function<void(ServiceLoop&)>& setup,
+                 const std::function<void(CLI::App&)>& add_options) {
   const std::string exe(service_name(id));
   ServiceOptions o;
   o.id = id;
@@ -253,6 +254,7 @@ int service_main(int argc, char** argv, ServiceId id,
   std::vector<std::string> model_dirs;
   app.add_option("--model-dir", model_dirs,
                  "another directory whose models peers may name (also DUET_MODEL_DIRS)");
+  if (add_options) add_options(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

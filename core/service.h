@@ -21,6 +21,10 @@
 #include "core/messaging.h"
 #include "core/run_dir.h"
 
+namespace CLI {
+class App;
+}
+
 namespace duet {
 
 struct ServiceOptions {
@@ -108,7 +112,9 @@ class ServiceLoop {
 // A service's whole main(): parses --stack, --run-dir, --model, --soc (and --log-stderr),
 // honours DUET_CRASH_AT_START, builds the loop, lets `setup` register handlers and sockets, and
 // runs it. Returns the process exit code (errors are logged and printed to stderr).
+// add_options: the service's own flags (http_svc's --listen), added before parsing.
 int service_main(int argc, char** argv, ServiceId id,
-                 const std::function<void(ServiceLoop&)>& setup);
+                 const std::function<void(ServiceLoop&)>& setup,
+                 const std::function<void(CLI::App&)>& add_options = {});
 
 }  // namespace duet

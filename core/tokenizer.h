@@ -38,6 +38,10 @@ class GgufFile;
 class SpmModel;
 class BpeModel;
 
+struct TextSpan {  // byte range [begin, end) of a text
+  size_t begin = 0, end = 0;
+};
+
 // GGUF token types (llama_token_type), as sentencepiece's piece types.
 enum class TokenType : int32_t {
   normal = 1,

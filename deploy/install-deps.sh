@@ -12,10 +12,15 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   libpcre2-dev
+  libcpp-httplib-dev
   libopenblas-dev
   clang libclang-rt-14-dev clang-format
-  python3
+  python3 python3-zmq python3-flatbuffers
+  curl
 )
+# The OpenAI JavaScript client test (tests/http_svc) needs node and npm; a machine with its own
+# node (nodesource's, which bundles npm) keeps it: Debian's npm package would conflict with it.
+if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -34,6 +34,10 @@ int main(int argc, char** argv) {
   app.add_option("--stop-timeout-ms", o.stop_timeout_ms, "SIGTERM to SIGKILL delay")
       ->capture_default_str()
       ->check(CLI::Range(1, 600000));
+  app.add_option("--http", o.http_listen,
+                 "also run http_svc, the OpenAI-compatible HTTP service, on [ADDR:]PORT");
+  app.add_option("--api-key-file", o.http_api_key_file,
+                 "http_svc: clients must send 'Authorization: Bearer <this file's key>'");
   app.add_option("--ready-fd", o.ready_fd, "fd to report readiness on (one line, then closed)");
   app.add_flag("--reclaim-only", reclaim_only,
                "remove what a dead supervisor of this stack left (segments, sockets, run dir), "

@@ -55,9 +55,10 @@ std::string describe_exit(int64_t status, int term_signal) {
   return "exited with status " + std::to_string(status);
 }
 
-// Stop order: clients of the devices first, so nothing is mid-request on a vanished peer.
-constexpr std::array<ServiceId, 4> kStopOrder = {ServiceId::frontend, ServiceId::solver,
-                                                 ServiceId::npu, ServiceId::gpu};
+// Stop order: clients first (http_svc, a client of the frontend, then the clients of the
+// devices), so nothing is mid-request on a vanished peer.
+constexpr std::array<ServiceId, 5> kStopOrder = {ServiceId::http, ServiceId::frontend,
+                                                 ServiceId::solver, ServiceId::npu, ServiceId::gpu};
 
 }  // namespace
 
@@ -89,7 +90,7 @@ struct Supervisor::Impl {
   uv_poll_t control_poll{};
   uv_signal_t sig_term{}, sig_int{}, sig_hup{};
   zmq::socket_t control;
-  std::array<Child, 4> children;
+  std::vector<Child> children;  // indexed by ServiceId; http_svc last, only when asked for
   uint64_t started_ms = monotonic_ms();
   bool stopping = false;
   size_t stop_index = 0;
@@ -98,10 +99,13 @@ struct Supervisor::Impl {
 
   Impl(SupervisorOptions o, StackLock& l, std::shared_ptr<spdlog::logger> lg)
       : opt(std::move(o)), lock(l), log(std::move(lg)) {
+    std::vector<ServiceId> ids(kAllServices.begin(), kAllServices.end());
+    if (!opt.http_listen.empty()) ids.push_back(ServiceId::http);
+    children = std::vector<Child>(ids.size());  // never resized: timers hold &child
     for (size_t i = 0; i < children.size(); ++i) {
       Child& c = children[i];
       c.sup = this;
-      c.id = kAllServices[i];
+      c.id = ids[i];
       c.name = std::string(service_name(c.id));
       std::string exe = opt.bin_dir + "/" + c.name;
       if (access(exe.c_str(), X_OK) != 0)
@@ -110,7 +114,11 @@ struct Supervisor::Impl {
     }
   }
 
-  Child& child(ServiceId id) { return children[static_cast<size_t>(id)]; }
+  Child* find_child(ServiceId id) {
+    for (auto& c : children)
+      if (c.id == id) return &c;
+    return nullptr;
+  }
 
   // ---- processes ----
 
@@ -119,6 +127,11 @@ struct Supervisor::Impl {
     std::vector<std::string> args = {exe,         "--stack", opt.stack_id, "--run-dir",
                                      opt.run_dir, "--soc",   opt.soc};
     if (!opt.model_path.empty()) args.insert(args.end(), {"--model", opt.model_path});
+    if (c.id == ServiceId::http) {
+      args.insert(args.end(), {"--listen", opt.http_listen});
+      if (!opt.http_api_key_file.empty())
+        args.insert(args.end(), {"--api-key-file", opt.http_api_key_file});
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -288,7 +301,9 @@ struct Supervisor::Impl {
 
   void continue_stop() {
     for (; stop_index < kStopOrder.size(); ++stop_index) {
-      Child& c = child(kStopOrder[stop_index]);
+      Child* found = find_child(kStopOrder[stop_index]);
+      if (!found) continue;
+      Child& c = *found;
       if (c.proc) {
         if (!uv_is_active(reinterpret_cast<uv_handle_t*>(&c.kill_timer))) terminate(c);
         return;  // on_exit continues with the next one
@@ -423,6 +438,7 @@ struct Supervisor::Impl {
             {"soc", opt.soc},
             {"max_restarts", opt.max_restarts},
             {"restart_window_ms", opt.restart_window_ms},
+            {"http", opt.http_listen},
             {"services", std::move(services)}};
   }
 

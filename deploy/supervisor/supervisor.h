@@ -1,6 +1,6 @@
 #pragma once
-// The supervisor: one libuv loop that starts the four services, restarts a crashed one
-// (one-for-one) under a restart-intensity limit, heartbeats each over ZeroMQ, serves
+// The supervisor: one libuv loop that starts the four services (five with http_svc), restarts a
+// crashed one (one-for-one) under a restart-intensity limit, heartbeats each over ZeroMQ, serves
 // supervisor.sock (status, restart, down) and on down/SIGTERM stops the services in order and
 // removes the stack's segments, sockets and run dir.
 #include <spdlog/logger.h>
@@ -28,6 +28,9 @@ struct SupervisorOptions {
   int ready_fd =
       -1;  // if >= 0: one line ("ok", "degraded: ...") once all are healthy or one failed
   std::string ready_note;  // appended to the "ok" line (what was reclaimed at start)
+  // Non-empty: a fifth service, http_svc, listens there ([ADDR:]PORT), with this bearer key file.
+  std::string http_listen;
+  std::string http_api_key_file;
 };
 
 class Supervisor {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string_view>
 
+#include "core/chat_tokens.h"
 #include "core/error.h"
 #include "core/run_dir.h"
 #include "services/frontend/stack_engines.h"
@@ -95,6 +96,7 @@ Frontend::Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
     : engine_(std::move(engine)),
       options_(options),
       tokenizer_(Vocab::from_gguf(engine_->model().file())),
+      model_chat_template_(chat_template_of(engine_->model().file())),
       socket_path_(client_socket_path(run_dir)),
       scheduler_(options.max_running, options.max_queue) {
   scheduler_.set_agent_config(options_.agent);
@@ -262,6 +264,12 @@ void Frontend::handle(msg::Envelope& env) {
       case fbc::ClientBody::CloseSession:
         on_close_session(routing, id, m->body_as_CloseSession()->session());
         return;
+      case fbc::ClientBody::Tokenize:
+        on_tokenize(routing, id, *m->body_as_Tokenize());
+        return;
+      case fbc::ClientBody::Detokenize:
+        on_detokenize(routing, id, *m->body_as_Detokenize());
+        return;
       case fbc::ClientBody::Status: {
         flatbuffers::FlatBufferBuilder fbb;
         auto body = fbc::CreateStatusReplyDirect(fbb, status().dump().c_str());
@@ -274,8 +282,8 @@ void Frontend::handle(msg::Envelope& env) {
         throw Error(Errc::invalid_argument,
                     std::string("the frontend does not accept ") +
                         fbc::EnumNameClientBody(m->body_type()) +
-                        " from clients (send Generate, Cancel, Status, Eval, KeepAlive or "
-                        "CloseSession)");
+                        " from clients (send Generate, Cancel, Status, Eval, KeepAlive, "
+                        "CloseSession, Tokenize or Detokenize)");
     }
   } catch (const Error& e) {
     ++metrics_.rejected;
@@ -371,8 +379,40 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
   const int32_t n_past = session ? session->n_past : 0;
   const bool has_pending = session && session->pending.has_value();
   if (has_pending) r->prompt.push_back(*session->pending);
+  const bool add_special = n_past == 0 && !has_pending;  // the sequence is empty
 
-  if (g.prompt_ids() && g.prompt_ids()->size() > 0) {
+  const bool chat = g.messages() && g.messages()->size() > 0;
+  if (session && session->kind != Session::Kind::unset &&
+      (session->kind == Session::Kind::chat) != chat)
+    throw Error(Errc::invalid_argument,
+                "session " + std::to_string(g.session()) + " is a " + (chat ? "prompt" : "chat") +
+                    " session; its turns must all send " + (chat ? "a prompt" : "chat messages"));
+  if (chat) {
+    const std::vector<ChatMessage> msgs = read_chat_messages(g, options_.max_prompt_bytes);
+    const std::string family = resolve_chat_template(
+        g.chat_template() ? g.chat_template()->string_view() : std::string_view(),
+        model_chat_template_);
+    const ChatHistory* history = nullptr;
+    if (session && session->kind == Session::Kind::chat) {
+      if (session->chat_cut)
+        throw Error(Errc::invalid_argument, "session " + std::to_string(g.session()) +
+                                                " lost a turn inside its prompt; close it and "
+                                                "start a new one");
+      if (session->chat.family != family)
+        throw Error(Errc::invalid_argument, "session " + std::to_string(g.session()) +
+                                                " is formatted with the '" + session->chat.family +
+                                                "' template, not '" + family + "'");
+      history = &session->chat;
+    }
+    const auto ids = chat_turn_ids(tokenizer_, family, history,
+                                   session ? session->pending : std::nullopt, msgs, add_special);
+    r->prompt.insert(r->prompt.end(), ids.begin(), ids.end());
+    if (g.session() != 0) {
+      r->chat_turn = true;
+      r->chat_messages = msgs;
+      r->chat_family = family;
+    }
+  } else if (g.prompt_ids() && g.prompt_ids()->size() > 0) {
     if (g.prompt_ids()->size() > static_cast<size_t>(ctx))
       throw Error(Errc::out_of_range, "prompt of " + std::to_string(g.prompt_ids()->size()) +
                                           " tokens is longer than the context of " +
@@ -393,11 +433,14 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
     if (const size_t bad = invalid_utf8_at(text); bad != std::string_view::npos)
       throw Error(Errc::invalid_argument,
                   "prompt is not valid UTF-8 (bad byte at offset " + std::to_string(bad) + ")");
-    const bool add_bos = n_past == 0 && !has_pending;
-    const auto ids = tokenizer_.encode(text, add_bos);
+    const TextSpan whole{0, text.size()};
+    const auto ids = g.parse_special()
+                         ? encode_with_specials(tokenizer_, text, add_special, {&whole, 1})
+                         : tokenizer_.encode(text, add_special);
     r->prompt.insert(r->prompt.end(), ids.begin(), ids.end());
   } else {
-    throw Error(Errc::invalid_argument, "Generate needs a prompt (text or prompt_ids)");
+    throw Error(Errc::invalid_argument,
+                "Generate needs a prompt (text, prompt_ids or chat messages)");
   }
   if (r->prompt.empty()) r->prompt.push_back(tokenizer_.bos());
   const int64_t need = int64_t(n_past) + int64_t(r->prompt.size()) + r->max_tokens;
@@ -426,6 +469,8 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
   if (new_session) {
     Session s;
     s.seq_id = r->seq_id;
+    s.kind = chat ? Session::Kind::chat : Session::Kind::raw;
+    if (chat) s.chat.family = r->chat_family;
     session = &sessions_.emplace(r->session, s).first->second;
   }
   if (session) {

@@ -30,6 +30,7 @@
 #include "core/messaging.h"
 #include "core/tokenizer.h"
 #include "services/frontend/async_step.h"
+#include "services/frontend/chat_turn.h"
 #include "services/frontend/engine.h"
 #include "services/frontend/proactive_time.h"
 #include "services/frontend/request.h"
@@ -109,6 +110,11 @@ class Frontend {
     int32_t n_past = 0;
     std::optional<int32_t> pending;  // last sampled token, appended at the next turn
     double last_used_ms = 0;
+    // A session is either a chat (turns of messages: the conversation is kept so a turn's
+    // prompt is the template's text after the last reply) or raw (turns of prompt text / ids).
+    enum class Kind { unset, chat, raw } kind = Kind::unset;
+    ChatHistory chat;
+    bool chat_cut = false;  // a turn ended inside its prompt: the KV and the history disagree
   };
   enum class SendResult { sent, full, vanished };
 
@@ -121,6 +127,11 @@ class Frontend {
   void on_cancel(const std::vector<std::string>& routing, uint64_t id, uint64_t target);
   void on_close_session(const std::vector<std::string>& routing, uint64_t id, uint64_t session);
   void check_plan(const flatbuffers::String* plan) const;
+  // frontend_tokenize.cpp: the model's tokenizer for clients (http_svc's /tokenize, /detokenize)
+  void on_tokenize(const std::vector<std::string>& routing, uint64_t id,
+                   const fb::client::Tokenize& t);
+  void on_detokenize(const std::vector<std::string>& routing, uint64_t id,
+                     const fb::client::Detokenize& d);
   SendResult send_to(const std::vector<std::string>& routing, std::span<const uint8_t> bytes);
   // An eval on another plan's engine, run to completion at once (eval is one request).
   void eval_on_plan(const std::vector<std::string>& routing, uint64_t id, const std::string& plan,
@@ -168,6 +179,7 @@ class Frontend {
   std::map<std::string, std::unique_ptr<Engine>> plan_engines_;  // options_.make_engine's
   FrontendOptions options_;
   Tokenizer tokenizer_;
+  std::string model_chat_template_;  // tokenizer.chat_template ("" = none)
   std::string socket_path_;
   zmq::socket_t socket_;
   Scheduler scheduler_;

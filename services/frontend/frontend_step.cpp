@@ -5,6 +5,7 @@
 #include <deque>
 #include <utility>
 
+#include "core/chat_tokens.h"
 #include "core/error.h"
 #include "services/frontend/frontend.h"
 
@@ -392,7 +393,8 @@ void Frontend::accept_token(Request& r, int32_t token, double now) {
   if (r.first_token_ms == 0) r.first_token_ms = now;
   r.last_token_ms = now;
   r.next_token = token;
-  if (token == tokenizer_.eos() && !r.ignore_eos) {
+  if (is_end_of_generation(tokenizer_, token) &&
+      !r.ignore_eos) {  // EOS, EOT and the vocab's other ends
     finish(r, "eos");
     return;
   }
@@ -541,6 +543,14 @@ void Frontend::release(Request& r) {
           s.n_past = r.pos;
           // The last sampled token is not in the KV yet: the next turn appends it first.
           s.pending = r.prefilling() ? std::nullopt : r.next_token;
+          if (r.chat_turn && r.prefilling()) s.chat_cut = true;
+          if (r.chat_turn && !r.prefilling()) {
+            if (s.kind == Session::Kind::unset) s.kind = Session::Kind::chat;
+            s.chat.family = r.chat_family;
+            s.chat.messages.insert(s.chat.messages.end(), r.chat_messages.begin(),
+                                   r.chat_messages.end());
+            s.chat.messages.push_back({"assistant", r.text});
+          }
         }  // else the turn appended nothing and the session stays as it was
         if (!s.open) sessions_.erase(it);  // never admitted: nothing to keep
       }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/chat_template.h"
 #include "core/messaging.h"
 #include "core/sampling.h"
 #include "core/tokenizer.h"
@@ -54,6 +55,11 @@ struct Request {
   size_t text_sent = 0;               // bytes of text already streamed
   size_t ids_sent = 0;                // ids already streamed
   std::string finish_reason;          // set when it is over
+  // a chat session's turn: its messages and template, added with the reply to the session's
+  // conversation when the turn ends
+  bool chat_turn = false;
+  std::vector<ChatMessage> chat_messages;
+  std::string chat_family;
 
   // eval: logits of every prompt position
   std::vector<float> eval_logits;

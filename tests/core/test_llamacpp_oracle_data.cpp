@@ -15,7 +15,7 @@
 #include <string>
 
 #include "core/gguf.h"
-#include "reference_data.h"
+#include "llamacpp_data.h"
 
 namespace duet {
 namespace {
@@ -23,21 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string data_dir(const std::string& sub) {
-  return std::string(DUET_SOURCE_DIR) + "/tests/data/" + sub + "/";
-}
-
-// sha256sum (coreutils) rather than a hash library: the data's READMEs quote the same command.
-std::string sha256_of(const std::string& path) {
-  if (!fs::exists(path)) throw std::runtime_error("no file " + path);
-  const std::string cmd = "sha256sum -- '" + path + "'";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
-  if (!pipe) throw std::runtime_error("cannot run " + cmd);
-  std::array<char, 65> hex{};
-  if (std::fread(hex.data(), 1, 64, pipe.get()) != 64)
-    throw std::runtime_error(cmd + " printed no hash");
-  return std::string(hex.data(), 64);
-}
+using testdata::data_dir;
+using testdata::sha256_of;
 
 // The file an oracle answer was computed on: vocab files first, then the tiny-fortune models.
 std::string model_path(const std::string& name) {
@@ -186,6 +173,34 @@ TEST(LlamacppOracleData, LogitsAndGreedyAnswersOnTinyFortuneNameTheirFiles) {
   EXPECT_EQ(files, 4);
 }
 
+// CI cannot rerun llama.cpp, so the mkmodel files its answers were computed on must still be
+// what mkmodel writes: same arguments, same bytes.
+TEST(LlamacppOracleData, MkmodelWritesTheModelsLlamacppWasRunOnByteForByte) {
+  const auto dir = fs::path(::testing::TempDir()) / "duet-llamacpp-models-sha";
+  const auto models = testdata::regenerate_mkmodel_files(dir);
+  std::set<std::string> archs, types;
+  for (const auto& m : models.at("models")) {
+    const auto name = m.at("name").get<std::string>();
+    SCOPED_TRACE(name);
+    archs.insert(m.at("arch").get<std::string>());
+    types.insert(m.at("type").get<std::string>());
+    EXPECT_EQ(sha256_of((dir / m.at("file").get<std::string>()).string()),
+              m.at("sha256").get<std::string>())
+        << "mkmodel no longer writes the file llama.cpp's answers were computed on: rerun "
+           "tools/llamacpp-oracle/make_models.py";
+    const auto logits = testdata::load_json(data_dir("llamacpp") + "logits-" + name + ".json");
+    EXPECT_EQ(logits.at("model_sha256"), m.at("sha256"));
+    EXPECT_EQ(logits.at("ids"), m.at("ids"));
+    if (m.at("type") == "f16") {
+      const auto greedy = testdata::load_json(data_dir("llamacpp") + "greedy-" + name + ".json");
+      EXPECT_EQ(greedy.at("model_sha256"), m.at("sha256"));
+    }
+  }
+  fs::remove_all(dir);
+  EXPECT_EQ(archs, (std::set<std::string>{"llama", "qwen2", "internlm2"}));
+  EXPECT_EQ(types, (std::set<std::string>{"f16", "q8_0", "q4_0"}));
+}
+
 TEST(LlamacppOracleData, NoiseMeasurementCoversEveryFortuneVariant) {
   const auto j = testdata::load_json(data_dir("llamacpp") + "noise-tiny-fortune.json");
   std::set<std::string> variants;
@@ -194,6 +209,7 @@ TEST(LlamacppOracleData, NoiseMeasurementCoversEveryFortuneVariant) {
     EXPECT_GT(r.at("positions").get<int>(), 300);
     EXPECT_GE(r.at("max_abs_diff").get<double>(), 0.0);
     EXPECT_LT(r.at("max_abs_diff").get<double>(), 1.0);  // the tolerances derived from it
+    EXPECT_EQ(r.at("vs_duet").at("positions"), r.at("positions"));
   }
   EXPECT_EQ(variants, (std::set<std::string>{"f16", "q8_0", "q4_0"}));
 }

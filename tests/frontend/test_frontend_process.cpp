@@ -164,7 +164,7 @@ TEST_F(FrontendProcess, EvalThroughTheStackMatchesLocalEval) {
 TEST_F(FrontendProcess, ChatKeepsItsSessionAndStatusReportsIt) {
   int status = 0;
   const std::string out = run("printf 'A fool\\n and his money\\n' | " + env_ + kBin +
-                                  "duet chat --stack fetest --max-tokens 8",
+                                  "duet chat --stack fetest --raw --max-tokens 8",
                               &status);
   EXPECT_EQ(status, 0) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
@@ -178,6 +178,34 @@ TEST_F(FrontendProcess, ChatKeepsItsSessionAndStatusReportsIt) {
   EXPECT_TRUE(j["supervisor"].contains("error"));  // none runs in this test
   const std::string human = run(env_ + kBin + "duet status --stack fetest", &status);
   EXPECT_NE(human.find("measured: TTFT"), std::string::npos) << human;
+}
+
+// The tiny model has no chat template: `duet chat` needs --chat-template, and with it each line
+// is a user message of one session; `generate --chat` is one user message.
+TEST_F(FrontendProcess, ChatFormatsTurnsWithTheNamedTemplate) {
+  int status = 0;
+  const std::string refused =
+      run("printf 'A fool\\n' | " + env_ + kBin + "duet chat --stack fetest --max-tokens 4 2>&1",
+          &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(refused.find("has no chat template"), std::string::npos) << refused;
+  const std::string out = run("printf 'A fool\\n and his money\\n' | " + env_ + kBin +
+                                  "duet chat --stack fetest --chat-template llama2 --system "
+                                  "'Be wise' --max-tokens 8",
+                              &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_GE(std::count(out.begin(), out.end(), '\n'), 2) << out;  // a reply may hold newlines
+  // generate --chat through the stack equals generate --chat --local.
+  const std::string args =
+      " --chat --chat-template llama2 --system 'Be wise' --max-tokens 12 "
+      "'What is a fool?' 2>/dev/null";
+  const std::string local =
+      run("timeout 60 " + kBin + "duet generate --local --model " + kModelPath + args, &status);
+  ASSERT_EQ(status, 0);
+  const std::string stacked = run(env_ + kBin + "duet generate --stack fetest" + args, &status);
+  ASSERT_EQ(status, 0);
+  EXPECT_EQ(stacked, local);
+  EXPECT_FALSE(local.empty());
 }
 
 TEST_F(FrontendProcess, VerbsOnAStackThatIsNotUpSayWhy) {

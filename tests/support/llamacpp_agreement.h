@@ -2,8 +2,8 @@
 // An engine held to llama.cpp's teacher-forced answers (tests/data/llamacpp/logits-*.json, made
 // by tools/llamacpp-oracle): the answer's ids fed as a short prefill and then one decode step per
 // id, and at every position where llama.cpp's top-1 leads its runner-up by more than a margin
-// its activation quantisation cannot move (tests/data/llamacpp/README.md: 0.03 logits for F16
-// files, 0.55 for Q8_0/Q4_0), the engine's top-1 must be llama.cpp's. Header-only.
+// its activation quantisation cannot move (tests/support/llamacpp_tolerance.h), the engine's
+// top-1 must be llama.cpp's. Header-only.
 #include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -11,15 +11,10 @@
 #include <vector>
 
 #include "services/frontend/engine.h"
+#include "tests/support/llamacpp_tolerance.h"
 #include "tests/support/teacher_forced.h"
 
 namespace duet::test_support {
-
-// Twice llama.cpp's measured max logit noise (two logits moving in opposite directions), for a
-// file of this weight type; a margin above it is one no correct engine may flip.
-inline double llamacpp_clear_margin(const std::string& model_name) {
-  return model_name.find("f16") != std::string::npos ? 0.2 : 1.1;
-}
 
 struct LlamacppAgreement {
   int clear = 0;        // positions where llama.cpp's margin exceeds llamacpp_clear_margin
@@ -30,7 +25,7 @@ struct LlamacppAgreement {
 inline LlamacppAgreement llamacpp_teacher_forced(frontend::Engine& e, const nlohmann::json& answer,
                                                  uint64_t seq, int n_prefill = 4) {
   const std::vector<int32_t> ids = answer.at("ids");
-  const double clear_margin = llamacpp_clear_margin(answer.at("model").get<std::string>());
+  const double clear_margin = llamacpp_tolerance(answer);
   const int V = e.model().hp().n_vocab;
   LlamacppAgreement a;
   auto check = [&](const std::vector<float>& logits, size_t pos) {

@@ -12,7 +12,9 @@ all 2048 logits) for the same ids, and reports:
   flips         positions where llama.cpp's top-1 differs from the exact top-1
   max_flip_margin  the largest exact top-1 margin (top1 - top2) among the flips: top-1 agrees
                 wherever the margin exceeds it
-usage: python3 measure_noise.py [OUT.json]   (run from tools/llamacpp-oracle after npm ci)
+With --duet BIN, the same numbers for llama.cpp against duet's reference forward pass
+(`duet eval`, fp32) on the same ids: the `vs_duet` entry of each variant.
+usage: python3 measure_noise.py [--duet BIN] [OUT.json]   (after npm ci in tools/llamacpp-oracle)
 """
 
 import json
@@ -60,40 +62,69 @@ def llamacpp_rows(model, ids):
     return rows
 
 
+def duet_rows(duet, model, ids):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "logits.f32")
+        subprocess.run([duet, "eval", "--model", model, "--ids", " ".join(map(str, ids)),
+                        "--logits-out", out], check=True, stdout=subprocess.DEVNULL)
+        with open(out, "rb") as f:
+            raw = f.read()
+    flat = struct.unpack(f"<{len(raw) // 4}f", raw)
+    return [flat[i * N_VOCAB:(i + 1) * N_VOCAB] for i in range(len(ids))]
+
+
 def top2(row):
     a = max(range(len(row)), key=lambda i: row[i])
     b = max((row[i] for i in range(len(row)) if i != a))
     return a, row[a] - b
 
 
-def measure(variant):
-    seqs, exact = exact_rows(variant)
-    model = os.path.join(FORTUNE, f"fortune-{variant.replace('_', '_')}.gguf")
+def compare(pairs):
+    """pairs: (text, pos, reference row, llama.cpp row) -> the statistics of the docstring"""
     worst = worst_c = 0.0
     flips, max_flip_margin, positions = [], 0.0, 0
     min_margin = float("inf")
+    for text, pos, ex, lc in pairs:
+        positions += 1
+        d = [a - b for a, b in zip(lc, ex)]
+        mean = sum(d) / len(d)
+        worst = max(worst, max(abs(x) for x in d))
+        worst_c = max(worst_c, max(abs(x - mean) for x in d))
+        ea, em = top2(ex)
+        la, _ = top2(lc)
+        min_margin = min(min_margin, em)
+        if ea != la:
+            flips.append({"text": text, "pos": pos, "exact_top1": ea, "llamacpp_top1": la,
+                          "exact_margin": em})
+            max_flip_margin = max(max_flip_margin, em)
+    return {"positions": positions, "max_abs_diff": worst, "max_abs_diff_centered": worst_c,
+            "flips": flips, "max_flip_margin": max_flip_margin, "min_exact_margin": min_margin}
+
+
+def measure(variant, duet):
+    seqs, exact = exact_rows(variant)
+    model = os.path.join(FORTUNE, f"fortune-{variant}.gguf")
+    vs_exact, vs_duet = [], []
     for seq, ex_rows in zip(seqs, exact):
         lc_rows = llamacpp_rows(model, seq["ids"])
+        du_rows = duet_rows(duet, model, seq["ids"]) if duet else []
         for pos, (ex, lc) in enumerate(zip(ex_rows, lc_rows)):
-            positions += 1
-            d = [a - b for a, b in zip(lc, ex)]
-            mean = sum(d) / len(d)
-            worst = max(worst, max(abs(x) for x in d))
-            worst_c = max(worst_c, max(abs(x - mean) for x in d))
-            ea, em = top2(ex)
-            la, _ = top2(lc)
-            min_margin = min(min_margin, em)
-            if ea != la:
-                flips.append({"text": seq["text"], "pos": pos, "exact_top1": ea,
-                              "llamacpp_top1": la, "exact_margin": em})
-                max_flip_margin = max(max_flip_margin, em)
-    return {"variant": variant, "positions": positions, "max_abs_diff": worst,
-            "max_abs_diff_centered": worst_c, "flips": flips,
-            "max_flip_margin": max_flip_margin, "min_exact_margin": min_margin}
+            vs_exact.append((seq["text"], pos, ex, lc))
+            if duet:
+                vs_duet.append((seq["text"], pos, du_rows[pos], lc))
+    out = {"variant": variant, **compare(vs_exact)}
+    if duet:
+        out["vs_duet"] = compare(vs_duet)
+    return out
 
 
 def main():
-    out = [measure(v) for v in ("f16", "q8_0", "q4_0")]
+    argv = sys.argv[1:]
+    duet = None
+    if argv[:1] == ["--duet"]:
+        duet, argv = os.path.abspath(argv[1]), argv[2:]
+    sys.argv = [sys.argv[0]] + argv
+    out = [measure(v, duet) for v in ("f16", "q8_0", "q4_0")]
     text = json.dumps({"about": "llama.cpp (oracle.mjs logits) vs the exact float64 forward "
                                 "pass of tiny-fortune; made by measure_noise.py",
                        "results": out}, indent=1)

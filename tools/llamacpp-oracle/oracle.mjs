@@ -3,6 +3,7 @@
 //
 //   node oracle.mjs tokenize --model F.gguf --corpus corpus.json --out O.json
 //   node oracle.mjs logits   --model F.gguf --ids 1,2,3 | --ids-file ids.json --out O.json [--top 64]
+//                            [--keep-last N]
 //   node oracle.mjs greedy   --model F.gguf --prompt-ids 1,2,3 --n 16 --out O.json
 //   node oracle.mjs chat     --model F.gguf --messages M.json --out O.json [--family NAME]
 //   node oracle.mjs bench-tokenize --model F.gguf --text T.txt [--repeat 5]
@@ -132,8 +133,14 @@ async function cmdLogits(llama, args) {
   const model = await loadModel(llama, modelPath, false);
   const {context, seq} = await newSequence(model);
   // One batch: every position's logits from one prefill, as a prompt is evaluated.
-  const out = await seq.controlledEvaluate(ids.map((t) => [t, {generateNext: {logits: true}}]));
-  const positions = out.map((o, i) => ({pos: i, ...logitsRecord(o.next.logits, top)}));
+  const keep = args["keep-last"] ? ids.length - Number(args["keep-last"]) : 0;
+  const out = await seq.controlledEvaluate(
+      ids.map((t, i) => (i < keep ? t : [t, {generateNext: {logits: true}}])));
+  // --keep-last N: only the last N positions are written (a long sequence, so RoPE at large
+  // positions is exercised, without committing every position's logits)
+  const first = args["keep-last"] ? Math.max(0, ids.length - Number(args["keep-last"])) : 0;
+  const positions = [];
+  out.forEach((o, i) => { if (i >= first) positions.push({pos: i, ...logitsRecord(o.next.logits, top)}); });
   await context.dispose();
   return {...header(modelPath, model), ids, top, flash_attention: false, kv_cache: "f16",
           positions};

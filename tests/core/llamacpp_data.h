@@ -1,0 +1,54 @@
+#pragma once
+// The committed llama.cpp answers (tests/data/llamacpp/, made by tools/llamacpp-oracle; formats
+// in tests/data/llamacpp/README.md) and the model files they were computed on: the committed
+// tiny-fortune GGUFs, and the mkmodel files of models.json, regenerated on demand.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+#include "reference_data.h"
+
+namespace duet::testdata {
+
+inline std::string data_dir(const std::string& sub) {
+  return std::string(DUET_SOURCE_DIR) + "/tests/data/" + sub + "/";
+}
+inline std::string llamacpp_dir() {
+  return data_dir("llamacpp");
+}
+
+// sha256sum (coreutils) rather than a hash library: the data's READMEs quote the same command.
+inline std::string sha256_of(const std::string& path) {
+  if (!std::filesystem::exists(path)) throw std::runtime_error("no file " + path);
+  const std::string cmd = "sha256sum -- '" + path + "'";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  if (!pipe) throw std::runtime_error("cannot run " + cmd);
+  std::array<char, 65> hex{};
+  if (std::fread(hex.data(), 1, 64, pipe.get()) != 64)
+    throw std::runtime_error(cmd + " printed no hash");
+  return std::string(hex.data(), 64);
+}
+
+// Writes every model of models.json into `dir` with today's `duet mkmodel` and the recorded
+// arguments (run from the source tree: the vocab paths are relative to it). Returns models.json.
+inline nlohmann::json regenerate_mkmodel_files(const std::filesystem::path& dir) {
+  const auto models = load_json(llamacpp_dir() + "models.json");
+  std::filesystem::create_directories(dir);
+  for (const auto& m : models.at("models")) {
+    std::string cmd = "cd '" + std::string(DUET_SOURCE_DIR) + "' && '" +
+                      std::string(DUET_BINARY_DIR) + "/bin/duet' mkmodel";
+    for (const auto& a : m.at("mkmodel_args")) cmd += " '" + a.get<std::string>() + "'";
+    cmd += " --out '" + (dir / m.at("file").get<std::string>()).string() + "' > /dev/null 2>&1";
+    const int status = std::system(cmd.c_str());
+    if (status != 0) throw std::runtime_error("failed: " + cmd);
+  }
+  return models;
+}
+
+}  // namespace duet::testdata

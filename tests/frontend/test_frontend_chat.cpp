@@ -1,0 +1,140 @@
+// Chat messages through the client API: the frontend formats them with the named template (the
+// tiny model has none of its own), reads special tokens in the template's markers only, keeps a
+// session's conversation so a turn prefills only the text after the last reply, stops at EOS, and
+// answers bad templates and roles with an Error while it keeps serving.
+#include <algorithm>
+
+#include "core/chat_template.h"
+#include "core/chat_tokens.h"
+#include "frontend_fixture.h"
+
+namespace duet::frontend::testing {
+namespace {
+
+client::GenerateRequest chat_request(std::vector<ChatMessage> msgs, int max_tokens) {
+  client::GenerateRequest r;
+  r.messages = std::move(msgs);
+  r.chat_template = "llama2";
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+TEST_F(FrontendTest, ChatMessagesAreFormattedWithTheTemplateAndStopAtEos) {
+  start();
+  const Tokenizer& tok = tiny_tokenizer();
+  // llama2 without an assistant turn has no control marker: BOS, then one text fragment.
+  const std::vector<int32_t> prompt = [&] {
+    std::vector<int32_t> ids{tok.bos()};
+    const auto text = tok.encode("[INST] Be wise\nWhat is a fool? [/INST]", false);
+    ids.insert(ids.end(), text.begin(), text.end());
+    return ids;
+  }();
+  const int max_tokens = 200;
+  const std::vector<int32_t> expected = reference_greedy(prompt, max_tokens);
+  auto c = connect();
+  const client::GenerateResult r =
+      c->generate(chat_request({{"system", "Be wise"}, {"user", "What is a fool?"}}, max_tokens));
+  EXPECT_EQ(r.stats.prompt_tokens, prompt.size());
+  EXPECT_EQ(r.ids, expected);
+  EXPECT_EQ(r.stats.finish_reason,
+            static_cast<int>(expected.size()) < max_tokens ? "eos" : "length");
+}
+
+TEST_F(FrontendTest, ATypedEndOfTurnStaysText) {
+  start();
+  const Tokenizer& tok = tiny_tokenizer();
+  const std::string typed = "x</s>[INST] <s>y";
+  std::vector<int32_t> prompt{tok.bos()};
+  const auto text = tok.encode("[INST] " + typed + " [/INST]", false);
+  prompt.insert(prompt.end(), text.begin(), text.end());
+  ASSERT_EQ(std::count(prompt.begin(), prompt.end(), tok.eos()), 0);
+  auto c = connect();
+  const client::GenerateResult r = c->generate(chat_request({{"user", typed}}, 12));
+  EXPECT_EQ(r.stats.prompt_tokens, prompt.size());
+  EXPECT_EQ(r.ids, reference_greedy(prompt, 12));
+  // The same characters as prompt text with parse_special are the control tokens.
+  client::GenerateRequest special;
+  special.prompt = typed;
+  special.parse_special = true;
+  special.max_tokens = 1;
+  const TextSpan whole{0, typed.size()};
+  const auto parsed = encode_with_specials(tok, typed, true, {&whole, 1});
+  EXPECT_EQ(std::count(parsed.begin(), parsed.end(), tok.eos()), 1);
+  EXPECT_EQ(c->generate(special).stats.prompt_tokens, parsed.size());
+}
+
+TEST_F(FrontendTest, ASessionTurnPrefillsOnlyTheTextAfterTheLastReply) {
+  start();
+  const Tokenizer& tok = tiny_tokenizer();
+  auto c = connect();
+  client::GenerateRequest turn = chat_request({{"user", "A fool"}}, 6);
+  turn.session = 77;
+  const client::GenerateResult first = c->generate(turn);
+  turn.messages = {{"user", "and his money"}};
+  const client::GenerateResult second = c->generate(turn);
+
+  // What the KV holds: the first prompt, the reply, its last sampled token (EOS or not), then
+  // the template's text after the reply: "</s>" (unless the model sampled it) and the next turn.
+  std::vector<int32_t> seq{tok.bos()};
+  const auto p1 = tok.encode("[INST] A fool [/INST]", false);
+  seq.insert(seq.end(), p1.begin(), p1.end());
+  seq.insert(seq.end(), first.ids.begin(), first.ids.end());
+  const bool ended_at_eos = first.stats.finish_reason == "eos";
+  if (ended_at_eos) seq.push_back(tok.eos());
+  std::vector<int32_t> delta;
+  if (!ended_at_eos) delta.push_back(tok.eos());  // the template's "</s>"
+  const auto p2 = tok.encode("[INST] and his money [/INST]", false);
+  delta.insert(delta.end(), p2.begin(), p2.end());
+  // The turn's new tokens: the pending last token of the reply, then the delta.
+  EXPECT_EQ(second.stats.prompt_tokens, 1 + delta.size());
+  seq.insert(seq.end(), delta.begin(), delta.end());
+  EXPECT_EQ(second.ids, reference_greedy(seq, 6));
+  c->close_session(77);
+}
+
+TEST_F(FrontendTest, BadTemplatesAndRolesAreErrorsAndTheFrontendKeepsServing) {
+  start();
+  auto c = connect();
+  const auto error_of = [&](client::GenerateRequest r) {
+    try {
+      c->generate(r);
+    } catch (const Error& e) {
+      return std::make_pair(e.code(), std::string(e.what()));
+    }
+    return std::make_pair(Errc::ok, std::string());
+  };
+  client::GenerateRequest no_template = chat_request({{"user", "hi"}}, 2);
+  no_template.chat_template = "";
+  auto [code, msg] = error_of(no_template);
+  EXPECT_EQ(code, Errc::invalid_argument);
+  EXPECT_NE(msg.find("no chat template"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("llama3"), std::string::npos) << msg;
+
+  client::GenerateRequest unknown = chat_request({{"user", "hi"}}, 2);
+  unknown.chat_template = "nosuch";
+  std::tie(code, msg) = error_of(unknown);
+  EXPECT_EQ(code, Errc::unsupported);
+  EXPECT_NE(msg.find("chatml"), std::string::npos) << msg;
+
+  std::tie(code, msg) = error_of(chat_request({{"tool", "42"}}, 2));
+  EXPECT_EQ(code, Errc::invalid_argument);
+  EXPECT_NE(msg.find("role"), std::string::npos) << msg;
+
+  // A session is chat or prompt text, not both.
+  client::GenerateRequest raw;
+  raw.prompt = "A fool";
+  raw.max_tokens = 2;
+  raw.session = 5;
+  c->generate(raw);
+  client::GenerateRequest chat = chat_request({{"user", "hi"}}, 2);
+  chat.session = 5;
+  std::tie(code, msg) = error_of(chat);
+  EXPECT_EQ(code, Errc::invalid_argument);
+  EXPECT_NE(msg.find("prompt session"), std::string::npos) << msg;
+  c->close_session(5);
+
+  EXPECT_EQ(c->generate(chat_request({{"user", "still there?"}}, 2)).ids.size(), 2u);
+}
+
+}  // namespace
+}  // namespace duet::frontend::testing

@@ -1,0 +1,350 @@
+// http_svc on a real stack (`duet stack up --http PORT` on models/fortune-q8_0.gguf): curl
+// streams the same tokens as `duet generate`, 32 concurrent streams each get their solo tokens,
+// bad input gets its status and OpenAI error, and a kill -9 of http_svc mid-stream is survived:
+// restarted, the cut request cancelled (its KV pages free), new requests served.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/client.h"
+#include "tests/support/stack_support.h"
+
+namespace duet {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using test_support::run_duet;
+
+int free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+struct Shell {
+  int rc;
+  std::string out;
+};
+
+Shell sh(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+// The text of an SSE completion stream (curl -N output), and whether it ended with [DONE].
+struct Sse {
+  std::string text, finish;
+  bool done = false;
+  int chunks = 0;
+};
+
+Sse parse_sse(const std::string& body) {
+  Sse s;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string data = body.substr(pos + 6, end == std::string::npos ? end : end - pos - 6);
+    pos = end == std::string::npos ? body.size() : end;
+    if (data == "[DONE]") {
+      s.done = true;
+      continue;
+    }
+    const json j = json::parse(data);
+    if (!j.contains("choices") || j["choices"].empty()) continue;
+    const json& c = j["choices"][0];
+    if (c.contains("text")) s.text += c["text"].get<std::string>();
+    if (c.contains("delta") && c["delta"].contains("content"))
+      s.text += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) s.finish = c["finish_reason"];
+    ++s.chunks;
+  }
+  return s;
+}
+
+class HttpSvcTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    id_ = "http_t_" + std::to_string(getpid() % 100000);
+    run_dir_ = default_run_dir(id_);
+    port_ = free_port();
+    auto r = run_duet("stack up --stack " + id_ + " --http " + std::to_string(port_));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    ASSERT_NE(r.out.find("5 services healthy"), std::string::npos) << r.out;
+  }
+  static void TearDownTestSuite() { test_support::tear_down_stack(id_, run_dir_); }
+
+  static std::string url(const std::string& path) {
+    return "http://127.0.0.1:" + std::to_string(port_) + path;
+  }
+  // curl: body to stdout, then the status code on a last line of its own.
+  static std::pair<int, std::string> curl(const std::string& path, const std::string& body,
+                                          const std::string& extra = "") {
+    const std::string file = "/tmp/" + id_ + "_body_" + std::to_string(std::rand());
+    std::ofstream(file) << body;
+    Shell s = sh("curl -sS -N --max-time 120 " + extra + " -w '\\n%{http_code}' --data-binary @" +
+                 file + " -H 'Content-Type: application/json' '" + url(path) + "'");
+    std::remove(file.c_str());
+    const size_t nl = s.out.rfind('\n');
+    if (nl == std::string::npos) return {0, s.out};
+    return {std::atoi(s.out.c_str() + nl + 1), s.out.substr(0, nl)};
+  }
+  static json generate_json(const std::string& prompt, int max_tokens) {
+    auto r = run_duet("generate --stack " + id_ + " --json --max-tokens " +
+                      std::to_string(max_tokens) + " '" + prompt + "'");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return json::parse(r.out.substr(r.out.find('{')));
+  }
+  static json frontend_status() {
+    client::Client c(client::stack_endpoint(id_));
+    return c.status();
+  }
+  static json service(const std::string& name) {
+    auto s = test_support::stack_status(run_dir_);
+    if (s)
+      for (const auto& svc : (*s)["services"])
+        if (svc["name"] == name) return svc;
+    return json{{"pid", 0}, {"state", "absent"}};
+  }
+
+  static inline std::string id_, run_dir_;
+  static inline int port_ = 0;
+};
+
+TEST_F(HttpSvcTest, CurlStreamGetsTheSameTokensAsDuetGenerate) {
+  const json native = generate_json("Once upon a time", 24);
+  auto [status, body] = curl("/v1/completions",
+                             R"({"prompt": "Once upon a time", "max_tokens": 24, "stream": true,
+                                 "stream_options": {"include_usage": true}})");
+  ASSERT_EQ(status, 200) << body;
+  const Sse sse = parse_sse(body);
+  EXPECT_TRUE(sse.done) << body;
+  EXPECT_EQ(sse.text, native["text"].get<std::string>());
+  EXPECT_GT(sse.chunks, 1);
+  // The usage chunk (choices empty) counts what `duet generate` counted.
+  const size_t u = body.rfind("\"usage\":{");
+  ASSERT_NE(u, std::string::npos) << body;
+  EXPECT_NE(body.find("\"completion_tokens\":" +
+                      std::to_string(native["stats"]["generated_tokens"].get<int>())),
+            std::string::npos)
+      << body;
+
+  auto [s2, whole] = curl("/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 24})");
+  ASSERT_EQ(s2, 200) << whole;
+  EXPECT_EQ(json::parse(whole)["choices"][0]["text"], native["text"]);
+}
+
+TEST_F(HttpSvcTest, ChatStreamGetsTheSameTokensAsDuetGenerateChat) {
+  auto r = run_duet("generate --stack " + id_ +
+                    " --json --max-tokens 20 --chat --chat-template chatml 'Tell me a fortune'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const json native = json::parse(r.out.substr(r.out.find('{')));
+  auto [status, body] = curl("/v1/chat/completions",
+                             R"({"messages": [{"role": "user", "content": "Tell me a fortune"}],
+                                 "chat_template": "chatml", "max_tokens": 20, "stream": true})");
+  ASSERT_EQ(status, 200) << body;
+  const Sse sse = parse_sse(body);
+  EXPECT_TRUE(sse.done);
+  EXPECT_EQ(sse.text, native["text"].get<std::string>());
+  EXPECT_NE(body.find("\"role\":\"assistant\""), std::string::npos) << body;
+}
+
+TEST_F(HttpSvcTest, ThirtyTwoConcurrentStreamsEachGetTheirSoloTokens) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat", "A bug is",
+                                            "Never trust"};
+  std::vector<std::string> solo;
+  for (const auto& p : prompts) solo.push_back(generate_json(p, 20)["text"]);
+  std::vector<std::future<std::pair<int, std::string>>> runs;
+  for (int i = 0; i < 32; ++i)
+    runs.push_back(std::async(std::launch::async, [&, i] {
+      return curl(
+          "/v1/completions",
+          json{{"prompt", prompts[i % prompts.size()]}, {"max_tokens", 20}, {"stream", true}}
+              .dump());
+    }));
+  for (int i = 0; i < 32; ++i) {
+    auto [status, body] = runs[i].get();
+    ASSERT_EQ(status, 200) << body;
+    const Sse sse = parse_sse(body);
+    EXPECT_TRUE(sse.done) << "client " << i;
+    EXPECT_EQ(sse.text, solo[i % prompts.size()]) << "client " << i;
+  }
+}
+
+TEST_F(HttpSvcTest, BadInputGetsItsStatusAndAnOpenAiErrorAndTheStackStaysHealthy) {
+  struct Case {
+    std::string path, body, extra;
+    int status;
+    std::string param;
+  };
+  const std::string big(5 << 20, 'a');
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{not json", "", 400, ""},
+      {"/v1/completions", "[1,2]", "", 400, ""},
+      {"/v1/completions", R"({"max_tokens": 4})", "", 400, "prompt"},
+      {"/v1/completions", R"({"prompt": "x", "n": 2})", "", 400, "n"},
+      {"/v1/completions", R"({"prompt": "x", "temperature": "hot"})", "", 400, "temperature"},
+      {"/v1/completions", R"({"prompt": "x", "top_p": 7})", "", 400, "top_p"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 0})", "", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt": "x", "stop": 5})", "", 400, "stop"},
+      {"/v1/completions", R"({"prompt": "x", "priority": "urgent"})", "", 400, "priority"},
+      {"/v1/completions", R"({"prompt": "x"})", "-H 'X-Duet-Priority: later'", 400,
+       "X-Duet-Priority"},
+      {"/v1/completions", R"({"prompt": "x", "logprobs": 3})", "", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 100000})", "", 400, ""},
+      {"/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", "", 404, "model"},
+      {"/v1/nothing", "{}", "", 404, ""},
+      {"/v1/completions", big, "", 413, ""},
+      {"/tokenize", R"({"content": 5})", "", 400, "content"},
+      {"/detokenize", R"({"tokens": [999999]})", "", 400, ""},
+  };
+  for (const Case& c : cases) {
+    auto [status, body] = curl(c.path, c.body, c.extra);
+    EXPECT_EQ(status, c.status) << c.path << " " << c.body.substr(0, 80) << " -> " << body;
+    json j;
+    ASSERT_NO_THROW(j = json::parse(body)) << body;
+    ASSERT_TRUE(j.contains("error")) << body;
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+    if (!c.param.empty()) {
+      EXPECT_EQ(j["error"]["param"], c.param) << body;
+    }
+  }
+  Shell health = sh("curl -s -w '%{http_code}' '" + url("/health") + "'");
+  EXPECT_NE(health.out.find("200"), std::string::npos) << health.out;
+  auto [ok, body] = curl("/v1/completions", R"({"prompt": "x", "max_tokens": 2})");
+  EXPECT_EQ(ok, 200) << body;
+}
+
+TEST_F(HttpSvcTest, TokenizeAndDetokenizeRoundTrip) {
+  auto [s1, t] = curl("/tokenize", R"({"content": "Hello world", "with_pieces": true})");
+  ASSERT_EQ(s1, 200) << t;
+  const json tokens = json::parse(t)["tokens"];
+  ASSERT_FALSE(tokens.empty());
+  json ids = json::array();
+  std::string pieces;
+  for (const auto& x : tokens) {
+    ids.push_back(x["id"]);
+    pieces += x["piece"].get<std::string>();
+  }
+  EXPECT_EQ(pieces, "Hello world");
+  auto [s2, d] = curl("/detokenize", json{{"tokens", ids}}.dump());
+  ASSERT_EQ(s2, 200) << d;
+  EXPECT_EQ(json::parse(d)["content"], "Hello world");
+}
+
+TEST_F(HttpSvcTest, MetricsAndModelsAnswerInTheirFormats) {
+  Shell models = sh("curl -s '" + url("/v1/models") + "'");
+  EXPECT_EQ(json::parse(models.out)["data"][0]["id"], "fortune-q8_0") << models.out;
+  (void)curl("/v1/completions", R"({"prompt": "Hi", "max_tokens": 3})");
+  Shell m = sh("curl -s '" + url("/metrics") + "'");
+  for (const char* needle :
+       {"# TYPE duet_ttft_seconds histogram", "duet_tpot_seconds_bucket{kind=\"modeled\"",
+        "duet_http_requests_total{endpoint=\"completions\",outcome=\"ok\"}",
+        "duet_queue_depth{priority=\"proactive\"}", "duet_kv_pages{state=\"free\"}",
+        "duet_restarts_seen_total", "duet_service_restarts_total{service=\"http_svc\"}"})
+    EXPECT_NE(m.out.find(needle), std::string::npos) << needle << "\n" << m.out;
+}
+
+TEST_F(HttpSvcTest, ClientThatDisconnectsMidStreamCancelsItsRequest) {
+  const json before = frontend_status()["metrics"]["requests"];
+  // curl is killed as soon as the first chunk of a 480-token stream arrives.
+  const std::string out = "/tmp/" + id_ + "_gone_stream";
+  std::remove(out.c_str());
+  Shell bg = sh("curl -sS -N -o " + out +
+                " -d '{\"prompt\": \"Once\", \"max_tokens\": 480, \"ignore_eos\": true, "
+                "\"stream\": true}' '" +
+                url("/v1/completions") + "' >/dev/null 2>&1 & echo $!");
+  const int curl_pid = std::atoi(bg.out.c_str());
+  ASSERT_GT(curl_pid, 0) << bg.out;
+  const auto first = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < first) {
+    std::ifstream f(out);
+    std::string text((std::istreambuf_iterator<char>(f)), {});
+    if (text.find("data: ") != std::string::npos) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(kill(curl_pid, SIGKILL), 0);
+  std::remove(out.c_str());
+  json fs;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < until) {
+    fs = frontend_status();
+    if (fs["running"].empty() && fs["engine"]["kv_pages_free"] == fs["engine"]["kv_pages_total"])
+      break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(fs["running"].empty()) << fs.dump();
+  EXPECT_EQ(fs["engine"]["kv_pages_free"], fs["engine"]["kv_pages_total"]);
+  EXPECT_EQ(fs["metrics"]["requests"]["cancelled"].get<int>(), before["cancelled"].get<int>() + 1)
+      << "http_svc should cancel the request (not wait for the frontend to reap it)";
+}
+
+// Last: it kills this suite's http_svc.
+TEST_F(HttpSvcTest, KillNineMidStreamRestartsAndCancelsTheCutRequest) {
+  const int old_pid = service("http_svc")["pid"];
+  ASSERT_GT(old_pid, 0);
+  // A long stream, read by curl into a file while the test watches it grow.
+  const std::string out = "/tmp/" + id_ + "_cut_stream";
+  std::remove(out.c_str());
+  auto cut = std::async(std::launch::async, [&] {
+    return sh("curl -sS -N --max-time 60 -o " + out +
+              " -d '{\"prompt\": \"Once\", \"max_tokens\": 480, \"ignore_eos\": true, "
+              "\"stream\": true}' '" +
+              url("/v1/completions") + "'");
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream f(out);
+    std::string s((std::istreambuf_iterator<char>(f)), {});
+    if (s.find("data: ") != std::string::npos) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_EQ(frontend_status()["running"].size(), 1u) << "the stream should be running";
+  ASSERT_EQ(kill(old_pid, SIGKILL), 0);
+  EXPECT_NE(cut.get().rc, 0) << "curl should see its stream cut";
+  std::remove(out.c_str());
+
+  // The supervisor restarts http_svc; the frontend reaps the cut request (no KeepAlives).
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  json fs;
+  while (std::chrono::steady_clock::now() < until) {
+    fs = frontend_status();
+    const json svc = service("http_svc");
+    if (svc["state"] == "healthy" && svc["pid"] != old_pid && fs["running"].empty() &&
+        fs["engine"]["kv_pages_free"] == fs["engine"]["kv_pages_total"])
+      break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_NE(service("http_svc")["pid"], old_pid);
+  EXPECT_EQ(service("http_svc")["state"], "healthy");
+  EXPECT_TRUE(fs["running"].empty()) << fs.dump();
+  EXPECT_EQ(fs["engine"]["kv_pages_free"], fs["engine"]["kv_pages_total"]) << fs["engine"].dump();
+  EXPECT_GE(fs["metrics"]["requests"]["reaped"].get<int>() +
+                fs["metrics"]["requests"]["cancelled"].get<int>(),
+            1);
+
+  auto [status, body] = curl("/v1/completions", R"({"prompt": "Once", "max_tokens": 4})");
+  EXPECT_EQ(status, 200) << body;
+}
+
+}  // namespace
+}  // namespace duet
