@@ -26,6 +26,8 @@ struct MkmodelArgs {
   int ctx = 0;
   uint64_t seed = 1;
   int threads = 2;
+  float weight_std = 0.02f;
+  float rope_scale_linear = 0.0f;
 };
 
 duet::DType parse_type(std::string name) {
@@ -58,6 +60,8 @@ void run_mkmodel(const MkmodelArgs& args) {
   options.n_ctx = args.ctx;
   options.seed = args.seed;
   options.n_threads = args.threads;
+  options.weight_std = args.weight_std;
+  options.rope_scale_linear = args.rope_scale_linear;
   const auto start = std::chrono::steady_clock::now();
   duet::write_synthetic_model(shape, options, args.out);
   const double seconds =
@@ -102,6 +106,13 @@ duet::cli::RegisterCommand register_mkmodel([](CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "PRNG seed (same seed, same file)")->capture_default_str();
   cmd->add_option("--threads", args->threads, "Generator threads")->capture_default_str();
+  cmd->add_option("--rope-scale-linear", args->rope_scale_linear,
+                  "Linear RoPE scaling factor written as <arch>.rope.scaling.type/factor (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--std", args->weight_std,
+                  "Standard deviation of the random matrices (biases get 5x; larger values make "
+                  "attention, rope and biases move the logits more)")
+      ->capture_default_str();
   cmd->callback([args] { run_mkmodel(*args); });
 });
 

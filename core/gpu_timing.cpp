@@ -73,6 +73,7 @@ double gpu_modeled_us(const SocProfile& soc, const OpShape& s) {
     case OpKind::Rope:
     case OpKind::SwiGlu:
     case OpKind::Add:
+    case OpKind::AddBias:
     case OpKind::KvWrite: {
       // Arrays touched per element: read + write, plus a second input for the binary ops.
       const double arrays = (s.kind == OpKind::SwiGlu || s.kind == OpKind::Add) ? 3.0

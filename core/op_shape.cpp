@@ -22,6 +22,8 @@ std::string op_kind_name(OpKind k) {
       return "Add";
     case OpKind::Logits:
       return "Logits";
+    case OpKind::AddBias:
+      return "AddBias";
   }
   return "OpKind(" + std::to_string(static_cast<int>(k)) + ")";
 }

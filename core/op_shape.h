@@ -22,6 +22,7 @@ enum class OpKind : uint8_t {
   SwiGlu = 6,
   Add = 7,
   Logits = 8,
+  AddBias = 9,
 };
 
 struct OpShape {

@@ -225,6 +225,15 @@ BuiltPrograms Builder::build() {
     op.freq_base = hp.rope_freq_base;
     op.eps = hp.rms_eps;
   };
+  // A biased projection: out[t] += bias, on the GPU once every part of the matmul is done (the
+  // NPU runs matmuls only).
+  auto add_bias = [&](int layer, const float* bias, uint64_t t, uint32_t cols) {
+    auto op = new_op(fb::OpKind::AddBias, layer);
+    op->in0 = std::make_unique<fb::TensorRef>(arena_ref(t, nt, cols));
+    op->weight = std::make_unique<fb::TensorRef>(norm_ref(bias, static_cast<int>(cols)));
+    op->out = std::make_unique<fb::TensorRef>(arena_ref(t, nt, cols));
+    simple(Device::gpu, std::move(op), {t}, {t});
+  };
 
   {  // Embedding lookup: tokens -> x.
     auto op = new_op(fb::OpKind::Embed, -1);
@@ -255,9 +264,19 @@ BuiltPrograms Builder::build() {
     matmul(MatmulRole::q, l, L.wq, arena_.xn, embd, arena_.q, nt);
     matmul(MatmulRole::k, l, L.wk, arena_.xn, embd, arena_.k, nt);
     matmul(MatmulRole::v, l, L.wv, arena_.xn, embd, arena_.v, nt);
+    if (L.bq) {
+      add_bias(l, L.bq, arena_.q, qdim);
+      add_bias(l, L.bk, arena_.k, kv_dim);
+      add_bias(l, L.bv, arena_.v, kv_dim);
+    }
     for (uint64_t t : {arena_.q, arena_.k}) {
       auto op = new_op(fb::OpKind::Rope, l);
       fill_heads(*op);
+      op->rope_mode = static_cast<uint8_t>(hp.rope_mode);
+      op->freq_scale = hp.rope_freq_scale;
+      if (model_.rope_freqs)
+        op->freq_factors =
+            std::make_unique<fb::TensorRef>(norm_ref(model_.rope_freqs, hp.head_dim / 2));
       if (t == arena_.k) op->n_heads = static_cast<uint16_t>(hp.n_head_kv);
       const uint32_t cols = t == arena_.q ? qdim : kv_dim;
       op->in0 = std::make_unique<fb::TensorRef>(arena_ref(t, nt, cols));

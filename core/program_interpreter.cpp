@@ -116,7 +116,11 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
     const fb::OpT& op = *program.ops[i];
     const std::string where = op_name(op, i);
     const bool has_weight = op.kind == fb::OpKind::Embed || op.kind == fb::OpKind::RmsNorm ||
-                            op.kind == fb::OpKind::MatMul || op.kind == fb::OpKind::Logits;
+                            op.kind == fb::OpKind::MatMul || op.kind == fb::OpKind::Logits ||
+                            op.kind == fb::OpKind::AddBias;
+    if (op.kind > fb::OpKind::MAX)
+      throw Error(Errc::invalid_argument,
+                  where + ": unknown op kind " + std::to_string(static_cast<int>(op.kind)));
     const bool has_in0 = op.kind != fb::OpKind::Embed;
     const bool has_in1 = op.kind == fb::OpKind::KvWrite || op.kind == fb::OpKind::SwiGlu ||
                          op.kind == fb::OpKind::Add;
@@ -161,6 +165,38 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
     }
     if (op.kind == fb::OpKind::RmsNorm && op.weight->cols() != op.in0->cols())
       throw Error(Errc::invalid_argument, where + ": norm weight width != input width");
+    if (op.kind == fb::OpKind::AddBias) {
+      const fb::TensorRef& b = *op.weight;
+      if (static_cast<DType>(b.dtype()) != DType::F32 || b.rows() != 1 ||
+          b.cols() != op.in0->cols())
+        throw Error(Errc::invalid_argument,
+                    where + ": bias must be one F32 row as wide as its input");
+      if (op.out->offset() != op.in0->offset() || op.out->cols() != op.in0->cols())
+        throw Error(Errc::invalid_argument, where + ": a bias is added in place (out = in0)");
+    }
+    if (op.kind == fb::OpKind::Rope) {
+      if (op.rope_mode != static_cast<uint8_t>(ops::RopeMode::normal) &&
+          op.rope_mode != static_cast<uint8_t>(ops::RopeMode::neox))
+        throw Error(Errc::invalid_argument,
+                    where + ": unknown rope mode " + std::to_string(op.rope_mode));
+      if (!(op.freq_base > 0) || !std::isfinite(op.freq_base) || !(op.freq_scale > 0) ||
+          !std::isfinite(op.freq_scale))
+        throw Error(Errc::invalid_argument, where +
+                                                ": rope freq_base and freq_scale must be "
+                                                "positive and finite");
+      if (op.freq_factors) {
+        check_ref(op.freq_factors.get(), mem, where, "freq_factors", true);
+        const fb::TensorRef& f = *op.freq_factors;
+        if (f.segment() != fb::SegmentKind::Weights ||
+            static_cast<DType>(f.dtype()) != DType::F32 || f.rows() != 1 ||
+            f.cols() != op.head_dim / 2u)
+          throw Error(Errc::invalid_argument,
+                      where + ": rope freq_factors must be one F32 weights row of head_dim/2 = " +
+                          std::to_string(op.head_dim / 2) + " values");
+      }
+    } else if (op.freq_factors) {
+      throw Error(Errc::invalid_argument, where + ": freq_factors on an op that is not Rope");
+    }
   }
 }
 

@@ -96,6 +96,8 @@ void check_shape(const ModelShape& s, const SyntheticModelOptions& o, int n_voca
   if (n_layer < 1) bad("at least one layer is needed");
   if (n_ctx < 1) bad("context must be positive");
   if (o.n_threads < 1) bad("threads must be positive");
+  if (!(o.rope_scale_linear >= 0.0f) || !std::isfinite(o.rope_scale_linear))
+    bad("linear rope scale must be positive (or 0: none)");
   if (!(o.weight_std > 0.0f) || !std::isfinite(o.weight_std))
     bad("weight std must be positive and finite");
   if (o.type != DType::F32 && o.type != DType::F16 && o.type != DType::Q8_0 &&
@@ -279,6 +281,10 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
   w.set_uint32(a + "attention.head_count_kv", static_cast<uint32_t>(shape.n_head_kv));
   w.set_float32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps);
   w.set_float32(a + "rope.freq_base", shape.rope_freq_base);
+  if (options.rope_scale_linear > 0) {
+    w.set_string(a + "rope.scaling.type", "linear");
+    w.set_float32(a + "rope.scaling.factor", options.rope_scale_linear);
+  }
   if (synthetic_vocab) write_synthetic_vocab(n_vocab, w);
 
   // The pool lives until write() returns: the row sources below run inside it.

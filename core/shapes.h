@@ -47,6 +47,8 @@ struct SyntheticModelOptions {
   Arch arch = Arch::llama;   // general.architecture and the key prefix; qwen2 adds q/k/v biases
   DType type = DType::Q4_0;  // every matrix; norm weights, biases and rope factors are F32
   int n_vocab = 0;           // 0: min(kDefaultSyntheticVocab, the shape's vocab)
+  // > 0: linear RoPE scaling (<arch>.rope.scaling.type "linear" and .factor): every angle / it.
+  float rope_scale_linear = 0.0f;
   // A GGUF whose tokenizer.* keys (vocabulary, merges, special ids, chat template) are copied;
   // n_vocab is then its token count. Empty: the synthetic SentencePiece vocabulary.
   std::string vocab_gguf;

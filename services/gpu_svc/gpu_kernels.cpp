@@ -258,21 +258,33 @@ cl_event GpuKernels::rmsnorm(cl_mem arena, uint64_t x_off, uint32_t x_stride, ui
 }
 
 cl_event GpuKernels::rope(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t n_heads,
-                          uint32_t head_dim, float freq_base, uint64_t tok_off, TokenRange t) {
+                          uint32_t head_dim, const RopeArgs& r, uint64_t tok_off, TokenRange t) {
   forget_quantized_input();
+  const cl_uint has_ff = r.has_factors ? 1 : 0;
   if (dev_.info().type == "cpu") {  // the frequency once per pair, the angle once per token
     cl_kernel k = dev_.kernel("rope_heads");
-    set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{head_dim}, cl_float{freq_base},
-             cl_ulong{tok_off}, cl_uint{t.begin}, cl_uint{n_heads}, cl_uint{t.count()});
+    set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{head_dim}, cl_float{r.freq_base},
+             cl_ulong{tok_off}, cl_uint{t.begin}, cl_uint{n_heads}, cl_uint{t.count()},
+             cl_float{r.freq_scale}, cl_uint{r.mode}, r.w, cl_ulong{r.factors_off}, has_ff);
     const size_t global[2] = {head_dim / 2u,
                               (t.count() + kRopeTokensPerItem - 1) / kRopeTokensPerItem};
     return launch("rope_heads", k, 2, global, nullptr);
   }
   cl_kernel k = dev_.kernel("rope");
-  set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{head_dim}, cl_float{freq_base},
-           cl_ulong{tok_off}, cl_uint{t.begin});
+  set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{head_dim}, cl_float{r.freq_base},
+           cl_ulong{tok_off}, cl_uint{t.begin}, cl_float{r.freq_scale}, cl_uint{r.mode}, r.w,
+           cl_ulong{r.factors_off}, has_ff);
   const size_t global[3] = {head_dim / 2u, n_heads, t.count()};
   return launch("rope", k, 3, global, nullptr);
+}
+
+cl_event GpuKernels::add_bias(cl_mem arena, uint64_t x_off, uint32_t x_stride, cl_mem w,
+                              uint64_t b_off, uint32_t cols, TokenRange t) {
+  forget_quantized_input();
+  cl_kernel k = dev_.kernel("add_bias");
+  set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, w, cl_ulong{b_off}, cl_uint{t.begin});
+  const size_t global[2] = {cols, t.count()};
+  return launch("add_bias", k, 2, global, nullptr);
 }
 
 namespace {

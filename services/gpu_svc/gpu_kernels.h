@@ -17,6 +17,17 @@
 
 namespace duet::gpu {
 
+// A Rope op's parameters (core/ops.h RopeParams): factors, when has_factors, are head_dim/2 F32
+// values at factors_off in buffer w (the model's weights).
+struct RopeArgs {
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;
+  uint32_t mode = 0;  // 0 normal, 2 neox (ops::RopeMode)
+  cl_mem w = nullptr;
+  uint64_t factors_off = 0;
+  bool has_factors = false;
+};
+
 struct TokenRange {
   uint32_t begin = 0, end = 0;
   uint32_t count() const { return end - begin; }
@@ -126,8 +137,12 @@ class GpuKernels {
   cl_event rmsnorm(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint64_t out_off,
                    uint32_t out_stride, cl_mem w, uint64_t w_off, uint32_t dim, float eps,
                    TokenRange t);
+  // r.w must be a valid buffer even without factors (an unused kernel argument).
   cl_event rope(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t n_heads,
-                uint32_t head_dim, float freq_base, uint64_t tok_off, TokenRange t);
+                uint32_t head_dim, const RopeArgs& r, uint64_t tok_off, TokenRange t);
+  // x[t][i] += bias[i] for i < cols (bias: cols F32 at b_off in w).
+  cl_event add_bias(cl_mem arena, uint64_t x_off, uint32_t x_stride, cl_mem w, uint64_t b_off,
+                    uint32_t cols, TokenRange t);
   cl_event swiglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
                   uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                   TokenRange t);

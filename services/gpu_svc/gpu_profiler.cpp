@@ -140,7 +140,8 @@ OpMeasurement measure_op(GpuKernels& kernels, const OpShape& s, uint32_t reps) {
       case OpKind::Rope:
         if (m % 64 != 0)
           throw Error(Errc::invalid_argument, "profile: rope width must be a multiple of 64");
-        return kernels.rope(arena.mem(), a_off, m, m / 64, 64, 10000.0f, tok, all);
+        return kernels.rope(arena.mem(), a_off, m, m / 64, 64,
+                            RopeArgs{10000.0f, 1.0f, 0, weights.mem(), 0, false}, tok, all);
       default:
         throw Error(Errc::unsupported, "profile: gpu_svc measures no " + op_kind_name(s.kind) +
                                            " ops (ask for modeled_only)");

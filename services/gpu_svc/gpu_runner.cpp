@@ -126,14 +126,16 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
       const uint64_t align = wt == DType::F32 ? 4 : 2;
       if (op.weight->offset() % align != 0)
         fail("weight offset is not " + std::to_string(align) + "-byte aligned");
-      if (op.kind != fb::OpKind::RmsNorm) {
+      if (op.kind != fb::OpKind::RmsNorm && op.kind != fb::OpKind::AddBias) {
         kernel_type_suffix(wt);  // throws unsupported for a type the kernels do not read
         if (op.weight->cols() % kQK != 0)
           fail("weight width " + std::to_string(op.weight->cols()) + " is not a multiple of 32");
       } else if (wt != DType::F32) {
-        fail("norm weight must be F32");
+        fail("norm weight and bias must be F32");
       }
     }
+    if (op.freq_factors && op.freq_factors->offset() % 4 != 0)
+      fail("rope freq_factors offset is not 4-byte aligned");
     if (!op.wait_flags.empty() || op.publish_flag >= 0) p->uses_flags = true;
     switch (op.kind) {
       case fb::OpKind::Embed:
@@ -238,6 +240,9 @@ cl_event GpuRunner::read_back_output(const Program& p, const fb::OpT& op, const 
       break;
     case fb::OpKind::Rope:
       read(p.arena, p.mem.arena, op.in0->offset(), uint64_t{n} * op.in0->cols() * 4);
+      break;
+    case fb::OpKind::AddBias:
+      read_rect(*op.in0, t0, t1, 0, op.in0->cols());
       break;
     default:
       read(p.arena, p.mem.arena, op.out->offset(), uint64_t{n} * op.out->cols() * 4);
@@ -464,10 +469,24 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
           last = kernels_.matmul(p.arena, a);
           break;
         }
-        case fb::OpKind::Rope:
+        case fb::OpKind::Rope: {
+          RopeArgs r;
+          r.freq_base = op.freq_base;
+          r.freq_scale = op.freq_scale;
+          r.mode = op.rope_mode;
+          r.w = p.weights;
+          r.has_factors = op.freq_factors != nullptr;
+          if (op.freq_factors) r.factors_off = op.freq_factors->offset();
           last = kernels_.rope(p.arena, op.in0->offset(), op.in0->cols(), op.n_heads, op.head_dim,
-                               op.freq_base, tok, all);
+                               r, tok, all);
           break;
+        }
+        case fb::OpKind::AddBias: {
+          const TokenRange rows{t0, std::max(t0, t1)};
+          last = kernels_.add_bias(p.arena, op.in0->offset(), op.in0->cols(), p.weights,
+                                   op.weight->offset(), op.in0->cols(), rows);
+          break;
+        }
         case fb::OpKind::KvWrite:
           last = kernels_.kv_write(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
                                    op.in1->cols(), kv, tok, all);

@@ -99,13 +99,69 @@ TEST_F(GpuKernelsTest, RopeMatchesReferenceAtLongPositions) {
     const auto x = random_floats(n * width, n);
     std::memcpy(arena.at(kActs), x.data(), x.size() * 4);
     arena.upload();
-    run(k.rope(arena.mem(), kActs, width, n_heads, head_dim, 10000.0f, 0, {0, n}));
+    run(k.rope(arena.mem(), kActs, width, n_heads, head_dim,
+               RopeArgs{10000.0f, 1.0f, 0, arena.mem(), 0, false}, 0, {0, n}));
     arena.download();
     std::vector<float> want = x;
     std::vector<int32_t> pos(n);
     for (uint32_t t = 0; t < n; ++t) pos[t] = arena.at<int32_t>(0)[4 * t + 1];
-    ops::rope(want.data(), static_cast<int>(n), n_heads, head_dim, pos.data(), ops::RopeParams{10000.0f});
+    ops::rope(want.data(), static_cast<int>(n), n_heads, head_dim, pos.data(),
+              ops::RopeParams{10000.0f});
     EXPECT_LT(max_abs_diff(arena.at<float>(kActs), want.data(), want.size()), 1e-5f) << "n=" << n;
+  }
+}
+
+// Qwen2's NEOX pairing, Llama 3's rope_freqs (read from the weights buffer) and linear scaling,
+// alone and together.
+TEST_F(GpuKernelsTest, RopeModesScalesAndFreqFactorsMatchReference) {
+  const uint32_t n_heads = 2, head_dim = 32, width = n_heads * head_dim;
+  std::vector<float> factors(head_dim / 2);
+  for (uint32_t i = 0; i < head_dim / 2; ++i) factors[i] = 1.0f + 31.0f * i / (head_dim / 2 - 1);
+  HostBuffer weights(dev, 64 + factors.size() * 4);
+  std::memcpy(weights.at(64), factors.data(), factors.size() * 4);
+  weights.upload();
+  for (ops::RopeMode mode : {ops::RopeMode::normal, ops::RopeMode::neox}) {
+    for (bool scaled : {false, true}) {
+      for (uint32_t n : kOddCounts) {
+        HostBuffer arena(dev, kActs + n * width * 4);
+        fill_tokens(arena.at<int32_t>(0), n, 100, 700);
+        const auto x = random_floats(n * width, n + 5);
+        std::memcpy(arena.at(kActs), x.data(), x.size() * 4);
+        arena.upload();
+        const RopeArgs r{
+            500000.0f, scaled ? 0.25f : 1.0f, static_cast<uint32_t>(mode), weights.mem(), 64,
+            scaled};
+        run(k.rope(arena.mem(), kActs, width, n_heads, head_dim, r, 0, {0, n}));
+        arena.download();
+        std::vector<float> want = x;
+        std::vector<int32_t> pos(n);
+        for (uint32_t t = 0; t < n; ++t) pos[t] = arena.at<int32_t>(0)[4 * t + 1];
+        ops::rope(
+            want.data(), static_cast<int>(n), n_heads, head_dim, pos.data(),
+            ops::RopeParams{500000.0f, r.freq_scale, scaled ? factors.data() : nullptr, mode});
+        EXPECT_LT(max_abs_diff(arena.at<float>(kActs), want.data(), want.size()), 1e-5f)
+            << "mode=" << static_cast<int>(mode) << " scaled=" << scaled << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST_F(GpuKernelsTest, AddBiasAddsTheWeightsVectorToEveryTokenRow) {
+  const uint32_t cols = 96;
+  const auto bias = random_floats(cols, 3, 2.0f);
+  HostBuffer weights(dev, 32 + cols * 4);
+  std::memcpy(weights.at(32), bias.data(), cols * 4);
+  weights.upload();
+  for (uint32_t n : kOddCounts) {
+    const auto x = random_floats(size_t{n} * cols, n);
+    HostBuffer arena(dev, x.size() * 4);
+    std::memcpy(arena.at(0), x.data(), x.size() * 4);
+    arena.upload();
+    run(k.add_bias(arena.mem(), 0, cols, weights.mem(), 32, cols, {0, n}));
+    arena.download();
+    std::vector<float> want = x;
+    ops::add_bias(want.data(), bias.data(), static_cast<int>(n), cols);
+    EXPECT_LT(max_abs_diff(arena.at<float>(0), want.data(), want.size()), 1e-6f) << "n=" << n;
   }
 }
 

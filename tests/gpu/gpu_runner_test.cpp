@@ -18,6 +18,7 @@
 #include "core/soc_profile.h"
 #include "services/gpu_svc/gpu_runner.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/support/arch_models.h"
 #include "tests/support/local_flags.h"
 #include "tests/support/program_setup.h"
 
@@ -132,6 +133,22 @@ Plan weight_split_plan(const LlamaModel& m) {
         (r == 7 ? m.hp().n_vocab : m.hp().n_embd) / 2 + 3;  // deliberately ragged
   }
   return p;
+}
+
+const test_support::ArchModelDirCleanup arch_model_cleanup;
+
+// qwen2's biases and NEOX rope, internlm2, llama's rope_freqs and linear rope scaling: the GPU
+// kernels (rope variants, add_bias) against the reference, alone and with the interpreter as
+// the NPU taking half of every matmul (the bias waits for both halves).
+TEST(GpuRunner, EveryArchitectureMatchesTheReferenceGpuOnlyAndWeightSplit) {
+  for (const auto& am : test_support::arch_models()) {
+    for (DType type : {DType::F16, DType::Q8_0, DType::Q4_0}) {
+      SCOPED_TRACE(am.name + " " + std::string(dtype_name(type)));
+      auto m = LlamaModel::load(test_support::arch_model_path(am, type));
+      expect_matches_reference(*m, Plan::gpu_only());
+      expect_matches_reference(*m, weight_split_plan(*m));
+    }
+  }
 }
 
 TEST(GpuRunner, WeightSplitWithTheInterpreterAsNpuMatchesTheReference) {

@@ -6,12 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "core/error.h"
 #include "core/forward.h"
 #include "core/model.h"
 #include "core/program.h"
+#include "tests/support/arch_models.h"
 #include "tests/support/local_flags.h"
 #include "tests/support/program_setup.h"
 
@@ -135,6 +137,136 @@ TEST(ProgramInterpreter, EveryPlanShapeMatchesTheReferenceForward) {
     for (Strategy s : {Strategy::weight_split, Strategy::activation_split, Strategy::hybrid})
       expect_matches_reference(*m, split_plan(*m, s));
   }
+}
+
+const test_support::ArchModelDirCleanup arch_model_cleanup;
+
+TEST(ProgramInterpreter, EveryArchitectureInEveryPlanShapeMatchesTheReferenceForward) {
+  for (const auto& am : test_support::arch_models()) {
+    for (DType type : {DType::F16, DType::Q8_0, DType::Q4_0}) {
+      auto m = LlamaModel::load(test_support::arch_model_path(am, type));
+      SCOPED_TRACE(am.name + " " + std::string(dtype_name(type)));
+      expect_matches_reference(*m, Plan::gpu_only());
+      expect_matches_reference(*m, Plan::npu_only());
+      for (Strategy s : {Strategy::weight_split, Strategy::activation_split, Strategy::hybrid})
+        expect_matches_reference(*m, split_plan(*m, s));
+    }
+  }
+}
+
+TEST(ProgramBuilder, BiasesFollowTheirMatmulOnTheGpuAndRopeCarriesTheModelsScaling) {
+  auto qwen2 =
+      LlamaModel::load(test_support::arch_model_path(test_support::arch_models()[0], DType::Q8_0));
+  ProgramSpec spec;
+  spec.model = qwen2.get();
+  spec.max_tokens = 8;
+  spec.plan = Plan::npu_only();
+  BuiltPrograms b = build_programs(spec);
+  size_t biases = 0;
+  for (const auto& op : b.gpu.ops) {
+    if (op->kind == fb::OpKind::AddBias) {
+      ++biases;
+      EXPECT_FALSE(op->wait_flags.empty());  // after the NPU's q/k/v matmul
+    }
+    if (op->kind == fb::OpKind::Rope) {
+      EXPECT_EQ(op->rope_mode, static_cast<uint8_t>(ops::RopeMode::neox));
+      EXPECT_EQ(op->freq_factors, nullptr);
+    }
+  }
+  EXPECT_EQ(biases, 3u * qwen2->hp().n_layer);
+  for (const auto& op : b.npu.ops) EXPECT_NE(op->kind, fb::OpKind::AddBias);
+
+  auto llama3 =
+      LlamaModel::load(test_support::arch_model_path(test_support::arch_models()[2], DType::Q8_0));
+  spec.model = llama3.get();
+  b = build_programs(spec);
+  int ropes = 0;
+  for (const auto& op : b.gpu.ops) {
+    EXPECT_NE(op->kind, fb::OpKind::AddBias);
+    if (op->kind != fb::OpKind::Rope) continue;
+    ++ropes;
+    EXPECT_EQ(op->rope_mode, static_cast<uint8_t>(ops::RopeMode::normal));
+    ASSERT_NE(op->freq_factors, nullptr);
+    EXPECT_EQ(op->freq_factors->offset(), llama3->offset_of(llama3->rope_freqs));
+    EXPECT_EQ(op->freq_factors->cols(), 16u);
+  }
+  EXPECT_EQ(ropes, 2 * llama3->hp().n_layer);
+
+  auto linear =
+      LlamaModel::load(test_support::arch_model_path(test_support::arch_models()[3], DType::Q8_0));
+  spec.model = linear.get();
+  b = build_programs(spec);
+  for (const auto& op : b.gpu.ops) {
+    if (op->kind == fb::OpKind::Rope) {
+      EXPECT_EQ(op->freq_scale, 0.25f);
+    }
+  }
+}
+
+TEST(ProgramValidation, RejectsBadRopeFieldsAndBiases) {
+  auto m =
+      LlamaModel::load(test_support::arch_model_path(test_support::arch_models()[2], DType::Q8_0));
+  ProgramSpec spec;
+  spec.model = m.get();
+  spec.max_tokens = 4;
+  auto expect_rejected = [&](const std::function<void(fb::ProgramT&)>& corrupt,
+                             const std::string& message) {
+    BuiltPrograms b = build_programs(spec);
+    test_support::HostProgramMemory host(b, *m);
+    validate_program(b.gpu, host.mem);
+    corrupt(b.gpu);
+    try {
+      validate_program(b.gpu, host.mem);
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  auto first = [](fb::ProgramT& p, fb::OpKind kind) -> fb::OpT& {
+    for (auto& op : p.ops)
+      if (op->kind == kind) return *op;
+    throw Error(Errc::not_found, "no such op");
+  };
+  expect_rejected([&](fb::ProgramT& p) { first(p, fb::OpKind::Rope).rope_mode = 1; },
+                  "unknown rope mode 1");
+  expect_rejected([&](fb::ProgramT& p) { first(p, fb::OpKind::Rope).freq_scale = 0.0f; },
+                  "freq_scale must be positive");
+  expect_rejected(
+      [&](fb::ProgramT& p) {
+        fb::OpT& op = first(p, fb::OpKind::Rope);
+        const fb::TensorRef f = *op.freq_factors;
+        op.freq_factors =
+            std::make_unique<fb::TensorRef>(f.segment(), f.dtype(), f.offset(), f.rows(), 8);
+      },
+      "rope freq_factors must be one F32 weights row of head_dim/2 = 16 values");
+  expect_rejected(
+      [&](fb::ProgramT& p) {
+        fb::OpT& op = first(p, fb::OpKind::Rope);
+        const fb::TensorRef f = *op.freq_factors;
+        op.freq_factors = std::make_unique<fb::TensorRef>(fb::SegmentKind::Arena, f.dtype(), 0,
+                                                          f.rows(), f.cols());
+      },
+      "rope freq_factors must be one F32 weights row");
+  expect_rejected(
+      [&](fb::ProgramT& p) {
+        fb::OpT& norm = first(p, fb::OpKind::RmsNorm);
+        norm.freq_factors =
+            std::make_unique<fb::TensorRef>(*first(p, fb::OpKind::Rope).freq_factors);
+      },
+      "freq_factors on an op that is not Rope");
+  expect_rejected(
+      [&](fb::ProgramT& p) {
+        // A bias narrower than the tensor it is added to.
+        fb::OpT& mm = first(p, fb::OpKind::MatMul);
+        auto op = std::make_unique<fb::OpT>();
+        op->kind = fb::OpKind::AddBias;
+        op->in0 = std::make_unique<fb::TensorRef>(*mm.out);
+        op->out = std::make_unique<fb::TensorRef>(*mm.out);
+        op->weight = std::make_unique<fb::TensorRef>(fb::SegmentKind::Weights, fb::DTypeCode::F32,
+                                                     m->offset_of(m->rope_freqs), 1, 16);
+        p.ops.push_back(std::move(op));
+      },
+      "bias must be one F32 row as wide as its input");
 }
 
 TEST(ProgramValidation, RejectsOffsetsOutsideTheArena) {

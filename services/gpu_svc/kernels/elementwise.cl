@@ -52,21 +52,45 @@ kernel void rmsnorm(global uchar* arena, ulong x_off, uint x_stride, ulong out_o
 #else
 #define ROPE_REAL float
 #endif
+// The angle step of pair i (ggml's rope without YaRN extrapolation): freq_scale * base^(-2i/d)
+// divided by the pair's freq factor (Llama 3's rope_freqs, when has_ff). The same expression in
+// rope and rope_heads, so both give the same bits.
+ROPE_REAL rope_freq(uint i, uint head_dim, float freq_base, float freq_scale,
+                    global const uchar* w, ulong ff_off, uint has_ff) {
+  ROPE_REAL f = (ROPE_REAL)freq_scale *
+                pow((ROPE_REAL)freq_base, (ROPE_REAL)(-2.0) * (ROPE_REAL)i / (ROPE_REAL)head_dim);
+  if (has_ff) f = f / (ROPE_REAL)((global const float*)(w + ff_off))[i];
+  return f;
+}
+
+// mode 0 (normal) rotates values (2i, 2i+1) of a head, mode 2 (neox) values (i, i + head_dim/2).
 kernel void rope(global uchar* arena, ulong x_off, uint x_stride, uint head_dim, float freq_base,
-                 ulong tok_off, uint t_begin) {
+                 ulong tok_off, uint t_begin, float freq_scale, uint mode,
+                 global const uchar* w, ulong ff_off, uint has_ff) {
   const uint i = get_global_id(0);  // pair index within the head
   const uint h = get_global_id(1);
   const uint t = t_begin + get_global_id(2);
   global const int* tok = (global const int*)(arena + tok_off);
   const int pos = tok[4 * t + TOK_POS];
   const ROPE_REAL theta =
-      (ROPE_REAL)pos * pow((ROPE_REAL)freq_base, (ROPE_REAL)(-2.0) * (ROPE_REAL)i / (ROPE_REAL)head_dim);
+      (ROPE_REAL)pos * rope_freq(i, head_dim, freq_base, freq_scale, w, ff_off, has_ff);
   const float c = (float)cos(theta);
   const float s = (float)sin(theta);
-  global float* pair = (global float*)(arena + x_off) + (ulong)t * x_stride + h * head_dim + 2 * i;
-  const float a = pair[0], b = pair[1];
+  const uint first = mode == 2 ? i : 2 * i;
+  const uint partner = mode == 2 ? head_dim / 2 : 1;
+  global float* pair = (global float*)(arena + x_off) + (ulong)t * x_stride + h * head_dim + first;
+  const float a = pair[0], b = pair[partner];
   pair[0] = a * c - b * s;
-  pair[1] = a * s + b * c;
+  pair[partner] = a * s + b * c;
+}
+
+// x[t][i] += bias[i]: a biased projection's output, in place.
+kernel void add_bias(global uchar* arena, ulong x_off, uint x_stride, global const uchar* w,
+                     ulong b_off, uint t_begin) {
+  const uint i = get_global_id(0);
+  const uint t = t_begin + get_global_id(1);
+  ((global float*)(arena + x_off))[(ulong)t * x_stride + i] +=
+      ((global const float*)(w + b_off))[i];
 }
 
 kernel void swiglu(global uchar* arena, ulong g_off, uint g_stride, ulong u_off, uint u_stride,
@@ -114,22 +138,26 @@ kernel void copy_f32(global const float* src, global float* dst) {
 // above, so the same bits.
 #define ROPE_TOKENS 8
 kernel void rope_heads(global uchar* arena, ulong x_off, uint x_stride, uint head_dim,
-                       float freq_base, ulong tok_off, uint t_begin, uint n_heads, uint t_count) {
+                       float freq_base, ulong tok_off, uint t_begin, uint n_heads, uint t_count,
+                       float freq_scale, uint mode, global const uchar* w, ulong ff_off,
+                       uint has_ff) {
   const uint i = get_global_id(0);
   const uint t0 = get_global_id(1) * ROPE_TOKENS;
   global const int* tok = (global const int*)(arena + tok_off);
-  const ROPE_REAL freq = pow((ROPE_REAL)freq_base, (ROPE_REAL)(-2.0) * (ROPE_REAL)i / (ROPE_REAL)head_dim);
+  const ROPE_REAL freq = rope_freq(i, head_dim, freq_base, freq_scale, w, ff_off, has_ff);
+  const uint first = mode == 2 ? i : 2 * i;
+  const uint partner = mode == 2 ? head_dim / 2 : 1;
   for (uint k = 0; k < ROPE_TOKENS && t0 + k < t_count; ++k) {
     const uint t = t_begin + t0 + k;
     const ROPE_REAL theta = (ROPE_REAL)tok[4 * t + TOK_POS] * freq;
     const float c = (float)cos(theta);
     const float s = (float)sin(theta);
-    global float* row = (global float*)(arena + x_off) + (ulong)t * x_stride + 2 * i;
+    global float* row = (global float*)(arena + x_off) + (ulong)t * x_stride + first;
     for (uint h = 0; h < n_heads; ++h) {
       global float* pair = row + h * head_dim;
-      const float a = pair[0], b = pair[1];
+      const float a = pair[0], b = pair[partner];
       pair[0] = a * c - b * s;
-      pair[1] = a * s + b * c;
+      pair[partner] = a * s + b * c;
     }
   }
 }
