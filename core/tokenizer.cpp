@@ -171,9 +171,13 @@ std::vector<Tokenizer::Fragment> Tokenizer::partition(std::string_view text, boo
   for (int32_t id : special_by_length_) {
     const uint8_t attr = attrs_[static_cast<size_t>(id)];
     const bool control_like = (attr & (kControl | kUnknown)) != 0;
-    // SentencePiece's user-defined pieces are the encoder's business (sentencepiece's rules).
-    if (!control_like && spm_) continue;
-    if (control_like && !parse_special && spans.empty()) continue;
+    // SentencePiece's user-defined pieces are the encoder's business (sentencepiece's rules),
+    // except where special tokens are parsed: there duet follows llama.cpp, whose partition cuts
+    // at every user-defined piece too (the next text then gets the dummy prefix again). That is
+    // what makes a chat template's ids equal llama.cpp's on a vocab with a user-defined "\n".
+    const bool parsing = parse_special || !spans.empty();
+    if (!control_like && spm_ && !parsing) continue;
+    if (control_like && !parsing) continue;
     const std::string_view piece = vocab_.pieces[static_cast<size_t>(id)];
     auto allowed = [&](size_t at) {
       if (!control_like || parse_special) return true;

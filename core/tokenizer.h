@@ -13,7 +13,11 @@
 // own. Which tokens may cut the text:
 //   - control and unknown tokens: only with parse_special (or inside a special span);
 //   - user-defined tokens: always, for byte-level BPE (llama.cpp does, after HF tokenizers);
-//     for SentencePiece they are sentencepiece's user-defined pieces inside the encoder instead.
+//     for SentencePiece they are sentencepiece's user-defined pieces inside the encoder instead,
+//     unless special tokens are being parsed (parse_special, or special spans: chat templates):
+//     then they cut the text as in llama.cpp, so a chat prompt's ids equal llama.cpp's. Plain
+//     text keeps sentencepiece's rules (they differ around a user-defined piece: sentencepiece
+//     gives the next word no "▁", llama.cpp does).
 // Token attributes follow llama.cpp, including its detection by text: a token whose text is an
 // end-of-generation marker ("<|eot_id|>", "<|im_end|>", "</s>", ...) or a FIM marker is treated
 // as control (not printed by decode, cut from text only with parse_special) and such EOG texts end

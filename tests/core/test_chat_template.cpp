@@ -10,6 +10,8 @@
 
 #include "core/chat_template.h"
 #include "core/error.h"
+#include "core/gguf.h"
+#include "core/tokenizer.h"
 #include "tests/support/error_code.h"
 
 namespace duet {
@@ -250,6 +252,31 @@ TEST(ChatTemplate, TextEqualsLlamaCppsOnTheOracleFiles) {
     const FormattedChat f =
         apply_chat_template(detect_chat_template(tmpl), msgs, j["add_generation_prompt"]);
     EXPECT_EQ(f.text, j["text"].get<std::string>());
+  }
+}
+
+// Token ids, not just text: the formatted conversation tokenised with special tokens recognised
+// only in the template's markers equals llama.cpp's ids (llama_chat_apply_template, then its
+// tokenizer with parse_special over the whole text) on the vocab file the answer was made on.
+// The messages are benign, so the two special-token policies cannot differ here.
+TEST(ChatTemplate, TokenIdsEqualLlamaCppsOnTheOracleVocabs) {
+  const std::string dir = DUET_SOURCE_DIR "/tests/data/";
+  for (const char* name : {"chat-llama3", "chat-chatml", "chat-chatml-spm", "chat-llama2",
+                           "chat-mistral", "chat-gemma", "chat-zephyr"}) {
+    SCOPED_TRACE(name);
+    std::ifstream in(dir + "llamacpp/" + name + ".json");
+    ASSERT_TRUE(in) << name;
+    const auto j = nlohmann::json::parse(in);
+    const auto file = GgufFile::open(dir + "vocab/" + j["model"].get<std::string>());
+    const Tokenizer tok(Vocab::from_gguf(*file));
+    std::vector<ChatMessage> msgs;
+    for (const auto& m : j["messages"]) msgs.push_back({m["role"], m["content"]});
+    const std::string tmpl = j["template_name"].is_string() ? j["template_name"].get<std::string>()
+                                                            : tok.vocab().chat_template;
+    const FormattedChat f =
+        apply_chat_template(detect_chat_template(tmpl), msgs, j["add_generation_prompt"]);
+    EXPECT_EQ(tok.encode_with_special_spans(f.text, true, f.special_spans),
+              j["ids"].get<std::vector<int32_t>>());
   }
 }
 

@@ -66,18 +66,6 @@ size_t argmax(const float* row, size_t n) {
   return static_cast<size_t>(std::max_element(row, row + n) - row);
 }
 
-// The model, or null while duet cannot read its vocabulary yet: byte-level BPE ("gpt2") files
-// load once the tokenizer of issue 18 item 1 lands, and from then on this never returns null.
-std::unique_ptr<LlamaModel> load_unless_bpe_unsupported(const std::string& path) {
-  try {
-    return LlamaModel::load(path);
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("'gpt2' is not supported") == std::string::npos) throw;
-    std::printf("%s: skipped, duet does not read byte-level BPE vocabularies yet\n", path.c_str());
-    return nullptr;
-  }
-}
-
 std::string logits_answer_for(const std::string& greedy_path) {
   const auto name = fs::path(greedy_path).filename().string();  // greedy-X.json
   return llamacpp_dir() + "logits-" + name.substr(7);
@@ -88,8 +76,7 @@ TEST_F(LlamacppLogits, ReferenceForwardMatchesLlamacppTeacherForcedWithinItsNois
   for (const auto& path : answer_files("logits-")) {
     const auto j = testdata::load_json(path);
     SCOPED_TRACE(path);
-    const auto model = load_unless_bpe_unsupported(find_model(j.at("model").get<std::string>()));
-    if (!model) continue;
+    const auto model = LlamaModel::load(find_model(j.at("model").get<std::string>()));
     const double tol = test_support::llamacpp_tolerance(j);
     const auto ids = j.at("ids").get<std::vector<int32_t>>();
     ReferenceForward fwd(*model, 512);
@@ -119,7 +106,7 @@ TEST_F(LlamacppLogits, ReferenceForwardMatchesLlamacppTeacherForcedWithinItsNois
         j.at("positions").size());
     ++compared;
   }
-  EXPECT_GE(compared, 6);  // tiny-fortune and internlm2 (SentencePiece), three types each
+  EXPECT_GE(compared, 12);  // tiny-fortune, llama, qwen2 and internlm2, three types each
 }
 
 TEST_F(LlamacppLogits, ReferenceGreedyEqualsLlamacppGreedyOnF16) {
@@ -127,8 +114,7 @@ TEST_F(LlamacppLogits, ReferenceGreedyEqualsLlamacppGreedyOnF16) {
   for (const auto& path : answer_files("greedy-")) {
     const auto j = testdata::load_json(path);
     SCOPED_TRACE(path);
-    const auto model = load_unless_bpe_unsupported(find_model(j.at("model").get<std::string>()));
-    if (!model) continue;
+    const auto model = LlamaModel::load(find_model(j.at("model").get<std::string>()));
     const double tol =
         test_support::llamacpp_tolerance(testdata::load_json(logits_answer_for(path)));
     const auto n_vocab = static_cast<size_t>(model->hp().n_vocab);
@@ -149,7 +135,7 @@ TEST_F(LlamacppLogits, ReferenceGreedyEqualsLlamacppGreedyOnF16) {
     EXPECT_GT(i, 0u);
     ++compared;
   }
-  EXPECT_GE(compared, 2);  // tiny-fortune and internlm2 (SentencePiece)
+  EXPECT_GE(compared, 4);  // tiny-fortune, llama, qwen2 and internlm2 on F16
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // parse_special. The ids were written by tools/llamacpp-oracle (node-llama-cpp 3.22.1).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,36 @@ TEST_P(BpeAgainstLlamaCpp, DecodeGivesBackTheExactBytesOfPlainTokenisation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RealVocabs, BpeAgainstLlamaCpp, ::testing::Values("llama3", "qwen2"));
+
+// SentencePiece (tiny-fortune, whose "\n" is a user-defined piece): with special parsing duet
+// follows llama.cpp's partition and gives llama.cpp's ids on the whole corpus; without it duet
+// keeps sentencepiece's rules (the SentencePiece reference vectors), which differ from
+// llama.cpp's only around a user-defined piece. Bytes that are not UTF-8 ("hex" entries) are
+// the one other difference, in both modes: sentencepiece reads them as U+FFFD, llama.cpp's
+// byte fallback keeps the byte; duet stays with sentencepiece, the reference of this format.
+TEST(SpmAgainstLlamaCpp, ParseSpecialGivesLlamaCppsIdsAndPlainDiffersOnlyAtUserDefinedPieces) {
+  const auto oracle = testdata::load_json(data_dir() + "llamacpp/tokenize-fortune.json");
+  const auto f = GgufFile::open(data_dir() + "tiny-fortune/fortune-f16.gguf");
+  const Tokenizer t(Vocab::from_gguf(*f));
+  ASSERT_EQ(t.vocab().kind, Vocab::Kind::spm);
+  int compared = 0, special_mismatches = 0, plain_differs = 0;
+  for (const auto& entry : oracle["strings"]) {
+    if (entry.contains("error") || entry.contains("hex")) continue;
+    const std::string text = entry_bytes(entry);
+    const auto special = t.encode(text, false, true);
+    if (special != entry["special"].get<std::vector<int32_t>>() && ++special_mismatches <= 20)
+      ADD_FAILURE() << entry.dump() << "\n duet special: " << show(special);
+    if (t.encode(text, false) != entry["plain"].get<std::vector<int32_t>>()) {
+      ++plain_differs;
+      EXPECT_NE(text.find('\n'), std::string::npos) << entry.dump();
+    }
+    ++compared;
+  }
+  EXPECT_EQ(special_mismatches, 0) << "of " << compared << " strings";
+  EXPECT_GE(compared, 500);
+  std::printf("tiny-fortune: plain text differs from llama.cpp on %d of %d strings (all at \\n)\n",
+              plain_differs, compared);
+}
 
 }  // namespace
 }  // namespace duet
