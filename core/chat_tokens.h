@@ -1,8 +1,7 @@
 #pragma once
 // Tokenising text whose special tokens may only come from known places (a chat template's
 // markers, or the whole text when a caller asks for parse_special), and the end-of-generation
-// test every decoding loop uses. Call sites use these two functions; CONTRACTS.md's
-// Tokenizer::encode_with_special_spans / is_eog (helper tok) take them over when they land.
+// test every decoding loop uses: Tokenizer::encode_with_special_spans and Tokenizer::is_eog.
 #include <cstdint>
 #include <span>
 #include <string>
@@ -23,7 +22,7 @@ std::vector<int32_t> encode_with_specials(const Tokenizer& tok, std::string_view
 // tokenizer.chat_template of a model file ("" when it has none).
 std::string chat_template_of(const GgufFile& f);
 
-// Whether `id` ends a generation (EOS, and EOT where the vocab has one).
+// Whether `id` ends a generation (EOS, EOT and the vocab's other end-of-generation tokens).
 bool is_end_of_generation(const Tokenizer& tok, int32_t id);
 
 }  // namespace duet

@@ -76,10 +76,6 @@ struct Vocab {
   static Vocab from_gguf(const GgufFile& f);
 };
 
-struct TextSpan {  // byte range [begin, end) of a text
-  size_t begin, end;
-};
-
 class Tokenizer {
  public:
   // Throws bad_format for an inconsistent vocab: an unknown token type, ids outside the vocab,
