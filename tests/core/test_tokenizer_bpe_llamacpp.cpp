@@ -1,8 +1,9 @@
 // Byte-level BPE against llama.cpp itself: every string of tests/data/llamacpp/corpus.json (722
 // strings: prose, whitespace runs, numbers, code, CJK, Arabic, emoji, combining marks, invalid
 // UTF-8, special-token texts) tokenised by duet must give exactly the ids llama.cpp gave for
-// the same vocab-only GGUF (Llama 3.1's and Qwen3's real vocabularies), with and without
-// parse_special. The ids were written by tools/llamacpp-oracle (node-llama-cpp 3.22.1).
+// the same vocab-only GGUF (Llama 3.1's and Qwen3's real vocabularies, and three pre-tokenizer
+// variants), with and without parse_special. The ids were written by tools/llamacpp-oracle
+// (node-llama-cpp 3.22.1).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -109,7 +110,18 @@ TEST_P(BpeAgainstLlamaCpp, DecodeGivesBackTheExactBytesOfPlainTokenisation) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(RealVocabs, BpeAgainstLlamaCpp, ::testing::Values("llama3", "qwen2"));
+// llama3 (pre llama-bpe) and qwen2 are the real vocabs; bpe-* are Llama 3's first 4000 merges
+// with another pre-tokenizer (tools/vocab/pre_variant.py), for the gpt-2, default (four regex
+// passes) and starcoder patterns.
+INSTANTIATE_TEST_SUITE_P(Vocabs, BpeAgainstLlamaCpp,
+                         ::testing::Values("llama3", "qwen2", "bpe-gpt-2", "bpe-default",
+                                           "bpe-starcoder"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (c == '-') c = '_';
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace duet
