@@ -6,6 +6,7 @@
 // (node-llama-cpp 3.22.1).
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,16 @@ std::string entry_bytes(const nlohmann::json& entry) {
   for (size_t i = 0; i + 1 < hex.size(); i += 2)
     bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return bytes;
+}
+
+bool is_whole_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<uint8_t>(s[i]);
+    const size_t len = b < 0x80 ? 1 : b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    i += len;
+  }
+  return true;
 }
 
 std::string show(const std::vector<int32_t>& ids) {
@@ -104,9 +115,41 @@ TEST_P(BpeAgainstLlamaCpp, DecodeGivesBackTheExactBytesOfPlainTokenisation) {
     EXPECT_EQ(t.decode(ids), text) << entry.dump();
     Tokenizer::StreamDecoder stream(t);
     std::string streamed;
-    for (int32_t id : ids) streamed += stream.push(id);
+    for (int32_t id : ids) {
+      const std::string part = stream.push(id);
+      EXPECT_TRUE(is_whole_utf8(part)) << entry.dump();  // never half a character
+      streamed += part;
+    }
     streamed += stream.flush();
     EXPECT_EQ(streamed, text) << entry.dump();
+  }
+}
+
+// Random bytes (valid UTF-8 or not, special-token texts mixed in) never crash or throw, with and
+// without parse_special, and decoding streams exactly what decode() gives.
+TEST_P(BpeAgainstLlamaCpp, RandomBytesEncodeAndDecodeConsistently) {
+  const Tokenizer& t = vocab_tokenizer(GetParam());
+  std::mt19937 rng(18);
+  const std::vector<std::string> pieces = {
+      "<|eot_id|>", "<|im_end|>",   "<think>",          " ",  "\n",
+      "12",         "\xe6\x97\xa5", "\xf0\x9f\x99\x82", "'s", "\r\n"};
+  for (int round = 0; round < 300; ++round) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      if (rng() % 3 == 0)
+        text += pieces[rng() % pieces.size()];
+      else
+        text.push_back(static_cast<char>(rng() % 256));
+    }
+    for (bool special : {false, true}) {
+      const auto ids = t.encode(text, false, special);
+      Tokenizer::StreamDecoder stream(t);
+      std::string streamed;
+      for (int32_t id : ids) streamed += stream.push(id);
+      streamed += stream.flush();
+      EXPECT_EQ(streamed, t.decode(ids));
+    }
   }
 }
 
