@@ -11,7 +11,6 @@
 
 #include "cli/command.h"
 #include "core/chat_template.h"
-#include "core/chat_tokens.h"
 #include "core/client.h"
 #include "core/error.h"
 #include "core/forward.h"
@@ -66,12 +65,12 @@ std::vector<int32_t> prompt_ids(const GenerateArgs& args, const duet::Tokenizer&
   if (!args.chat) {
     if (!args.special) return tok.encode(args.prompt, true);
     const duet::TextSpan whole{0, args.prompt.size()};
-    return duet::encode_with_specials(tok, args.prompt, true, {&whole, 1});
+    return tok.encode_with_special_spans(args.prompt, true, {&whole, 1});
   }
   const std::string family = duet::resolve_chat_template(args.chat_template, model_template);
   const auto msgs = chat_messages(args);
   const duet::FormattedChat f = duet::apply_chat_template(family, msgs, true);
-  return encode_with_specials(tok, f.text, true, f.special_spans);
+  return tok.encode_with_special_spans(f.text, true, f.special_spans);
 }
 
 // Appends tokens to the sequence and returns the logits after the last one.
@@ -108,7 +107,7 @@ GenerateStats generate(const duet::Tokenizer& tok, const GenerateBackend& backen
   int position = stats.prompt_tokens;
   while (stats.generated < max_tokens) {
     const int32_t id = sampler.sample(logits);
-    if (is_end_of_generation(tok, id) && !ignore_eos) break;
+    if (tok.is_eog(id) && !ignore_eos) break;
     ++stats.generated;
     emit(stream.push(id));
     if (stats.generated == max_tokens || position >= n_ctx) break;
@@ -160,12 +159,12 @@ void run_generate(GenerateArgs args) {
   const GenerateBackend backend = [&](std::span<const int32_t> tokens) {
     return fwd.forward(tokens, false);
   };
-  const GenerateStats stats = generate(
-      tok, backend, fwd.n_ctx(), prompt_ids(args, tok, duet::chat_template_of(model->file())),
-      args.max_tokens, args.sampling, args.ignore_eos, [](const std::string& text) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
-      });
+  const GenerateStats stats =
+      generate(tok, backend, fwd.n_ctx(), prompt_ids(args, tok, model->vocab().chat_template),
+               args.max_tokens, args.sampling, args.ignore_eos, [](const std::string& text) {
+                 std::fwrite(text.data(), 1, text.size(), stdout);
+                 std::fflush(stdout);
+               });
   std::printf("\n");
   std::fprintf(stderr, "prompt: %d tokens, %.1f tok/s; generated: %d tokens, %.1f tok/s\n",
                stats.prompt_tokens, stats.prompt_tokens / std::max(stats.prompt_s, 1e-9),

@@ -1,6 +1,5 @@
 #include "services/frontend/chat_turn.h"
 
-#include "core/chat_tokens.h"
 #include "core/error.h"
 #include "services/frontend/frontend.h"
 
@@ -33,7 +32,7 @@ std::vector<int32_t> chat_turn_ids(const Tokenizer& tok, const std::string& fami
                                    std::span<const ChatMessage> turn, bool add_special) {
   if (!history || history->messages.empty()) {
     const FormattedChat f = apply_chat_template(family, turn, true);
-    return encode_with_specials(tok, f.text, add_special, f.special_spans);
+    return tok.encode_with_special_spans(f.text, add_special, f.special_spans);
   }
   std::vector<ChatMessage> all = history->messages;
   all.insert(all.end(), turn.begin(), turn.end());
@@ -46,7 +45,7 @@ std::vector<int32_t> chat_turn_ids(const Tokenizer& tok, const std::string& fami
                 "these messages change how the session's earlier turns are formatted in the '" +
                     family + "' template (a system message can only open a conversation)");
   // A reply that ended with its end-of-turn token has that marker in the KV already.
-  if (pending && is_end_of_generation(tok, *pending)) {
+  if (pending && tok.is_eog(*pending)) {
     const std::string& piece = tok.vocab().pieces[static_cast<size_t>(*pending)];
     if (!piece.empty() && now.text.compare(start, piece.size(), piece) == 0) start += piece.size();
   }
@@ -55,7 +54,8 @@ std::vector<int32_t> chat_turn_ids(const Tokenizer& tok, const std::string& fami
     if (s.end <= start) continue;
     spans.push_back({std::max(s.begin, start) - start, s.end - start});
   }
-  return encode_with_specials(tok, std::string_view(now.text).substr(start), add_special, spans);
+  return tok.encode_with_special_spans(std::string_view(now.text).substr(start), add_special,
+                                       spans);
 }
 
 }  // namespace duet::frontend

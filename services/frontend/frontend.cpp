@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <string_view>
 
-#include "core/chat_tokens.h"
 #include "core/error.h"
 #include "core/run_dir.h"
 #include "services/frontend/stack_engines.h"
@@ -96,7 +95,7 @@ Frontend::Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
     : engine_(std::move(engine)),
       options_(options),
       tokenizer_(Vocab::from_gguf(engine_->model().file())),
-      model_chat_template_(chat_template_of(engine_->model().file())),
+      model_chat_template_(engine_->model().vocab().chat_template),
       socket_path_(client_socket_path(run_dir)),
       scheduler_(options.max_running, options.max_queue) {
   scheduler_.set_agent_config(options_.agent);
@@ -435,7 +434,7 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
                   "prompt is not valid UTF-8 (bad byte at offset " + std::to_string(bad) + ")");
     const TextSpan whole{0, text.size()};
     const auto ids = g.parse_special()
-                         ? encode_with_specials(tokenizer_, text, add_special, {&whole, 1})
+                         ? tokenizer_.encode_with_special_spans(text, add_special, {&whole, 1})
                          : tokenizer_.encode(text, add_special);
     r->prompt.insert(r->prompt.end(), ids.begin(), ids.end());
   } else {

@@ -5,7 +5,6 @@
 #include <deque>
 #include <utility>
 
-#include "core/chat_tokens.h"
 #include "core/error.h"
 #include "services/frontend/frontend.h"
 
@@ -393,8 +392,7 @@ void Frontend::accept_token(Request& r, int32_t token, double now) {
   if (r.first_token_ms == 0) r.first_token_ms = now;
   r.last_token_ms = now;
   r.next_token = token;
-  if (is_end_of_generation(tokenizer_, token) &&
-      !r.ignore_eos) {  // EOS, EOT and the vocab's other ends
+  if (tokenizer_.is_eog(token) && !r.ignore_eos) {  // EOS, EOT and the vocab's other ends
     finish(r, "eos");
     return;
   }

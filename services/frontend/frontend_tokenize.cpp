@@ -17,10 +17,7 @@ void Frontend::on_tokenize(const std::vector<std::string>& routing, uint64_t id,
   if (const size_t bad = invalid_utf8_at(text); bad != std::string_view::npos)
     throw Error(Errc::invalid_argument,
                 "text is not valid UTF-8 (bad byte at offset " + std::to_string(bad) + ")");
-  if (t.parse_special())
-    throw Error(Errc::unsupported,
-                "parse_special: this stack's tokenizer does not parse special-token texts");
-  const std::vector<int32_t> ids = tokenizer_.encode(text, t.add_special());
+  const std::vector<int32_t> ids = tokenizer_.encode(text, t.add_special(), t.parse_special());
   // Each id's piece is the text it adds when the ids are decoded in order (a byte piece that
   // ends a UTF-8 character carries the whole character, the ones before it nothing).
   Tokenizer::StreamDecoder decoder(tokenizer_);

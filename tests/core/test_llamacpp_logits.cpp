@@ -5,6 +5,7 @@
 // 3x the noise measured on tiny-fortune, relative to the answer's logit scale; on tiny-fortune
 // 0.08 for F16 and 1.46 for Q8_0/Q4_0, on the random-weight mkmodel files ~0.005 and ~0.1).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,7 +35,9 @@ using testdata::llamacpp_dir;
 class LlamacppLogits : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::path(::testing::TempDir()) / "duet-llamacpp-logits");
+    // one directory per process: ctest runs each test as its own process, in parallel
+    dir_ = new fs::path(fs::path(::testing::TempDir()) /
+                        ("duet-llamacpp-logits-" + std::to_string(::getpid())));
     testdata::regenerate_mkmodel_files(*dir_);
   }
   static void TearDownTestSuite() {

@@ -4,6 +4,7 @@
 // that file is still the same bytes. The comparisons of duet against this data live with the
 // code they check (tokenizer, chat templates, forward pass).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -176,7 +177,8 @@ TEST(LlamacppOracleData, LogitsAndGreedyAnswersOnTinyFortuneNameTheirFiles) {
 // CI cannot rerun llama.cpp, so the mkmodel files its answers were computed on must still be
 // what mkmodel writes: same arguments, same bytes.
 TEST(LlamacppOracleData, MkmodelWritesTheModelsLlamacppWasRunOnByteForByte) {
-  const auto dir = fs::path(::testing::TempDir()) / "duet-llamacpp-models-sha";
+  const auto dir =
+      fs::path(::testing::TempDir()) / ("duet-llamacpp-models-sha-" + std::to_string(::getpid()));
   const auto models = testdata::regenerate_mkmodel_files(dir);
   std::set<std::string> archs, types;
   for (const auto& m : models.at("models")) {

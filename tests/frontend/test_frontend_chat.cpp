@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "core/chat_template.h"
-#include "core/chat_tokens.h"
 #include "frontend_fixture.h"
 
 namespace duet::frontend::testing {
@@ -58,7 +57,7 @@ TEST_F(FrontendTest, ATypedEndOfTurnStaysText) {
   special.parse_special = true;
   special.max_tokens = 1;
   const TextSpan whole{0, typed.size()};
-  const auto parsed = encode_with_specials(tok, typed, true, {&whole, 1});
+  const auto parsed = tok.encode_with_special_spans(typed, true, {&whole, 1});
   EXPECT_EQ(std::count(parsed.begin(), parsed.end(), tok.eos()), 1);
   EXPECT_EQ(c->generate(special).stats.prompt_tokens, parsed.size());
 }

@@ -16,10 +16,12 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/forward.h"
 #include "core/plan_store.h"
 #include "core/run_dir.h"
 #include "core/solver.h"
 #include "services/frontend/program_engine.h"
+#include "tests/support/arch_models.h"
 #include "tests/support/llamacpp_agreement.h"
 #include "tests/support/teacher_forced.h"
 
@@ -43,9 +45,11 @@ std::string model_path(const std::string& v) {
 // One device service process, started the way the supervisor starts it.
 class ServiceProcess {
  public:
-  ServiceProcess(const std::string& exe, const std::string& stack, const std::string& run_dir) {
-    std::vector<std::string> args = {exe,       "--stack",          stack,   "--run-dir", run_dir,
-                                     "--model", model_path("q8_0"), "--soc", "sd8gen3"};
+  // --model's directory is the only one the service maps models from.
+  ServiceProcess(const std::string& exe, const std::string& stack, const std::string& run_dir,
+                 const std::string& model) {
+    std::vector<std::string> args = {exe,       "--stack", stack,   "--run-dir", run_dir,
+                                     "--model", model,     "--soc", "sd8gen3"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -83,7 +87,7 @@ class PlansOverServices : public ::testing::Test {
     auto& slot = which == "gpu" ? gpu_ : npu_;
     slot.reset();
     slot = std::make_unique<ServiceProcess>(std::string(DUET_BINARY_DIR) + "/bin/" + which + "_svc",
-                                            stack_, run_dir_);
+                                            stack_, run_dir_, service_model_);
     ASSERT_GT(slot->pid(), 0);
   }
   std::string endpoint(ServiceId id) const {
@@ -92,8 +96,13 @@ class PlansOverServices : public ::testing::Test {
 
   std::unique_ptr<ProgramEngine> engine(const std::string& variant, const std::string& plan_name,
                                         std::function<Plan(uint32_t)> plan_for, uint32_t id_base) {
+    return engine_for(model_path(variant), plan_name, std::move(plan_for), id_base);
+  }
+  std::unique_ptr<ProgramEngine> engine_for(const std::string& path, const std::string& plan_name,
+                                            std::function<Plan(uint32_t)> plan_for,
+                                            uint32_t id_base) {
     ProgramEngineOptions o;
-    o.model_path = model_path(variant);
+    o.model_path = path;
     o.stack_id = stack_;
     o.plan_name = plan_name;
     o.plan_for = std::move(plan_for);
@@ -109,17 +118,22 @@ class PlansOverServices : public ::testing::Test {
 
   std::string stack_;
   std::string run_dir_;
+  std::string service_model_ = model_path("q8_0");
   std::unique_ptr<ServiceProcess> gpu_, npu_;
 };
 
-Plan tensor_plan_for(const std::string& variant, uint32_t bucket) {
+Plan tensor_plan_for_path(const std::string& path, uint32_t bucket) {
   PlanQuery q;
-  q.model_path = model_path(variant);
+  q.model_path = path;
   q.phase = bucket <= 1 ? Phase::decode : Phase::prefill;
   q.n_tokens = bucket;
   q.use_cache = false;
   q.baselines = false;
   return plan_from_json(plan_json_for(q));
+}
+
+Plan tensor_plan_for(const std::string& variant, uint32_t bucket) {
+  return tensor_plan_for_path(model_path(variant), bucket);
 }
 
 TEST_F(PlansOverServices, EveryPlanMatchesTheReferenceTeacherForced) {
@@ -250,6 +264,82 @@ TEST_F(PlansOverServices, AModelOutsideTheAllowedDirectoriesIsRefusedAndTheServi
   auto e = engine("q4_0", "npu-only", nullptr, 950);
   e->open_seq(1, 16);
   EXPECT_EQ(e->step({{1, {1, 1342}, 0, true}}, nullptr).size(), 2048u);
+}
+
+const test_support::ArchModelDirCleanup arch_model_cleanup;
+
+// The device services map models from the arch models' directory. CPU OpenCL devices quantise
+// matmul activations to 8 bits by default (logits move by ~0.3); 16 bits here hold every plan to
+// the reference tightly enough that a wrong rope, bias or scale (~1-3) cannot hide.
+class ArchPlansOverServices : public PlansOverServices {
+ protected:
+  ArchPlansOverServices() {
+    service_model_ =
+        test_support::arch_model_path(test_support::arch_models().front(), DType::Q8_0);
+  }
+  void SetUp() override {
+    ::setenv("DUET_GPU_INT8_ACT_BITS", "16", 1);
+    PlansOverServices::SetUp();
+  }
+  void TearDown() override {
+    PlansOverServices::TearDown();
+    ::unsetenv("DUET_GPU_INT8_ACT_BITS");
+  }
+};
+
+// Every plan over the real gpu_svc and npu_svc: the prompt's and each decode step's logits
+// against the reference forward pass (NPU matmuls take fp16 activations: up to ~6e-3).
+TEST_F(ArchPlansOverServices, EveryArchitectureInEveryPlanMatchesTheReference) {
+  const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263,  1243, 1892, 322, 42,  17,
+                                       5, 900, 1200, 77,  1500, 33,   640,  98,  301, 2000};
+  const std::vector<int32_t> decode = {100, 7, 1500, 12, 1999, 256, 3, 880};
+  uint32_t id_base = 5000;
+  for (const auto& am : test_support::arch_models()) {
+    for (DType type : {DType::F16, DType::Q8_0, DType::Q4_0}) {
+      const std::string path = test_support::arch_model_path(am, type);
+      const auto model = LlamaModel::load(path);
+      const int V = model->hp().n_vocab;
+      const std::vector<std::pair<std::string, std::function<Plan(uint32_t)>>> plans = {
+          {"gpu-only", nullptr},
+          {"npu-only", nullptr},
+          {"npu-only:online-prepare", nullptr},
+          {"npu-only:pipe", nullptr},
+          {"layer", nullptr},
+          {"tensor", [path](uint32_t b) { return tensor_plan_for_path(path, b); }},
+      };
+      for (const auto& [name, plan_for] : plans) {
+        SCOPED_TRACE(am.name + " " + std::string(dtype_name(type)) + " " + name);
+        auto e = engine_for(path, name, plan_for, id_base);
+        id_base += 100;
+        ReferenceForward ref(*model, 64);
+        e->open_seq(1, 64);
+        float max_diff = 0;
+        int clear = 0, agree = 0;  // top-1 where the reference's leads by > kClearMargin
+        auto compare = [&](const std::vector<float>& got, const std::vector<float>& want) {
+          ASSERT_EQ(got.size(), static_cast<size_t>(V));
+          for (int i = 0; i < V; ++i) max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+          std::vector<float> sorted = want;
+          std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(),
+                            std::greater<float>());
+          if (sorted[0] - sorted[1] <= test_support::kClearMargin) return;
+          ++clear;
+          agree += std::max_element(got.begin(), got.end()) - got.begin() ==
+                   std::max_element(want.begin(), want.end()) - want.begin();
+        };
+        compare(e->step({{1, prompt, 0, true}}, nullptr), ref.forward(prompt, false));
+        int pos = static_cast<int>(prompt.size());
+        for (int32_t tok : decode)
+          compare(e->step({{1, {tok}, pos++, true}}, nullptr),
+                  ref.forward(std::vector<int32_t>{tok}, false));
+        e->close_seq(1);
+        EXPECT_LT(max_diff, 0.02f);  // measured: 0 to 3e-4 GPU only, up to 6e-3 with the NPU
+        EXPECT_GE(clear, 5);
+        EXPECT_EQ(agree, clear);
+        std::printf("%s %s %s: max |logit - reference| %.5f\n", am.name.c_str(),
+                    std::string(dtype_name(type)).c_str(), name.c_str(), max_diff);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -28,6 +28,9 @@ ARCHS = [("llama", "tiny-llama3", "tests/data/vocab/llama3.gguf"),
          ("qwen2", "tiny-qwen2", "tests/data/vocab/qwen2.gguf"),
          ("internlm2", "tiny-internlm2", "tests/data/vocab/spm-internlm2.gguf")]
 TYPES = ["f16", "q8_0", "q4_0"]
+# std 0.08 (not mkmodel's default 0.02): logits large enough (top-1 margins ~0.1-1) that rope
+# pairing, llama3's rope_freqs and qwen2's biases move them far beyond llama.cpp's noise
+STD = "0.08"
 TEXT = "The quick brown fox jumps over the lazy dog; 12345 foxes. 你好"
 N_IDS = 320        # teacher-forced length: RoPE (and llama3's rope_freqs) at large positions
 N_POSITIONS = 16   # the last N_POSITIONS positions' logits are written
@@ -70,7 +73,8 @@ def main():
         ids = fixed_ids(vocab, tmp)
         for typ in TYPES:
             name = f"{arch}-{typ}"
-            args = ["--shape", shape, "--arch", arch, "--vocab", vocab, "--type", typ]
+            args = ["--shape", shape, "--arch", arch, "--vocab", vocab, "--type", typ,
+                    "--std", STD]
             path = os.path.join(tmp, name + ".gguf")
             subprocess.run([duet, "mkmodel", *args, "--out", path], check=True, cwd=ROOT,
                            stdout=subprocess.DEVNULL)
