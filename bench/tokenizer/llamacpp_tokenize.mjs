@@ -20,7 +20,11 @@ const t0 = performance.now();
 const model = await llama.loadModel({modelPath, vocabOnly: true, gpuLayers: 0});
 const loadS = (performance.now() - t0) / 1000;
 
-let tokens = model.tokenize(text, false).length;  // warm-up
+// Warm-up, and the ids' FNV-1a hash as tokenizer_bench computes it (same ids: same hash).
+const ids = model.tokenize(text, false);
+let tokens = ids.length;
+let hash = 2166136261;
+for (const id of ids) hash = Math.imul((hash ^ id) >>> 0, 16777619) >>> 0;
 let best = Infinity;
 for (let i = 0; i < repeat; ++i) {
   const start = performance.now();
@@ -28,5 +32,6 @@ for (let i = 0; i < repeat; ++i) {
   best = Math.min(best, (performance.now() - start) / 1000);
 }
 console.log(JSON.stringify({impl: "llama.cpp (node-llama-cpp)", model: modelPath, bytes, tokens,
+                            ids_fnv1a: hash,
                             best_s: best, mb_per_s: bytes / 1e6 / best, load_s: loadS, repeat}));
 await model.dispose();

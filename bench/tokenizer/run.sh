@@ -25,4 +25,15 @@ cat > "$root/bench/tokenizer/results.json" <<JSON
 {"text": "bench/tokenizer/make_text.sh: Debian 12 man pages, 9 languages", "bytes": $(wc -c < "$text"),
  "machine": "$(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)", "results": [$joined]}
 JSON
-python3 -m json.tool "$root/bench/tokenizer/results.json"
+# Per vocab: duet / llama.cpp throughput, and whether both gave the same ids (hash of all ids).
+python3 - "$root/bench/tokenizer/results.json" <<'PY'
+import json, sys
+path = sys.argv[1]
+r = json.load(open(path))
+for row in r["results"]:
+    row["speedup"] = round(row["duet"]["mb_per_s"] / row["llamacpp"]["mb_per_s"], 2)
+    row["same_ids"] = row["duet"]["ids_fnv1a"] == row["llamacpp"]["ids_fnv1a"] and \
+        row["duet"]["tokens"] == row["llamacpp"]["tokens"]
+json.dump(r, open(path, "w"), indent=1)
+print(json.dumps(r, indent=1))
+PY

@@ -36,7 +36,12 @@ int main(int argc, char** argv) {
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
-  size_t n_tokens = tokenizer.encode(text, false).size();  // warm-up
+  // Warm-up, and a hash of the ids (FNV-1a over their values) that llamacpp_tokenize.mjs
+  // computes the same way: equal hashes mean both gave the same ids for the whole text.
+  const std::vector<int32_t> ids = tokenizer.encode(text, false);
+  size_t n_tokens = ids.size();
+  uint32_t hash = 2166136261u;
+  for (int32_t id : ids) hash = (hash ^ static_cast<uint32_t>(id)) * 16777619u;
   double best = 1e30;
   for (int i = 0; i < repeat; ++i) {
     const auto start = std::chrono::steady_clock::now();
@@ -44,11 +49,15 @@ int main(int argc, char** argv) {
     best = std::min(
         best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  const nlohmann::json out = {
-      {"impl", "duet"},       {"model", model},
-      {"bytes", text.size()}, {"tokens", n_tokens},
-      {"best_s", best},       {"mb_per_s", static_cast<double>(text.size()) / 1e6 / best},
-      {"load_s", load_s},     {"repeat", repeat}};
+  const nlohmann::json out = {{"impl", "duet"},
+                              {"model", model},
+                              {"bytes", text.size()},
+                              {"tokens", n_tokens},
+                              {"ids_fnv1a", hash},
+                              {"best_s", best},
+                              {"mb_per_s", static_cast<double>(text.size()) / 1e6 / best},
+                              {"load_s", load_s},
+                              {"repeat", repeat}};
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

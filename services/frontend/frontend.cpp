@@ -441,7 +441,13 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
     throw Error(Errc::invalid_argument,
                 "Generate needs a prompt (text, prompt_ids or chat messages)");
   }
-  if (r->prompt.empty()) r->prompt.push_back(tokenizer_.bos());
+  if (r->prompt.empty()) {
+    // An empty text still starts a generation from BOS, where the vocab has one (Qwen's has not).
+    if (tokenizer_.bos() < 0)
+      throw Error(Errc::invalid_argument,
+                  "the prompt is empty and this model's vocab has no BOS token to start from");
+    r->prompt.push_back(tokenizer_.bos());
+  }
   const int64_t need = int64_t(n_past) + int64_t(r->prompt.size()) + r->max_tokens;
   if (need > ctx)
     throw Error(Errc::out_of_range,

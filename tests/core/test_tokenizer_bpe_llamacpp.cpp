@@ -1,11 +1,13 @@
 // Byte-level BPE against llama.cpp itself: every string of tests/data/llamacpp/corpus.json (722
 // strings: prose, whitespace runs, numbers, code, CJK, Arabic, emoji, combining marks, invalid
 // UTF-8, special-token texts) tokenised by duet must give exactly the ids llama.cpp gave for
-// the same vocab-only GGUF (Llama 3.1's and Qwen3's real vocabularies), with and without
-// parse_special. The ids were written by tools/llamacpp-oracle (node-llama-cpp 3.22.1).
+// the same vocab-only GGUF (Llama 3.1's and Qwen3's real vocabularies, and three pre-tokenizer
+// variants), with and without parse_special. The ids were written by tools/llamacpp-oracle
+// (node-llama-cpp 3.22.1).
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,16 @@ std::string entry_bytes(const nlohmann::json& entry) {
   for (size_t i = 0; i + 1 < hex.size(); i += 2)
     bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return bytes;
+}
+
+bool is_whole_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<uint8_t>(s[i]);
+    const size_t len = b < 0x80 ? 1 : b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    i += len;
+  }
+  return true;
 }
 
 std::string show(const std::vector<int32_t>& ids) {
@@ -104,13 +116,56 @@ TEST_P(BpeAgainstLlamaCpp, DecodeGivesBackTheExactBytesOfPlainTokenisation) {
     EXPECT_EQ(t.decode(ids), text) << entry.dump();
     Tokenizer::StreamDecoder stream(t);
     std::string streamed;
-    for (int32_t id : ids) streamed += stream.push(id);
+    for (int32_t id : ids) {
+      const std::string part = stream.push(id);
+      EXPECT_TRUE(is_whole_utf8(part)) << entry.dump();  // never half a character
+      streamed += part;
+    }
     streamed += stream.flush();
     EXPECT_EQ(streamed, text) << entry.dump();
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(RealVocabs, BpeAgainstLlamaCpp, ::testing::Values("llama3", "qwen2"));
+// Random bytes (valid UTF-8 or not, special-token texts mixed in) never crash or throw, with and
+// without parse_special, and decoding streams exactly what decode() gives.
+TEST_P(BpeAgainstLlamaCpp, RandomBytesEncodeAndDecodeConsistently) {
+  const Tokenizer& t = vocab_tokenizer(GetParam());
+  std::mt19937 rng(18);
+  const std::vector<std::string> pieces = {
+      "<|eot_id|>", "<|im_end|>",   "<think>",          " ",  "\n",
+      "12",         "\xe6\x97\xa5", "\xf0\x9f\x99\x82", "'s", "\r\n"};
+  for (int round = 0; round < 300; ++round) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      if (rng() % 3 == 0)
+        text += pieces[rng() % pieces.size()];
+      else
+        text.push_back(static_cast<char>(rng() % 256));
+    }
+    for (bool special : {false, true}) {
+      const auto ids = t.encode(text, false, special);
+      Tokenizer::StreamDecoder stream(t);
+      std::string streamed;
+      for (int32_t id : ids) streamed += stream.push(id);
+      streamed += stream.flush();
+      EXPECT_EQ(streamed, t.decode(ids));
+    }
+  }
+}
+
+// llama3 (pre llama-bpe) and qwen2 are the real vocabs; bpe-* are Llama 3's first 4000 merges
+// with another pre-tokenizer (tools/vocab/pre_variant.py), for the gpt-2, default (four regex
+// passes) and starcoder patterns.
+INSTANTIATE_TEST_SUITE_P(Vocabs, BpeAgainstLlamaCpp,
+                         ::testing::Values("llama3", "qwen2", "bpe-gpt-2", "bpe-default",
+                                           "bpe-starcoder"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (c == '-') c = '_';
+                           return name;
+                         });
 
 // SentencePiece (tiny-fortune, whose "\n" is a user-defined piece): with special parsing duet
 // follows llama.cpp's partition and gives llama.cpp's ids on the whole corpus; without it duet
