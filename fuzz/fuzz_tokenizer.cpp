@@ -1,4 +1,8 @@
-// libFuzzer: any bytes as text to encode with the tiny-fortune vocabulary, and any ids to decode.
+// libFuzzer: any bytes as text to encode, and any ids to decode, with each kind of vocabulary:
+// SentencePiece (tiny-fortune) and byte-level BPE (Llama 3's and Qwen2's real vocabularies).
+// The first byte picks the vocabulary and whether special tokens are parsed (everywhere, or in
+// a span over the text's first half, as a chat template's markers are).
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -9,21 +13,39 @@
 #include "core/tokenizer.h"
 
 namespace {
-const duet::Tokenizer& tokenizer() {
-  static std::unique_ptr<duet::Tokenizer> t = [] {
-    const char* env = std::getenv("DUET_FUZZ_MODEL");
-    auto file = duet::GgufFile::open(env ? env : "tests/data/tiny-fortune/fortune-q4_0.gguf");
-    return std::make_unique<duet::Tokenizer>(duet::Vocab::from_gguf(*file));
-  }();
+const duet::Tokenizer& tokenizer(size_t which) {
+  static const std::array<const char*, 3> paths = {"tests/data/tiny-fortune/fortune-q4_0.gguf",
+                                                   "tests/data/vocab/llama3.gguf",
+                                                   "tests/data/vocab/qwen2.gguf"};
+  static std::array<std::unique_ptr<duet::Tokenizer>, 3> loaded;
+  auto& t = loaded[which % paths.size()];
+  if (!t) {
+    auto file = duet::GgufFile::open(paths[which % paths.size()]);
+    t = std::make_unique<duet::Tokenizer>(duet::Vocab::from_gguf(*file));
+  }
   return *t;
 }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const duet::Tokenizer& tok = tokenizer();
-  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  if (size == 0) return 0;
+  const uint8_t mode = data[0];
+  const duet::Tokenizer& tok = tokenizer(mode % 3);
+  const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
-    std::vector<int32_t> ids = tok.encode(text, true);
+    std::vector<int32_t> ids;
+    switch ((mode / 3) % 3) {
+      case 0:
+        ids = tok.encode(text, true);
+        break;
+      case 1:
+        ids = tok.encode(text, true, /*parse_special=*/true);
+        break;
+      default: {
+        const duet::TextSpan half{0, text.size() / 2};
+        ids = tok.encode_with_special_spans(text, true, {&half, 1});
+      }
+    }
     (void)tok.decode(ids);
   } catch (const duet::Error&) {
   }
