@@ -21,10 +21,11 @@ client::GenerateRequest chat_request(std::vector<ChatMessage> msgs, int max_toke
 TEST_F(FrontendTest, ChatMessagesAreFormattedWithTheTemplateAndStopAtEos) {
   start();
   const Tokenizer& tok = tiny_tokenizer();
-  // llama2 without an assistant turn has no control marker: BOS, then one text fragment.
+  // llama2 without an assistant turn has no control marker: BOS, then the text as llama.cpp
+  // tokenises a chat prompt (special parsing on: the user-defined "\n" cuts the text).
   const std::vector<int32_t> prompt = [&] {
     std::vector<int32_t> ids{tok.bos()};
-    const auto text = tok.encode("[INST] Be wise\nWhat is a fool? [/INST]", false);
+    const auto text = tok.encode("[INST] Be wise\nWhat is a fool? [/INST]", false, true);
     ids.insert(ids.end(), text.begin(), text.end());
     return ids;
   }();
