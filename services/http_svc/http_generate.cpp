@@ -73,7 +73,7 @@ struct Generation {
     for (;;) {
       auto e = client.next_event(std::max(milliseconds(1), std::min(slice, left_until(next_beat))));
       if (!e) return std::nullopt;
-      if (e->request_id == id) return e;  // (only this request runs on this connection)
+      if (e->request_id == id) return e;  // else a late answer to an earlier request's KeepAlive
     }
   }
 

@@ -130,6 +130,15 @@ class ClientOnARealStack(unittest.TestCase):
         st = self.wait_idle()
         self.assertEqual(st["engine"]["kv_pages_free"], st["engine"]["kv_pages_total"])
 
+    def test_without_heartbeat_a_stream_nobody_reads_runs_to_its_end(self):
+        stream = self.client.generate("Once", max_tokens=200, ignore_eos=True, stream=True,
+                                      heartbeat_ms=0)
+        chunks = [next(stream)]
+        time.sleep(0.5)  # no KeepAlives, none promised
+        chunks += list(stream)
+        self.assertEqual(stream.result.stats.finish_reason, "length")
+        self.assertEqual(sum(len(c.ids) for c in chunks), 200)
+
     def test_tokenize_and_detokenize_round_trip(self):
         ids, pieces = self.client.tokenize("Hello world")
         self.assertTrue(ids)
