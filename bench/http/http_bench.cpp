@@ -2,7 +2,9 @@
 // starts one). Prints one JSON object:
 //   stream: the same greedy generation (prompt, N tokens, EOS ignored) streamed by the native C++
 //     client and by an HTTP client reading server-sent events, alternated round by round; tokens/s
-//     end to end (N / submit-to-last-token), time to the first token, medians, HTTP / native;
+//     end to end (N / submit-to-last-token), steady (chunks/s between the arrivals of the 10th and
+//     the 90th percentile chunk: the flow through the door, blind to bursts at either end), time
+//     to the first token, medians, HTTP / native;
 //   requests: short completions per second with 1, 8, 32 concurrent clients (each its own
 //     keep-alive connection, one request at a time), through HTTP and through the native client.
 #include <httplib.h>
@@ -46,15 +48,21 @@ struct Args {
 // One streamed generation's client-side times.
 struct StreamRun {
   int tokens = 0;
-  double end_to_end_tok_s = 0, ttft_ms = 0;
+  double end_to_end_tok_s = 0, steady_chunks_s = 0, ttft_ms = 0;
 };
 
-StreamRun rates(int tokens, Clock::time_point start, Clock::time_point first,
-                Clock::time_point last) {
+// arrivals: when each chunk with text arrived.
+StreamRun rates(int tokens, Clock::time_point start,
+                const std::vector<Clock::time_point>& arrivals) {
+  if (arrivals.size() < 10)
+    throw Error(Errc::internal,
+                "stream of " + std::to_string(arrivals.size()) + " chunks: use --gen 10 or more");
   StreamRun r;
   r.tokens = tokens;
-  r.end_to_end_tok_s = tokens / std::max(1e-9, seconds(last - start));
-  r.ttft_ms = 1000 * seconds(first - start);
+  r.end_to_end_tok_s = tokens / std::max(1e-9, seconds(arrivals.back() - start));
+  const size_t lo = arrivals.size() / 10, hi = arrivals.size() * 9 / 10;
+  r.steady_chunks_s = double(hi - lo) / std::max(1e-9, seconds(arrivals[hi] - arrivals[lo]));
+  r.ttft_ms = 1000 * seconds(arrivals.front() - start);
   return r;
 }
 
@@ -69,18 +77,17 @@ duet::client::GenerateRequest long_request(const Args& a) {
 StreamRun native_stream(const Args& a, const std::string& endpoint) {
   duet::client::Client c(endpoint);
   int tokens = 0;
-  Clock::time_point first{}, last{};
+  std::vector<Clock::time_point> arrivals;
   const auto start = Clock::now();
   const auto result = c.generate(long_request(a), [&](const duet::client::Chunk& ch) {
-    last = Clock::now();
-    if (tokens == 0) first = last;
+    if (!ch.text.empty()) arrivals.push_back(Clock::now());  // HTTP sends no empty chunk
     tokens += static_cast<int>(ch.ids.size());
     return true;
   });
   if (static_cast<int>(result.ids.size()) != a.gen)
     throw Error(Errc::internal, "native stream: " + std::to_string(result.ids.size()) + " of " +
                                     std::to_string(a.gen) + " tokens");
-  return rates(tokens, start, first, last);
+  return rates(tokens, start, arrivals);
 }
 
 httplib::Client http_client(const Args& a) {
@@ -106,8 +113,8 @@ StreamRun http_stream(const Args& a) {
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   std::string buffer;
-  int chunks = 0, usage_tokens = -1;
-  Clock::time_point first{}, last{};
+  int usage_tokens = -1;
+  std::vector<Clock::time_point> arrivals;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     buffer.append(data, n);
     size_t end;
@@ -119,8 +126,7 @@ StreamRun http_stream(const Args& a) {
       if (j.contains("usage") && j["usage"].is_object())
         usage_tokens = j["usage"]["completion_tokens"];
       if (j["choices"].empty() || j["choices"][0]["text"].get<std::string>().empty()) continue;
-      last = Clock::now();
-      if (chunks++ == 0) first = last;
+      arrivals.push_back(Clock::now());
     }
     return true;
   };
@@ -133,7 +139,7 @@ StreamRun http_stream(const Args& a) {
   if (usage_tokens != a.gen)
     throw Error(Errc::internal, "HTTP stream: usage says " + std::to_string(usage_tokens) + " of " +
                                     std::to_string(a.gen) + " tokens");
-  return rates(usage_tokens, start, first, last);
+  return rates(usage_tokens, start, arrivals);
 }
 
 // Short completions per second with `clients` threads for a.seconds_per_point.
@@ -219,14 +225,16 @@ int main(int argc, char** argv) {
     // Warm-up: the engine's programs for these lengths are registered on first use.
     native_stream(a, endpoint);
     http_stream(a);
-    std::vector<double> native_e2e, native_ttft, http_e2e, http_ttft;
+    std::vector<double> native_e2e, native_ttft, http_e2e, http_ttft, native_steady, http_steady;
     for (int r = 0; r < a.rounds; ++r) {
       const StreamRun n = native_stream(a, endpoint);
       const StreamRun h = http_stream(a);
       native_e2e.push_back(n.end_to_end_tok_s);
       native_ttft.push_back(n.ttft_ms);
+      native_steady.push_back(n.steady_chunks_s);
       http_e2e.push_back(h.end_to_end_tok_s);
       http_ttft.push_back(h.ttft_ms);
+      http_steady.push_back(h.steady_chunks_s);
     }
     json stream = {{"gen", a.gen},
                    {"rounds", a.rounds},
@@ -237,6 +245,9 @@ int main(int argc, char** argv) {
                    {"native_median_tok_s", median(native_e2e)},
                    {"http_median_tok_s", median(http_e2e)},
                    {"ratio_http_over_native", median(http_e2e) / median(native_e2e)},
+                   {"native_steady_chunks_s", native_steady},
+                   {"http_steady_chunks_s", http_steady},
+                   {"steady_ratio_http_over_native", median(http_steady) / median(native_steady)},
                    {"native_median_ttft_ms", median(native_ttft)},
                    {"http_median_ttft_ms", median(http_ttft)}};
     json requests = json::array();

@@ -4,7 +4,7 @@
 # by round; short completions per second with 1, 8 and 32 clients through both doors).
 # Appends one JSON line per model to bench/http/results.jsonl.
 # env: DUET_BIN_DIR (default build/bin), MODELS ("tiny 1b"), ROUNDS (5), SECONDS_PER_POINT (5),
-#      GEN_TINY (256), GEN_1B (64), PLAN_TINY (auto), PLAN_1B (gpu-only: the fastest plan on
+#      GEN_TINY (480: most of the 512-position context), GEN_1B (64), PLAN_TINY (auto), PLAN_1B (gpu-only: the fastest plan on
 #      this host, bench/stack/RESULTS.md; auto runs the 1B's NPU-emulator share at ~1 req/s)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,7 +29,7 @@ run_one() {  # name model gen plan
 
 for m in $models; do
   case $m in
-    tiny) run_one tiny models/fortune-q8_0.gguf "${GEN_TINY:-256}" "${PLAN_TINY:-auto}" ;;
+    tiny) run_one tiny models/fortune-q8_0.gguf "${GEN_TINY:-480}" "${PLAN_TINY:-auto}" ;;
     1b)
       mkdir -p "$(dirname "$model_1b")"
       [ -f "$model_1b" ] || "$bin/duet" mkmodel --shape llama3.2-1b --type q4_0 --ctx 512 --out "$model_1b"
