@@ -4,8 +4,9 @@
 # by round; short completions per second with 1, 8 and 32 clients through both doors).
 # Appends one JSON line per model to bench/http/results.jsonl.
 # env: DUET_BIN_DIR (default build/bin), MODELS ("tiny 1b"), ROUNDS (5), SECONDS_PER_POINT (5),
-#      GEN_TINY (480: most of the 512-position context), GEN_1B (64), PLAN_TINY (auto), PLAN_1B (gpu-only: the fastest plan on
-#      this host, bench/stack/RESULTS.md; auto runs the 1B's NPU-emulator share at ~1 req/s)
+#      GEN_TINY (480: most of the 512-position context), GEN_1B (64), PLAN_TINY (auto),
+#      PLAN_1B (gpu-only: the fastest plan on this host, bench/stack/RESULTS.md; auto runs the
+#      1B's NPU-emulator share at ~1 req/s)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${DUET_BIN_DIR:-build/bin}
