@@ -37,13 +37,12 @@ class ClientOnARealStack(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
+        # Cleanups run even when setUpClass fails half way (tearDownClass would not).
+        cls.addClassCleanup(subprocess.run, [os.path.join(BIN, "duet"), "stack", "down", "--stack",
+                                             STACK], capture_output=True, timeout=60)
         run_duet("stack", "up", "--stack", STACK)
         cls.client = duet.Client(STACK)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        run_duet("stack", "down", "--stack", STACK)
+        cls.addClassCleanup(cls.client.close)
 
     def wait_idle(self, seconds: float = 10) -> dict:
         """The frontend's status once nothing runs and every KV page is free (or at the end)."""
