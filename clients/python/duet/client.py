@@ -8,6 +8,7 @@ being iterated: a consumer that stops reading for longer than that loses its req
 reaped with a `timeout` error); pass heartbeat_ms=0 to opt out (the request then runs to its
 end even when nobody listens)."""
 
+import json
 import os
 import re
 import stat
@@ -198,7 +199,6 @@ class Client:
     def status(self, timeout: float = 5.0) -> dict:
         """The frontend's status (`duet status --json`'s frontend part): queue by priority,
         running requests, limits, engine (KV pages), agent, metrics."""
-        import json
         rid = self._new_id()
         self._send(_wire.encode_status(rid))
         return json.loads(self._expect(rid, "status", time.monotonic() + timeout, "Status").value)
