@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "core/messaging.h"
 #include "core/run_dir.h"
+#include "core/stack_record.h"
 
 extern char** environ;
 
@@ -88,10 +89,28 @@ std::optional<nlohmann::json> query_status(const std::string& run_dir,
 nlohmann::json require_status(const std::string& stack) {
   const std::string run_dir = run_dir_of(stack);
   const int pid = read_pid_file(run_dir);
-  if (pid != 0 && !process_alive(pid))
-    throw Error(Errc::unavailable, "stack '" + stack + "' is not up: its supervisor (pid " +
-                                       std::to_string(pid) + ") died; `duet stack down --stack " +
-                                       stack + "` or the next `up` reclaims what it left");
+  if (pid != 0 && !process_alive(pid)) {
+    // Its services outlive it: say which still run (they serve, but nothing restarts them).
+    std::string running, gone;
+    if (const auto record = read_stack_record(run_dir)) {
+      for (const ServiceRecord& svc : record->services) {
+        const int fd = open_recorded_process(svc);
+        std::string& list = fd >= 0 ? running : gone;
+        list += (list.empty() ? "" : ", ") + svc.name +
+                (fd >= 0 ? " pid " + std::to_string(svc.pid) : std::string());
+        if (fd >= 0) close(fd);
+      }
+    }
+    if (running.empty())
+      throw Error(Errc::unavailable, "stack '" + stack + "' is not up: its supervisor (pid " +
+                                         std::to_string(pid) + ") died; `duet stack down --stack " +
+                                         stack + "` or the next `up` reclaims what it left");
+    throw Error(Errc::unavailable,
+                "stack '" + stack + "' is degraded: its supervisor (pid " + std::to_string(pid) +
+                    ") died; still running, unsupervised: " + running +
+                    (gone.empty() ? "" : "; down: " + gone) + ". `duet stack up --stack " + stack +
+                    "` adopts them, `duet stack down --stack " + stack + "` stops them");
+  }
   auto status = query_status(run_dir);
   if (!status)
     throw Error(Errc::not_found, "stack '" + stack + "' is not up (no supervisor socket in " +
@@ -341,6 +360,16 @@ void stack_status(const StackArgs& a) {
   std::printf("stack %s: %s (supervisor pid %d, up %s, run dir %s)\n", a.stack.c_str(),
               s.value("state", "?").c_str(), s.value("pid", 0), format_ms(s["uptime_ms"]).c_str(),
               s.value("run_dir", "?").c_str());
+  if (const auto& t = s["takeover"]; t.is_object()) {
+    auto names = [](const nlohmann::json& list) {
+      std::string out;
+      for (const auto& n : list) out += (out.empty() ? "" : ", ") + n.get<std::string>();
+      return out.empty() ? std::string("none") : out;
+    };
+    std::printf("  took over from dead supervisor pid %d: adopted %s; restarted %s\n",
+                t.value("from_supervisor_pid", 0), names(t["adopted"]).c_str(),
+                names(t["restarted"]).c_str());
+  }
   std::printf("%-11s %8s  %-12s %8s %9s %10s  %s\n", "SERVICE", "PID", "STATE", "UPTIME",
               "RESTARTS", "HEARTBEAT", "LAST EXIT");
   for (const auto& svc : s["services"])
