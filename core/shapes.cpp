@@ -50,6 +50,8 @@ uint32_t file_type_of(DType type) {
       return 2;
     case DType::Q8_0:
       return 7;
+    default:
+      break;
   }
   throw Error(Errc::unsupported, "mkmodel: no file type for " + std::string(dtype_name(type)));
 }

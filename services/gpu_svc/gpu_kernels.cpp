@@ -190,9 +190,12 @@ const char* kernel_type_suffix(DType t) {
       return "f16";
     case DType::F32:
       return "f32";
+    default:  // Q4_1, Q5_0, Q5_1, the K types and BF16 have no gpu_svc kernels yet
+      break;
   }
-  throw Error(Errc::unsupported,
-              "gpu_svc kernels do not read weight type " + std::to_string(static_cast<int>(t)));
+  throw Error(Errc::unsupported, "gpu_svc kernels do not read weight type " +
+                                     std::string(dtype_name(t)) + " (" +
+                                     std::to_string(static_cast<int>(t)) + ")");
 }
 
 cl_event GpuKernels::launch(const char* name, cl_kernel k, cl_uint dims, const size_t* global,
