@@ -130,6 +130,9 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
         kernel_type_suffix(wt);  // throws unsupported for a type the kernels do not read
         if (op.weight->cols() % kQK != 0)
           fail("weight width " + std::to_string(op.weight->cols()) + " is not a multiple of 32");
+        if (dtype_is_k_quant(wt) && op.weight->cols() % kQK_K != 0)
+          fail(std::string(dtype_name(wt)) + " weight width " + std::to_string(op.weight->cols()) +
+               " is not a multiple of 256");
       } else if (wt != DType::F32) {
         fail("norm weight and bias must be F32");
       }
