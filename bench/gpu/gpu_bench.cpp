@@ -9,8 +9,8 @@
 //         integer kernels of matmul_int8.cl: portable and VNNI with 16-bit activations, VNNI
 //         with 8-bit ones; on the tiled weight layout, and "_file" on the file's) on Q4_0 and Q8_0
 //         [gemm-rows, gemm-cols] x T tokens, host wall clock per call (quantisation included).
-//         --path-types Q4_0,Q4_K,..: the weight types compared (K types: file layout only;
-//         "fp32_packed": weight_pack.h's layout, what discrete GPUs read), --path-shapes
+//         --path-types Q4_0,Q4_K,..: the weight types compared ("fp32_packed": weight_pack.h's
+//         layout, what discrete GPUs read; Q4_0/Q8_0 only), --path-shapes
 //         ROWSxCOLS,..: several shapes in one run (default: [gemm-rows, gemm-cols]).
 #include <CL/cl.h>
 #include <cblas.h>
@@ -118,12 +118,12 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
     check_cl(err, "clCreateBuffer");
     // The integer path's tiled copy (what gpu_svc's runner matmuls use; the file layout's
     // kernels serve tensors without one).
-    // K types have neither (the file layout only).
+    // K types have no packed layout.
     const bool packable = duet::gpu::has_packed_layout(type);
     std::optional<duet::gpu::TiledTensor> tiled;
     cl_mem packed = nullptr;
+    if (duet::gpu::has_tiled_layout(type)) tiled.emplace(dev, type, rows, cols, w.data());
     if (packable) {
-      tiled.emplace(dev, type, rows, cols, w.data());
       std::vector<uint8_t> p(w.size());
       duet::gpu::pack_weights(type, rows, cols, w.data(), p.data());
       packed = clCreateBuffer(dev.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, p.size(),
@@ -143,7 +143,7 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
           Path{"int8_vnni_a16", true, true, 16, true},
           Path{"int8_vnni_a8_file", true, true, 8, false},
           Path{"int8_vnni_a8", true, true, 8, true}}) {
-      if ((p.tiled || p.packed) && !packable) continue;
+      if ((p.tiled && !tiled) || (p.packed && !packable)) continue;
       try {
         kernels.set_int8_matmul(p.int8);
         if (p.int8) {

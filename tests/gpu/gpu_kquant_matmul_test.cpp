@@ -2,8 +2,9 @@
 // - the integer kernels of CPU devices (matmul_kq_cpu.cl) compute their documented algorithm
 //   bit for bit (kquant_test_util.h's emulation) on odd shapes (rows 1, 31, 33, 257; 1 and 3
 //   super-blocks; row ranges that start and end inside a 16-row item), for 1..20, 64 and 296
-//   tokens at any place of a tile, with Logits rows from the token table, both ISAs: so every
-//   token's output is that of the token alone (batch invariance);
+//   tokens at any place of a tile, with Logits rows from the token table, both ISAs, from the
+//   file's layout and the tiled copy: so every token's output is that of the token alone (batch
+//   invariance) and the layouts and ISAs agree bit for bit;
 // - they stay close to the fp64 matmul of the dequantised weights (the reference);
 // - the fp32 kernels (matmul_kq_gpu.cl: the GPU GEMV and GEMM, CPU devices with the integer
 //   path off) and the embedding lookup agree with the dequantised weights to float rounding.
@@ -18,6 +19,7 @@
 #include "core/ops.h"
 #include "core/quant.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "services/gpu_svc/tiled_weights.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/kquant_test_util.h"
 
@@ -114,35 +116,40 @@ TEST_P(KQuantInt8Matmul, EveryLaunchComputesTheDocumentedAlgorithmBitForBit) {
       for (uint32_t r = s.row_begin; r < s.row_end; ++r)
         want[size_t{t} * s.rows + r] = kq_emulate(type, f.wbytes.data() + r * row_bytes,
                                                   f.x.data() + size_t{t} * s.cols, s.cols, bits);
-    for (const bool vnni : isas) {
-      kernels.set_int8_vnni(vnni);
-      for (const uint32_t n : token_counts())
-        for (const bool logits : {false, true}) {
-          if (logits && n > 20 && s.rows != 33) continue;  // enough: the table's rows per shape
-          SCOPED_TRACE(std::string(vnni ? "vnni" : "portable") + " n " + std::to_string(n) +
-                       (logits ? " (Logits rows)" : ""));
-          float* y = f.arena.at<float>(f.y_off);
-          std::fill(y, y + size_t{table} * s.rows, -7.0f);
-          f.arena.upload();
-          run(kernels.matmul(f.arena.mem(), f.args(type, s, kBegin, kBegin + n, logits)));
-          f.arena.download();
-          std::vector<bool> written(size_t{table} * s.rows, false);
-          for (uint32_t t = kBegin; t < kBegin + n; ++t) {
-            const int32_t out = logits ? f.logits_row(t) : static_cast<int32_t>(t);
-            if (out < 0) continue;
-            for (uint32_t r = s.row_begin; r < s.row_end; ++r) {
-              const size_t at = size_t(out) * s.rows + r;
-              written[at] = true;
-              ASSERT_EQ(want[size_t{t} * s.rows + r], y[at]) << "token " << t << " row " << r;
+    const TiledTensor tiled(dev, type, s.rows, s.cols, f.wbytes.data());
+    for (const bool vnni : isas)
+      for (const bool tiled_layout : {false, true}) {
+        kernels.set_int8_vnni(vnni);
+        for (const uint32_t n : token_counts())
+          for (const bool logits : {false, true}) {
+            if (logits && n > 20 && s.rows != 33) continue;  // enough: the table's rows per shape
+            SCOPED_TRACE(std::string(vnni ? "vnni" : "portable") +
+                         (tiled_layout ? " tiled" : " file") + " n " + std::to_string(n) +
+                         (logits ? " (Logits rows)" : ""));
+            float* y = f.arena.at<float>(f.y_off);
+            std::fill(y, y + size_t{table} * s.rows, -7.0f);
+            f.arena.upload();
+            MatmulArgs a = f.args(type, s, kBegin, kBegin + n, logits);
+            if (tiled_layout) a.tiled = tiled.mem();
+            run(kernels.matmul(f.arena.mem(), a));
+            f.arena.download();
+            std::vector<bool> written(size_t{table} * s.rows, false);
+            for (uint32_t t = kBegin; t < kBegin + n; ++t) {
+              const int32_t out = logits ? f.logits_row(t) : static_cast<int32_t>(t);
+              if (out < 0) continue;
+              for (uint32_t r = s.row_begin; r < s.row_end; ++r) {
+                const size_t at = size_t(out) * s.rows + r;
+                written[at] = true;
+                ASSERT_EQ(want[size_t{t} * s.rows + r], y[at]) << "token " << t << " row " << r;
+              }
+            }
+            for (size_t i = 0; i < written.size(); ++i) {
+              if (!written[i]) {
+                ASSERT_EQ(y[i], -7.0f) << "written outside its rows/tokens: " << i;
+              }
             }
           }
-          for (size_t i = 0; i < written.size(); ++i) {
-            if (!written[i]) {
-              ASSERT_EQ(y[i], -7.0f) << "written outside its rows/tokens: " << i;
-            }
-          }
-        }
-    }
+      }
   }
 }
 
