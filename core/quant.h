@@ -78,6 +78,11 @@ struct BlockQ5_1 {
 };
 static_assert(sizeof(BlockQ5_1) == 24);
 
+// The first of n_blocks consecutive blocks of `type` with a scale (or min) that is not finite
+// (NaN or Inf, which would poison every dot product with its row), or -1 when all are finite
+// (always for F32/F16/BF16, which have none). LlamaModel::load checks every matrix with it.
+int64_t first_nonfinite_scale(DType type, const void* blocks, int64_t n_blocks);
+
 // Dequantise n elements (a multiple of the block size for Q types) of `type` to float.
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
 // Quantise n floats (n a multiple of the block size for Q types) into `type`'s layout. The K
