@@ -111,37 +111,36 @@ void dequantize_blocks(const void* src, float* dst, int64_t n, Decode decode) {
 
 }  // namespace
 
-int64_t first_nonfinite_scale(DType type, const void* blocks, int64_t n_blocks) {
-  // Byte offsets of the block's fp16 scales (ggml-common.h).
-  size_t offsets[2];
-  int n_scales = 0;
+std::vector<size_t> block_scale_offsets(DType type) {
   switch (type) {
     case DType::F32:
     case DType::F16:
     case DType::BF16:
-      return -1;
+      return {};
     case DType::Q4_0:
     case DType::Q5_0:
     case DType::Q8_0:
-      offsets[n_scales++] = 0;
-      break;
+      return {0};
     case DType::Q4_1:
     case DType::Q5_1:
     case DType::Q4_K:
     case DType::Q5_K:
-      offsets[n_scales++] = 0;
-      offsets[n_scales++] = 2;
-      break;
+      return {0, 2};
     case DType::Q6_K:
-      offsets[n_scales++] = offsetof(BlockQ6_K, d);
-      break;
+      return {offsetof(BlockQ6_K, d)};
   }
+  throw Error(Errc::unsupported, "block_scale_offsets: unknown dtype");
+}
+
+int64_t first_nonfinite_scale(DType type, const void* blocks, int64_t n_blocks) {
+  const std::vector<size_t> offsets = block_scale_offsets(type);
+  if (offsets.empty()) return -1;
   const size_t block_bytes = dtype_block_bytes(type);
   const auto* base = static_cast<const uint8_t*>(blocks);
   for (int64_t b = 0; b < n_blocks; ++b)
-    for (int s = 0; s < n_scales; ++s) {
+    for (size_t off : offsets) {
       uint16_t h;
-      std::memcpy(&h, base + static_cast<size_t>(b) * block_bytes + offsets[s], sizeof h);
+      std::memcpy(&h, base + static_cast<size_t>(b) * block_bytes + off, sizeof h);
       if ((h & 0x7c00u) == 0x7c00u) return b;  // exponent all ones: Inf or NaN
     }
   return -1;
