@@ -53,7 +53,10 @@ QuantizeReport quantize_file(const std::string& in, const std::string& out,
     const DType to = types[i];
     const int64_t cols = t.dims[0];
     const int64_t rows = static_cast<int64_t>(t.bytes / dtype_row_bytes(t.type, cols));
-    if (to != t.type && !is_float(t.type)) {
+    // Requantising compounds two errors, so quantised sources are refused; expanding one to a
+    // float type (f32/f16/bf16 presets) is exact for F32 and allowed: the noise measurements
+    // run llama.cpp on a quantised file's F32 expansion (tools/llamacpp-oracle).
+    if (to != t.type && !is_float(t.type) && !is_float(to)) {
       throw Error(Errc::unsupported, in + ": tensor \"" + t.name + "\" is " +
                                          std::string(dtype_name(t.type)) +
                                          "; duet quantize reads F32, F16 and BF16 matrices");

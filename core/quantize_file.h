@@ -36,7 +36,8 @@ struct QuantizeReport {
 };
 
 // Throws duet::Error: invalid_argument for an unknown type, unsupported for a source matrix that
-// is already quantised (name and type in the message), io/bad_format from the reader or writer.
+// is already quantised when the preset quantises (name and type in the message; a float preset
+// dequantises any type), io/bad_format from the reader or writer.
 QuantizeReport quantize_file(const std::string& in, const std::string& out,
                              const QuantizeOptions& options);
 

@@ -151,6 +151,15 @@ TEST_F(CliQuantize, BadInputIsAClearError) {
   EXPECT_NE(again.out.find("is Q8_0; duet quantize reads F32, F16 and BF16 matrices"),
             std::string::npos)
       << again.out;
+  // A float preset expands any type: the F32 file holds exactly the quantised weights.
+  const std::string f32 = path("q8-f32.gguf");
+  ASSERT_EQ(run(kDuet + " quantize " + q8 + " " + f32 + " --type f32").status, 0);
+  const auto q8m = LlamaModel::load(q8), f32m = LlamaModel::load(f32);
+  ASSERT_EQ(f32m->layers[0].wq.type, DType::F32);
+  std::vector<float> want(256);
+  dequantize_row(DType::Q8_0, q8m->layers[0].wq.row(5), want.data(), 256);
+  const auto* got = reinterpret_cast<const float*>(f32m->layers[0].wq.row(5));
+  EXPECT_EQ(std::vector<float>(got, got + 256), want);
   const CmdResult type =
       run(kDuet + " quantize " + f16() + " " + path("x.gguf") + " --type q3_k 2>&1");
   EXPECT_NE(type.status, 0);
