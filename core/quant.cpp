@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -109,6 +110,41 @@ void dequantize_blocks(const void* src, float* dst, int64_t n, Decode decode) {
 }
 
 }  // namespace
+
+std::vector<size_t> block_scale_offsets(DType type) {
+  switch (type) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+      return {};
+    case DType::Q4_0:
+    case DType::Q5_0:
+    case DType::Q8_0:
+      return {0};
+    case DType::Q4_1:
+    case DType::Q5_1:
+    case DType::Q4_K:
+    case DType::Q5_K:
+      return {0, 2};
+    case DType::Q6_K:
+      return {offsetof(BlockQ6_K, d)};
+  }
+  throw Error(Errc::unsupported, "block_scale_offsets: unknown dtype");
+}
+
+int64_t first_nonfinite_scale(DType type, const void* blocks, int64_t n_blocks) {
+  const std::vector<size_t> offsets = block_scale_offsets(type);
+  if (offsets.empty()) return -1;
+  const size_t block_bytes = dtype_block_bytes(type);
+  const auto* base = static_cast<const uint8_t*>(blocks);
+  for (int64_t b = 0; b < n_blocks; ++b)
+    for (size_t off : offsets) {
+      uint16_t h;
+      std::memcpy(&h, base + static_cast<size_t>(b) * block_bytes + off, sizeof h);
+      if ((h & 0x7c00u) == 0x7c00u) return b;  // exponent all ones: Inf or NaN
+    }
+  return -1;
+}
 
 void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
   check_blocks(type, n);

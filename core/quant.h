@@ -38,7 +38,9 @@
 //   Q5_0: likewise with d = x_m / -16, q = min(31, (int)(x/d + 16.5))
 //   Q4_1: d = (max - min) / 15, m = min, q = min(15, (int)((x - min)/d + 0.5))
 //   Q5_1: likewise with 31
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -77,6 +79,15 @@ struct BlockQ5_1 {
   uint8_t qs[kQK / 2];
 };
 static_assert(sizeof(BlockQ5_1) == 24);
+
+// Byte offsets of a block's fp16 scales (d, and m/dmin where the type has one) within the block
+// (ggml-common.h); empty for F32/F16/BF16.
+std::vector<size_t> block_scale_offsets(DType type);
+
+// The first of n_blocks consecutive blocks of `type` with a scale (or min) that is not finite
+// (NaN or Inf, which would poison every dot product with its row), or -1 when all are finite
+// (always for F32/F16/BF16, which have none). LlamaModel::load checks every matrix with it.
+int64_t first_nonfinite_scale(DType type, const void* blocks, int64_t n_blocks);
 
 // Dequantise n elements (a multiple of the block size for Q types) of `type` to float.
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
