@@ -6,7 +6,7 @@
 set -uo pipefail
 root=$(pwd)
 dev=/tmp/build-gpu-device
-mkdir -p "$dev" && tar -C "$dev" -xJf "$root/build-gpu-pack/gpu-device.tar.xz"
+mkdir -p "$dev" && tar -C "$dev" -xJf "$root/${PACK:-build-gpu-pack/gpu-device.tar.xz}"
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$dev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
