@@ -61,7 +61,7 @@ struct GpuRunner::Program {
   bool uses_flags = false;
   cl_mem weights = nullptr, arena = nullptr, kv = nullptr;
   bool uses_kv = false;
-  // CPU integer path: the tiled copies of its Q4_0/Q8_0 matmul weights, by weight offset.
+  // CPU integer path: the tiled copies of its Q4_0/Q8_0/K-quant matmul weights, by offset.
   std::map<uint64_t, std::shared_ptr<const TiledTensor>> tiled;
 };
 
@@ -130,6 +130,9 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
         kernel_type_suffix(wt);  // throws unsupported for a type the kernels do not read
         if (op.weight->cols() % kQK != 0)
           fail("weight width " + std::to_string(op.weight->cols()) + " is not a multiple of 32");
+        if (dtype_is_k_quant(wt) && op.weight->cols() % kQK_K != 0)
+          fail(std::string(dtype_name(wt)) + " weight width " + std::to_string(op.weight->cols()) +
+               " is not a multiple of 256");
       } else if (wt != DType::F32) {
         fail("norm weight and bias must be F32");
       }
@@ -172,7 +175,7 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
   if (kernels_.int8_matmul())
     for (const auto& op : program.ops)
       if ((op->kind == fb::OpKind::MatMul || op->kind == fb::OpKind::Logits) && op->weight &&
-          has_packed_layout(static_cast<DType>(op->weight->dtype())))
+          has_tiled_layout(static_cast<DType>(op->weight->dtype())))
         p->tiled.try_emplace(
             op->weight->offset(),
             tiled_.get(dev_, static_cast<DType>(op->weight->dtype()), op->weight->rows(),
