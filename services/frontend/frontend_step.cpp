@@ -107,8 +107,11 @@ StepKind Frontend::step_lanes() {
       try {
         open_request(r);
       } catch (const Error& e) {
-        if (e.code() == Errc::busy) throw;  // the KV cache is full: r waits for its turn
-        refused.emplace_back(r, e);         // r can never run: it fails once admitted
+        // The KV cache is full: r waits for its turn, which comes when a running request ends
+        // and returns its pages. With none running nothing will ever free them: r can never run
+        // and fails now instead of waiting without a deadline (issue 20).
+        if (e.code() == Errc::busy && scheduler_.running() > 0) throw;
+        refused.emplace_back(r, e);  // r can never run: it fails once admitted
       }
     });
   } catch (const Error&) {

@@ -1,0 +1,82 @@
+// The KV pool of a real stack (issue 20): sized by `stack up --kv-memory`, a model's full trained
+// context accepted by default, a setting the stack cannot serve refused at `stack up` with the
+// reason, and no request ever left without an answer.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/run_dir.h"
+#include "tests/support/stack_support.h"
+
+namespace duet {
+namespace {
+
+using test_support::CliResult;
+using test_support::run_duet;
+
+class KvPoolStack : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    id_ = test_support::unique_stack_id("kv20_", 18);
+    run_dir_ = default_run_dir(id_);
+    dir_ = std::filesystem::temp_directory_path() / ("duet-kvpool-" + id_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    test_support::tear_down_stack(id_, run_dir_);
+    std::filesystem::remove_all(dir_);
+  }
+  // tiny-llama3's shape with its trained context of 131072 positions.
+  std::string long_context_model() {
+    const std::string path = (dir_ / "long-ctx.gguf").string();
+    CliResult r = run_duet("mkmodel --shape tiny-llama3 --type f16 --ctx 131072 --out " + path);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return path;
+  }
+  nlohmann::json frontend_status() {
+    CliResult r = run_duet("status --stack " + id_ + " --json");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out, nullptr, false);
+  }
+
+  std::string id_, run_dir_;
+  std::filesystem::path dir_;
+};
+
+TEST_F(KvPoolStack, FullTrainedContextComesUpAndAnswers) {
+  const std::string model = long_context_model();
+  // No DUET_MAX_CTX: the model's 131072 positions, in a pool of 160 MiB (one sequence: 128 MiB at
+  // f32).
+  CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 160M");
+  ASSERT_EQ(up.rc, 0) << up.out;
+  EXPECT_NE(up.out.find("KV pool:"), std::string::npos) << up.out;
+  EXPECT_NE(up.out.find("131072 positions"), std::string::npos) << up.out;
+  // Before issue 20 this waited forever: `timeout` turns a hang into a failure.
+  CliResult gen = run_duet("generate --stack " + id_ + " --max-tokens 4 --ignore-eos --json hello",
+                           "timeout 60");
+  ASSERT_EQ(gen.rc, 0) << gen.out;
+  const nlohmann::json s = frontend_status();
+  ASSERT_FALSE(s.is_discarded());
+  const nlohmann::json& engine = s["frontend"]["engine"];
+  EXPECT_EQ(engine["max_context"], 131072) << engine.dump();
+  EXPECT_GT(engine["kv_pages_total"].get<int>(), 0) << engine.dump();
+  EXPECT_EQ(engine["kv_pages_used"], 0) << "pages outlived their request: " << engine.dump();
+  EXPECT_LE(engine["kv_pool_bytes"].get<uint64_t>(), uint64_t{160} << 20) << engine.dump();
+}
+
+TEST_F(KvPoolStack, BudgetBelowOneSequenceIsRefusedAtStackUpWithTheReason) {
+  const std::string model = long_context_model();
+  CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 1M");
+  EXPECT_NE(up.rc, 0) << up.out;
+  EXPECT_NE(up.out.find("less than one sequence"), std::string::npos) << up.out;
+  EXPECT_FALSE(std::filesystem::exists(run_dir_)) << "a refused stack started anyway";
+  // The same budget serves a context it can hold.
+  CliResult fits = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 1M",
+                            "DUET_MAX_CTX=1024");
+  EXPECT_EQ(fits.rc, 0) << fits.out;
+}
+
+}  // namespace
+}  // namespace duet
