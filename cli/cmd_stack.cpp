@@ -48,6 +48,7 @@ struct StackArgs {
   std::string http;          // [ADDR:]PORT: also run http_svc there
   std::string api_key_file;  // http_svc's bearer key
   std::string kv_memory;     // the KV pool's budget (core/kv_budget.h); empty: the default
+  std::string kv_type;       // f16 (default) or f32
   int timeout_s = 30;
   int max_restarts = 5;
   int restart_window_ms = 10000;
@@ -236,10 +237,18 @@ std::string plan_kv(const StackArgs& a, const std::string& model) {
   const int max_ctx = env_ctx && *env_ctx ? std::atoi(env_ctx) : 0;
   const char* env_agent = std::getenv("DUET_AGENT");
   const int sharers = env_agent && std::string(env_agent) == "off" ? 1 : 2;
+  const char* env_type = std::getenv("DUET_KV_TYPE");
+  const std::string type_text = !a.kv_type.empty()      ? a.kv_type
+                                : env_type && *env_type ? env_type
+                                                        : "f16";
+  const DType kv_type = parse_kv_type(type_text);
+  setenv("DUET_KV_TYPE", type_text.c_str(), 1);
   KvPoolPlan kv;
   try {
-    kv = plan_kv_pool(
-        kv_pool_request(LlamaModel::load(model)->hp(), max_ctx, kStackMaxRunning, sharers, budget));
+    KvPoolRequest request =
+        kv_pool_request(LlamaModel::load(model)->hp(), max_ctx, kStackMaxRunning, sharers, budget);
+    request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
+    kv = plan_kv_pool(request);
   } catch (const Error& e) {
     throw Error(e.code(), "cannot start stack " + a.stack + ": " + e.what());
   }
@@ -249,7 +258,8 @@ std::string plan_kv(const StackArgs& a, const std::string& model) {
                 "cannot start stack " + a.stack + ": its KV pool (" + kv.summary() + ") needs " +
                     format_bytes(kv.pool_bytes) + " of /dev/shm, which has " +
                     format_bytes(shm_free) + " free: give a smaller --kv-memory");
-  return "KV pool: " + kv.summary() + ", budget " + format_bytes(budget);
+  return "KV pool: " + kv.summary() + " of " + std::string(dtype_name(kv_type)) + ", budget " +
+         format_bytes(budget);
 }
 
 void stack_up(const StackArgs& a) {
@@ -475,6 +485,9 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
   up->add_option("--kv-memory", args->kv_memory,
                  "memory for the KV page pool, e.g. 2G or 512M (default: a quarter of the "
                  "memory available; env DUET_KV_MEMORY)");
+  up->add_option("--kv-type", args->kv_type,
+                 "KV cache values: f16 (default, as llama.cpp) or f32 (env DUET_KV_TYPE)")
+      ->check(CLI::IsMember({"f16", "f32"}));
   up->add_option("--timeout", args->timeout_s, "seconds to wait for healthy")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));

@@ -122,6 +122,13 @@ uint64_t parse_memory_size(std::string_view text) {
   return static_cast<uint64_t>(bytes);
 }
 
+DType parse_kv_type(std::string_view text) {
+  if (text == "f16" || text == "F16") return DType::F16;
+  if (text == "f32" || text == "F32") return DType::F32;
+  throw Error(Errc::invalid_argument,
+              "KV type '" + std::string(text) + "' is not one of f16 (the default) or f32");
+}
+
 uint64_t available_memory_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;

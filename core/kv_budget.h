@@ -12,6 +12,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/dtype.h"
+
 namespace duet {
 
 struct LlamaHparams;
@@ -65,6 +67,10 @@ KvPoolRequest kv_pool_request(const LlamaHparams& hp, int max_ctx, int max_seqs,
 // "i"/"B"). Error(invalid_argument) naming the text otherwise.
 uint64_t parse_memory_size(std::string_view text);
 std::string format_bytes(uint64_t bytes);  // "5.8 GiB"
+
+// `--kv-type` / DUET_KV_TYPE: "f16" (the default: llama.cpp's cache type, half of f32's bytes with
+// the f16 accuracy gate in tests) or "f32". Error(invalid_argument) naming anything else.
+DType parse_kv_type(std::string_view text);
 
 // MemAvailable from /proc/meminfo, and the free space of /dev/shm (where the pool lives).
 uint64_t available_memory_bytes();

@@ -87,14 +87,17 @@ int main(int argc, char** argv) {
           const std::string budget_text = env_or("DUET_KV_MEMORY", "");
           const uint64_t budget =
               budget_text.empty() ? default_kv_memory_bytes() : parse_memory_size(budget_text);
-          const KvPoolPlan kv = plan_kv_pool(kv_pool_request(
+          config.kv_type = parse_kv_type(env_or("DUET_KV_TYPE", "f16"));
+          KvPoolRequest request = kv_pool_request(
               LlamaModel::load(config.model_path)->hp(), config.max_ctx, config.max_seqs,
-              two_lanes ? static_cast<int>(frontend::StackEngineConfig::kKvSharers) : 1, budget));
+              two_lanes ? static_cast<int>(frontend::StackEngineConfig::kKvSharers) : 1, budget);
+          request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(config.kv_type));
+          const KvPoolPlan kv = plan_kv_pool(request);
           config.max_ctx = static_cast<int>(kv.ctx);
           config.kv_pages = kv.n_pages;
           options.max_context = static_cast<int>(kv.ctx);
-          loop.log().info("KV pool: {} from a budget of {}", kv.summary(),
-                          format_bytes(kv.budget_bytes));
+          loop.log().info("KV pool: {} of {} from a budget of {}", kv.summary(),
+                          dtype_name(config.kv_type), format_bytes(kv.budget_bytes));
         }
         // Requests waiting beyond the running batch; one more is refused (Errc::busy) rather
         // than queued without bound. A long offered trace (agent_bench --max-queue) needs more.

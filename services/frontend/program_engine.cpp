@@ -53,9 +53,12 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
   max_pages_per_seq_ = (max_ctx + options_.page_tokens - 1) / options_.page_tokens;
   const uint32_t n_pages =
       options_.kv_pages ? options_.kv_pages : max_pages_per_seq_ * options_.max_seqs;
-  const uint64_t page_bytes = uint64_t{static_cast<uint32_t>(hp.n_layer)} * 2 *
-                              options_.page_tokens *
-                              static_cast<uint64_t>(hp.n_head_kv * hp.head_dim) * 4;
+  if (options_.kv_type != DType::F32 && options_.kv_type != DType::F16)
+    throw Error(Errc::unsupported, "program engine: KV values of type " +
+                                       std::string(dtype_name(options_.kv_type)) + " (f32 or f16)");
+  const uint64_t page_bytes =
+      uint64_t{static_cast<uint32_t>(hp.n_layer)} * 2 * options_.page_tokens *
+      static_cast<uint64_t>(hp.n_head_kv * hp.head_dim) * dtype_block_bytes(options_.kv_type);
 
   // A frontend that crashed left its segments behind: this engine owns those names, so it removes
   // them (services holding the old mappings re-map when the programs are registered again).
@@ -87,6 +90,7 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
       spec.max_ctx = max_ctx;
       spec.kv_pages = n_pages;
       spec.page_tokens = options_.page_tokens;
+      spec.kv_type = options_.kv_type;
       spec.kv_pages_offset = kv_->pages->page_offset(0);
       spec.name = options_.plan_name + "/" + std::to_string(b);
       spec.arena_segment = arena_name(options_.stack_id, options_.segment_tag);
@@ -579,6 +583,7 @@ nlohmann::json ProgramEngine::status() const {
           {"kv_pages_free", kv_->pages->free_count()},
           {"kv_pages_used", kv_->pages->n_pages() - kv_->pages->free_count()},
           {"kv_page_tokens", options_.page_tokens},
+          {"kv_type", std::string(dtype_name(options_.kv_type))},
           {"kv_page_bytes", kv_->page_bytes},
           {"kv_pool_bytes", uint64_t{kv_->n_pages} * kv_->page_bytes},
           {"max_context", options_.max_ctx},

@@ -73,6 +73,8 @@ struct ProgramEngineOptions {
   uint32_t max_ctx = 0;   // positions per sequence (0 = the model's context)
   uint32_t kv_pages = 0;  // 0 = enough for max_seqs full sequences
   uint32_t page_tokens = 16;
+  // KV values: F16 (the stack's default, as llama.cpp's cache; issue 20) or F32.
+  DType kv_type = DType::F16;
   int step_timeout_ms = 30000;
   int recovery_timeout_ms = 20000;  // how long a step keeps retrying after a device died
   // Several engines (plans) of one stack side by side: each needs its own segment names and

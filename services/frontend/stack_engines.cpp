@@ -284,6 +284,7 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
       c.max_ctx > 0 ? static_cast<uint32_t>(c.max_ctx) : static_cast<uint32_t>(model->hp().n_ctx);
   const uint32_t sharers = c.kv_share ? StackEngineConfig::kKvSharers : 1;
   o.kv_share = c.kv_share;
+  o.kv_type = c.kv_type;
   o.kv_pages =
       c.kv_pages ? c.kv_pages : sharers * o.max_seqs * ((ctx + o.page_tokens - 1) / o.page_tokens);
   o.program_id_base =

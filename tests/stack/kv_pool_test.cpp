@@ -3,9 +3,15 @@
 // reason, and no request ever left without an answer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/run_dir.h"
 #include "tests/support/stack_support.h"
@@ -76,6 +82,40 @@ TEST_F(KvPoolStack, BudgetBelowOneSequenceIsRefusedAtStackUpWithTheReason) {
   CliResult fits = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 1M",
                             "DUET_MAX_CTX=1024");
   EXPECT_EQ(fits.rc, 0) << fits.out;
+}
+
+std::vector<float> read_floats(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<float> v;
+  float x;
+  while (f.read(reinterpret_cast<char*>(&x), sizeof(x))) v.push_back(x);
+  return v;
+}
+
+// gpu_svc's f16 KV kernels (the stack's default KV type) against the fp32 oracle (the reference
+// plan, in the frontend): every position's logits within the f16 gate of
+// ProgramEngine.F16KvPagesStayWithinTheGateOfTheFp32Reference.
+TEST_F(KvPoolStack, GpuSvcF16KvLogitsStayWithinTheGateOfTheFp32Reference) {
+  constexpr float kGate = 0.02f;
+  CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 64M");
+  ASSERT_EQ(up.rc, 0) << up.out;
+  EXPECT_NE(up.out.find("of F16"), std::string::npos) << up.out;
+  std::string ids = "1";
+  for (int i = 0; i < 47; ++i) ids += " " + std::to_string(100 + 37 * i);
+  const std::string gpu = (dir_ / "gpu.f32").string(), ref = (dir_ / "ref.f32").string();
+  for (const auto& [plan, out] : {std::pair{"gpu-only", gpu}, std::pair{"reference", ref}}) {
+    CliResult r = run_duet(
+        "eval --stack " + id_ + " --plan " + plan + " --ids '" + ids + "' --logits-out " + out,
+        "timeout 120");
+    ASSERT_EQ(r.rc, 0) << plan << ": " << r.out;
+  }
+  const std::vector<float> a = read_floats(gpu), b = read_floats(ref);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GT(a.size(), 48u * 1000);
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  std::printf("[ kv ] gpu_svc f16 KV vs fp32 oracle, 48 positions: max |logit diff| %.5f\n", worst);
+  EXPECT_LT(worst, kGate);
 }
 
 }  // namespace
