@@ -99,6 +99,7 @@ class ProgramEngine : public Engine {
   std::string plan_name() const override { return options_.plan_name; }
   void open_seq(uint64_t seq_id, int max_positions) override;
   void close_seq(uint64_t seq_id) override;
+  void reserve_seq(uint64_t seq_id, int positions) override;
   void truncate_seq(uint64_t seq_id, int n_past) override;
   std::vector<float> step(const std::vector<SeqStep>& batch, StepStats* stats) override;
   int max_step_tokens() const override { return static_cast<int>(options_.buckets.back()); }

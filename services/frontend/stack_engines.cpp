@@ -34,6 +34,7 @@ class AnnotatedEngine : public Engine {
   std::string plan_name() const override { return inner_->plan_name(); }
   void open_seq(uint64_t id, int n) override { inner_->open_seq(id, n); }
   void close_seq(uint64_t id) override { inner_->close_seq(id); }
+  void reserve_seq(uint64_t id, int n) override { inner_->reserve_seq(id, n); }
   void truncate_seq(uint64_t id, int n) override { inner_->truncate_seq(id, n); }
   std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
     return inner_->step(b, s);
@@ -95,6 +96,7 @@ class LazyEngine : public Engine {
   void truncate_seq(uint64_t id, int n) override {
     if (inner_) inner_->truncate_seq(id, n);
   }
+  void reserve_seq(uint64_t id, int n) override { ready().reserve_seq(id, n); }
   std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
     return ready().step(b, s);
   }

@@ -140,6 +140,47 @@ TEST(ProgramEngine, RejectsBadSteps) {
   engine->step({{9, {1, 2}, 0, true}}, nullptr);  // still serves
 }
 
+// Admission control (issue 20): a reservation is a promise of pages; others cannot take them,
+// the promised sequence grows into them, and what no pool could hold is refused outright.
+TEST(ProgramEngine, ReservedPagesArePromisedAndNeverTakenByOthers) {
+  ProgramEngineOptions o;
+  o.model_path = tiny_fortune_path("q8_0");
+  o.stack_id = unique_stack("g");
+  o.plan_name = "gpu-only";
+  o.buckets = {32};
+  o.max_seqs = 4;
+  o.max_ctx = 128;
+  o.kv_pages = 10;
+  ProgramEngine e(o, LlamaModel::load(o.model_path), make_interpreter_link("gpu"),
+                  make_interpreter_link("npu"));
+  e.open_seq(1, 128);
+  e.reserve_seq(1, 128);  // 8 of the 10 pages
+  e.open_seq(2, 128);
+  EXPECT_THROW(e.reserve_seq(2, 48), Error);  // 3 pages: only 2 are not promised
+  try {
+    e.reserve_seq(2, 48);
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), Errc::busy);
+  }
+  e.reserve_seq(2, 32);  // 2 pages fit
+  // Without a promise of its own, sequence 3 cannot grow into 1's pages.
+  e.open_seq(3, 128);
+  EXPECT_THROW(e.step({{3, std::vector<int32_t>(16, 5), 0, true}}, nullptr), Error);
+  e.step({{1, std::vector<int32_t>(32, 5), 0, true}}, nullptr);  // 1 grows into its own
+  EXPECT_EQ(e.status()["kv_pages_used"], 2);
+  EXPECT_EQ(e.status()["kv_pages_promised"], 8);  // 6 left to 1, 2 to 2
+  e.close_seq(1);
+  EXPECT_EQ(e.status()["kv_pages_promised"], 2);
+  e.reserve_seq(3, 128);  // 1's pages came back: 8 fit now
+  e.step({{3, std::vector<int32_t>(16, 5), 0, true}}, nullptr);
+  try {
+    e.reserve_seq(3, 129);
+    ADD_FAILURE() << "a reservation past the context was taken";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), Errc::out_of_range);
+  }
+}
+
 // Largest |logit - reference logit| over a greedy run (prompt, then n_new decode steps), the
 // reference being the fp32 oracle fed the same tokens.
 float max_logit_error(Engine& e, const LlamaModel& m, const std::vector<int32_t>& prompt,

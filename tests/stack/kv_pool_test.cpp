@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -82,6 +83,49 @@ TEST_F(KvPoolStack, BudgetBelowOneSequenceIsRefusedAtStackUpWithTheReason) {
   CliResult fits = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 1M",
                             "DUET_MAX_CTX=1024");
   EXPECT_EQ(fits.rc, 0) << fits.out;
+}
+
+// Out of pages (issue 20): 32 concurrent requests whose KV together is more than twice the pool
+// all finish, each with the tokens it gets alone. Admission reserves what a request can grow to
+// and makes the rest wait (services/frontend/frontend_admit.cpp), so no running request ever
+// fails or is recomputed for lack of KV.
+TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnTokens) {
+  // tiny-fortune at f16: 48 KiB pages of 16 tokens; 2 MiB hold 42 pages, one 512-position
+  // sequence 32. Each request: a short prompt + 40 tokens = 3 pages, 96 pages for the 32.
+  CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 2M");
+  ASSERT_EQ(up.rc, 0) << up.out;
+  ASSERT_NE(up.out.find("42 pages"), std::string::npos) << up.out;
+  const std::vector<std::string> starts = {"The man who", "Once upon", "A cat", "Life is",
+                                           "Never",       "In the",    "Why",   "She said"};
+  auto prompt = [&](int i) { return starts[i % 8] + " " + std::to_string(i); };
+  const std::string gen = "'" DUET_BINARY_DIR "/bin/duet' generate --stack " + id_ +
+                          " --max-tokens 40 --ignore-eos --json ";
+  std::string all = "cd '" + dir_.string() + "' && (";
+  for (int i = 0; i < 32; ++i)
+    all += "timeout 120 " + gen + "'" + prompt(i) + "' > together" + std::to_string(i) + " 2>&1 & ";
+  all += "wait)";
+  ASSERT_EQ(std::system(all.c_str()), 0);
+  auto ids_in = [&](const std::string& name) {
+    std::ifstream f(dir_ / name);
+    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    return j.is_discarded() ? nlohmann::json() : j["ids"];
+  };
+  for (int i = 0; i < 32; ++i) {
+    SCOPED_TRACE(prompt(i));
+    CliResult alone = run_duet(
+        "generate --stack " + id_ + " --max-tokens 40 --ignore-eos --json '" + prompt(i) + "'",
+        "timeout 60");
+    ASSERT_EQ(alone.rc, 0) << alone.out;
+    const nlohmann::json want = nlohmann::json::parse(alone.out)["ids"];
+    ASSERT_EQ(want.size(), 40u);
+    EXPECT_EQ(ids_in("together" + std::to_string(i)), want);
+  }
+  const nlohmann::json engine = frontend_status()["frontend"]["engine"];
+  EXPECT_EQ(engine["kv_pages_used"], 0) << engine.dump();
+  EXPECT_EQ(engine["kv_pages_total"], 42) << engine.dump();
+  EXPECT_EQ(engine["kv_pages_promised"], 0) << engine.dump();
+  EXPECT_GT(engine["kv_reserve_refusals"].get<int>(), 0)
+      << "no admission ever waited for KV: the test did not press the pool";
 }
 
 std::vector<float> read_floats(const std::string& path) {
