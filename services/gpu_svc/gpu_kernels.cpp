@@ -528,13 +528,14 @@ cl_event GpuKernels::copy(cl_mem src, cl_mem dst, size_t bytes) {
 cl_event GpuKernels::kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, uint64_t v_off,
                               uint32_t v_stride, const KvArgs& kv, uint64_t tok_off, TokenRange t) {
   forget_quantized_input();
-  cl_kernel k = dev_.kernel("kv_write");
+  const char* name = kv.f16 ? "kv_write_f16" : "kv_write";
+  cl_kernel k = dev_.kernel(name);
   set_args(k, arena, cl_ulong{k_off}, cl_uint{k_stride}, cl_ulong{v_off}, cl_uint{v_stride}, kv.kv,
            cl_ulong{kv.pages_offset}, cl_ulong{kv.page_bytes}, cl_uint{kv.page_tokens},
            cl_uint{kv.kv_dim}, cl_uint{kv.layer}, cl_ulong{tok_off}, cl_ulong{kv.page_table_off},
            cl_uint{kv.page_table_cols}, cl_uint{t.begin});
   const size_t global[2] = {kv.kv_dim, t.count()};
-  return launch("kv_write", k, 2, global, nullptr);
+  return launch(name, k, 2, global, nullptr);
 }
 
 cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, uint64_t out_off,
@@ -545,7 +546,8 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
   // CPU devices: the vectorised kernel (head_dim a multiple of 16, up to ATTN_CPU_VECS * 16)
   // where their compiler built it (clang: PoCL).
   const bool cpu_vec = attention_cpu_available_ && head_dim % 16 == 0 && head_dim <= 128;
-  const char* name = cpu_vec ? "attention_cpu" : "attention";
+  const char* name = cpu_vec ? (kv.f16 ? "attention_cpu_f16" : "attention_cpu")
+                             : (kv.f16 ? "attention_f16" : "attention");
   cl_kernel k = dev_.kernel(name);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   set_args(k, arena, cl_ulong{q_off}, cl_uint{q_stride}, cl_ulong{out_off}, cl_uint{out_stride},

@@ -65,6 +65,7 @@ struct KvArgs {
   uint32_t layer = 0;
   uint64_t page_table_off = 0;  // arena offset of int32 [n_seqs][page_table_cols]
   uint32_t page_table_cols = 0;
+  bool f16 = false;  // F16 values (kernels/kv_f16.cl), else F32
 };
 
 // Q4_0/Q8_0 matmuls on CPU devices (PoCL on x86) quantise their input rows per 32-value block
