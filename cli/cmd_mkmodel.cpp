@@ -12,9 +12,13 @@
 #include "cli/command.h"
 #include "core/arch.h"
 #include "core/error.h"
+#include "core/quant_mix.h"
 #include "core/shapes.h"
 
 namespace {
+
+constexpr const char* kTypeNames =
+    "f16, q8_0, q4_0, f32, q4_k_m, q5_k_m, q6_k, q4_k, q5_k, q4_1, q5_0, q5_1, bf16";
 
 struct MkmodelArgs {
   std::string arch = "llama";
@@ -30,22 +34,37 @@ struct MkmodelArgs {
   float rope_scale_linear = 0.0f;
 };
 
-duet::DType parse_type(std::string name) {
+// f32, f16, q8_0, q4_0: every matrix that type (the files these names always made). Any other
+// name is a core/quant_mix.h preset: q4_k_m, q5_k_m, q6_k with llama.cpp's per-tensor rules;
+// q4_k, q5_k, q4_1, q5_0, q5_1, bf16 pure (every matrix that type, with llama.cpp's fallback
+// for rows that are not whole 256-weight super-blocks).
+void set_type(std::string name, duet::SyntheticModelOptions& o) {
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return std::tolower(c); });
-  if (name == "f32") return duet::DType::F32;
-  if (name == "f16") return duet::DType::F16;
-  if (name == "q8_0") return duet::DType::Q8_0;
-  if (name == "q4_0") return duet::DType::Q4_0;
-  throw duet::Error(duet::Errc::invalid_argument,
-                    "unknown type '" + name + "' (f16, q8_0, q4_0 or f32)");
+  if (name == "f32")
+    o.type = duet::DType::F32;
+  else if (name == "f16")
+    o.type = duet::DType::F16;
+  else if (name == "q8_0")
+    o.type = duet::DType::Q8_0;
+  else if (name == "q4_0")
+    o.type = duet::DType::Q4_0;
+  else if (name == "q4_k_m" || name == "q5_k_m" || name == "q6_k")
+    o.preset = name;
+  else if (name == "q4_k" || name == "q5_k" || name == "q4_1" || name == "q5_0" || name == "q5_1" ||
+           name == "bf16") {
+    o.preset = name;
+    o.preset_rules = false;
+  } else
+    throw duet::Error(duet::Errc::invalid_argument,
+                      "unknown type '" + name + "' (" + std::string(kTypeNames) + ")");
 }
 
 void run_mkmodel(const MkmodelArgs& args) {
   const duet::ModelShape& shape = duet::model_shape(args.shape);
   duet::SyntheticModelOptions options;
   options.arch = duet::parse_arch(args.arch);
-  options.type = parse_type(args.type);
+  set_type(args.type, options);
   const bool is_size =
       !args.vocab.empty() && std::all_of(args.vocab.begin(), args.vocab.end(),
                                          [](unsigned char c) { return std::isdigit(c); });
@@ -71,8 +90,9 @@ void run_mkmodel(const MkmodelArgs& args) {
       ::stat(args.out.c_str(), &st) == 0 ? static_cast<double>(st.st_size) / 1e6 : 0.0;
   std::printf("wrote %s: %s %s %s, %.1f MB in %.2f s (%.0f MB/s)\n", args.out.c_str(),
               args.arch.c_str(), shape.name.c_str(),
-              std::string(duet::dtype_name(options.type)).c_str(), mb, seconds,
-              seconds > 0 ? mb / seconds : 0.0);
+              options.preset.empty() ? std::string(duet::dtype_name(options.type)).c_str()
+                                     : options.preset.c_str(),
+              mb, seconds, seconds > 0 ? mb / seconds : 0.0);
 }
 
 duet::cli::RegisterCommand register_mkmodel([](CLI::App& app) {
@@ -91,7 +111,10 @@ duet::cli::RegisterCommand register_mkmodel([](CLI::App& app) {
   cmd->add_option("--arch", args->arch,
                   "Architecture: llama, qwen2 (q/k/v biases, NEOX rope) or internlm2")
       ->capture_default_str();
-  cmd->add_option("--type", args->type, "Matrix type: f16, q8_0, q4_0 (norms are always f32)")
+  cmd->add_option("--type", args->type,
+                  std::string("Matrix type: ") + kTypeNames +
+                      " (norms are always f32). q4_k_m, q5_k_m and q6_k mix types per tensor as "
+                      "llama.cpp's quantiser does (core/quant_mix.h); the others are pure")
       ->capture_default_str();
   cmd->add_option("--out", args->out, "Output GGUF path")->required();
   cmd->add_option("--vocab", args->vocab,

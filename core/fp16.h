@@ -1,5 +1,6 @@
 #pragma once
 // IEEE half <-> float, round to nearest even. F16C instructions when the compiler targets them.
+// bfloat16 (the upper half of an fp32) <-> float.
 #include <cstdint>
 #include <cstring>
 #if defined(__F16C__)
@@ -68,6 +69,22 @@ inline uint16_t fp32_to_fp16(float f) {
   if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
   return static_cast<uint16_t>(sign | r);
 #endif
+}
+
+inline float bf16_to_fp32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Round to nearest even; a NaN stays a quiet NaN (rounding could carry it into an infinity).
+inline uint16_t fp32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
 }
 
 }  // namespace duet

@@ -242,13 +242,14 @@ class GgufParser {
     const uint32_t raw_type = read<uint32_t>(what + " type");
     if (!dtype_known(raw_type)) {
       fail(what + " has unknown or unsupported tensor type " + std::to_string(raw_type) +
-               " (duet reads F32, F16, Q4_0, Q8_0)",
+               " (duet reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)",
            Errc::unsupported);
     }
     t.type = static_cast<DType>(raw_type);
     if (t.dims[0] % dtype_block_elems(t.type) != 0) {
       fail(what + " row of " + std::to_string(t.dims[0]) + " elements is not a whole number of " +
-           std::string(dtype_name(t.type)) + " blocks");
+           std::string(dtype_name(t.type)) + " blocks (" +
+           std::to_string(dtype_block_elems(t.type)) + " weights each)");
     }
     const uint64_t rows = n_elems / static_cast<uint64_t>(t.dims[0]);
     const uint64_t row_bytes = dtype_row_bytes(t.type, t.dims[0]);

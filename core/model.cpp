@@ -193,8 +193,20 @@ class LlamaLoader {
     return *t;
   }
 
+  // Any type of core/dtype.h, chosen per tensor (llama.cpp's _M files mix them). Quantised
+  // matrices' scales are checked here, once at load, so a NaN/Inf scale is a load error naming
+  // the tensor and block instead of NaN logits later (one fp16 read per block).
   ops::Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
     const GgufTensorInfo& t = expect(name, {cols, rows});
+    const int64_t n_blocks = rows * (cols / dtype_block_elems(t.type));
+    const int64_t bad = first_nonfinite_scale(t.type, t.data, n_blocks);
+    if (bad >= 0) {
+      const int64_t per_row = cols / dtype_block_elems(t.type);
+      fail(Errc::bad_format, "tensor \"" + name + "\" (" + std::string(dtype_name(t.type)) +
+                                 ") row " + std::to_string(bad / per_row) + " block " +
+                                 std::to_string(bad % per_row) +
+                                 " has a scale that is not finite (NaN or Inf)");
+    }
     return ops::Matrix{t.type, rows, cols, t.data};
   }
 
@@ -202,9 +214,9 @@ class LlamaLoader {
   const float* vec(const std::string& name, int n) {
     const GgufTensorInfo& t = expect(name, {n});
     if (t.type == DType::F32) return reinterpret_cast<const float*>(t.data);
-    if (t.type != DType::F16) {
+    if (t.type != DType::F16 && t.type != DType::BF16) {
       fail(Errc::unsupported, "tensor \"" + name + "\" is " + std::string(dtype_name(t.type)) +
-                                  "; vectors must be F32 or F16");
+                                  "; vectors must be F32, F16 or BF16");
     }
     auto& converted = m_.converted_vectors_.emplace_back(static_cast<size_t>(n));
     dequantize_row(t.type, t.data, converted.data(), n);

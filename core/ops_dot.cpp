@@ -30,6 +30,10 @@ inline Lanes load(const float* p) {
 inline Lanes load_f16(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+inline Lanes load_bf16(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
 inline Lanes load_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -74,6 +78,11 @@ inline Lanes load(const float* p) {
 inline Lanes load_f16(const uint16_t* p) {
   Lanes r;
   for (int l = 0; l < 8; ++l) r.v[l] = fp16_to_fp32(p[l]);
+  return r;
+}
+inline Lanes load_bf16(const uint16_t* p) {
+  Lanes r;
+  for (int l = 0; l < 8; ++l) r.v[l] = bf16_to_fp32(p[l]);
   return r;
 }
 inline Lanes load_i8(const int8_t* p) {
@@ -160,6 +169,27 @@ void dot_q4_0(const void* const* rows, const float* const* x, int64_t n, float* 
   for (int s = 0; s < N; ++s) out[s] = hsum(acc[s]);
 }
 
+// Rows of the types with offsets or sub-block scales (Q4_1, Q5_0, Q5_1, the K types): each block
+// is dequantised to floats (core/quant.h's values exactly) and dotted as a plain row, so the
+// result is bit-identical to dot_plain over the dequantised row (their unpacked form).
+template <int N>
+void dot_dequantised(DType type, const void* const* rows, const float* const* x, int64_t n,
+                     float* out) {
+  const int64_t block = dtype_block_elems(type);
+  const size_t block_bytes = dtype_block_bytes(type);
+  Lanes acc[N];
+  for (int s = 0; s < N; ++s) acc[s] = zero();
+  alignas(32) float w[kQK_K];
+  for (int64_t b = 0; b < n / block; ++b) {
+    for (int s = 0; s < N; ++s) {
+      dequantize_row(type, static_cast<const uint8_t*>(rows[s]) + b * block_bytes, w, block);
+      const float* xb = x[s] + b * block;
+      for (int64_t i = 0; i < block; i += 8) acc[s] = fma(load(w + i), load(xb + i), acc[s]);
+    }
+  }
+  for (int s = 0; s < N; ++s) out[s] = hsum(acc[s]);
+}
+
 // An unpacked quantised row: unscaled values in q, one scale per block.
 template <int N>
 void dot_blocks(const float* q, const float* scales, const float* const* x, int64_t n, float* out) {
@@ -193,6 +223,17 @@ void dot_rows_n(DType type, const void* const* rows, const float* const* xs, int
       return dot_q8_0<N>(rows, xs, n, out);
     case DType::Q4_0:
       return dot_q4_0<N>(rows, xs, n, out);
+    case DType::BF16:
+      return dot_plain<N, uint16_t>(
+          rows, xs, n, out, [](const uint16_t* p) { return load_bf16(p); },
+          [](uint16_t h) { return bf16_to_fp32(h); });
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return dot_dequantised<N>(type, rows, xs, n, out);
   }
 }
 
@@ -249,6 +290,15 @@ void unpack_row(DType type, const void* row, float* q, float* scales, int64_t n)
       }
       return;
     }
+    case DType::BF16:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:  // the dequantised row, dotted as F32 (see dot_dequantised)
+      dequantize_row(type, row, q, n);
+      return;
   }
 }
 

@@ -20,7 +20,8 @@ void dot_rows(DType type, const void* const* rows, const float* const* xs, int c
               float* out);
 float dot_row(DType type, const void* row, const float* x, int64_t n);
 
-// q gets n floats; scales gets n/32 floats for Q types (untouched for F32/F16).
+// q gets n floats; scales gets n/32 floats for Q4_0/Q8_0 (q unscaled). Every other type
+// unpacks to its dequantised values (scales untouched) and dots as F32.
 void unpack_row(DType type, const void* row, float* q, float* scales, int64_t n);
 // out[s] = unpacked row . xs[s] for s < count (count in 1..kMaxStreams).
 void dot_unpacked(DType type, const float* q, const float* scales, const float* const* xs,

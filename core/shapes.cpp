@@ -9,6 +9,7 @@
 #include "core/gguf.h"
 #include "core/gguf_writer.h"
 #include "core/quant.h"
+#include "core/quant_mix.h"
 #include "core/thread_pool.h"
 
 namespace duet {
@@ -32,27 +33,15 @@ const std::vector<ModelShape>& all_shapes() {
       {"tiny-llama3", 128256, 128, 2, 256, 4, 2, 131072, 500000.0f, 1e-5f, true, kLlama32},
       {"tiny-qwen2", 151936, 128, 2, 256, 4, 2, 32768, 1000000.0f, 1e-6f, true, {}},
       {"tiny-internlm2", 92544, 128, 2, 256, 4, 2, 32768, 1000000.0f, 1e-5f, false, {}},
+      // Llama 3.2's family with every matrix row a whole number of K-quant super-blocks (256):
+      // the K types of a _M mix without llama.cpp's fallback to Q5_0/Q8_0 (head_dim 64).
+      {"tiny-llama3-256", 128256, 256, 2, 512, 4, 2, 131072, 500000.0f, 1e-5f, true, kLlama32},
   }};
   return shapes;
 }
 
 // GGUF token types (llama_token_type).
 constexpr int32_t kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeByte = 6;
-
-// general.file_type (llama_ftype) of a model whose matrices are all `type`.
-uint32_t file_type_of(DType type) {
-  switch (type) {
-    case DType::F32:
-      return 0;
-    case DType::F16:
-      return 1;
-    case DType::Q4_0:
-      return 2;
-    case DType::Q8_0:
-      return 7;
-  }
-  throw Error(Errc::unsupported, "mkmodel: no file type for " + std::string(dtype_name(type)));
-}
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -100,14 +89,15 @@ void check_shape(const ModelShape& s, const SyntheticModelOptions& o, int n_voca
     bad("linear rope scale must be positive (or 0: none)");
   if (!(o.weight_std > 0.0f) || !std::isfinite(o.weight_std))
     bad("weight std must be positive and finite");
-  if (o.type != DType::F32 && o.type != DType::F16 && o.type != DType::Q8_0 &&
+  if (o.preset.empty() && o.type != DType::F32 && o.type != DType::F16 && o.type != DType::Q8_0 &&
       o.type != DType::Q4_0) {
     bad("unsupported type");
   }
-  const int64_t block = dtype_block_elems(o.type);
+  // A preset falls back per tensor (core/quant_mix.h) but needs whole 32-blocks at least.
+  const int64_t block = o.preset.empty() ? dtype_block_elems(o.type) : kQK;
   if (s.n_embd % block != 0 || s.n_ff % block != 0) {
     bad("n_embd and n_ff must be multiples of " + std::to_string(block) + " for " +
-        std::string(dtype_name(o.type)));
+        (o.preset.empty() ? std::string(dtype_name(o.type)) : o.preset));
   }
 }
 
@@ -252,12 +242,18 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
     throw Error(Errc::invalid_argument,
                 "mkmodel: a vocab file sets the vocab size; give a size or a file, not both");
   }
+  // Without a preset every matrix is options.type (file type: the pure preset of that name).
+  const QuantPreset preset = options.preset.empty()
+                                 ? pure(quant_preset(std::string(dtype_name(options.type))))
+                             : options.preset_rules ? quant_preset(options.preset)
+                                                    : pure(quant_preset(options.preset));
   GgufWriter w;
   const std::string arch(arch_name(options.arch));
   w.set_string("general.architecture", arch);
-  w.set_string("general.name",
-               "synthetic-" + shape.name + "-" + std::string(dtype_name(options.type)));
-  w.set_uint32("general.file_type", file_type_of(options.type));
+  w.set_string("general.name", "synthetic-" + shape.name + "-" +
+                                   (options.preset.empty() ? std::string(dtype_name(options.type))
+                                                           : std::string(preset.name)));
+  w.set_uint32("general.file_type", preset.file_type);
   w.set_uint32("general.quantization_version", 2);
   w.set_uint64("duet.synthetic.seed", options.seed);
   const int n_vocab = synthetic_vocab
@@ -290,9 +286,20 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
   // The pool lives until write() returns: the row sources below run inside it.
   ThreadPool pool(options.n_threads);
   uint64_t tensor_index = 0;
+  // Two passes over the same tensor list: the first only records names and shapes, so the
+  // preset's rules (which count attn_v/ffn_down tensors and look for output.weight) can pick
+  // each matrix's type before the second pass adds it.
+  bool planning = true;
+  std::vector<TensorDesc> plan;
+  std::vector<DType> types;
+  size_t matrix_at = 0;
   auto add_matrix = [&](std::string name, int64_t n_in, int64_t n_out) {
+    if (planning) {
+      plan.push_back({std::move(name), {n_in, n_out}, DType::F32});
+      return;
+    }
     const uint64_t tensor_seed = splitmix64(options.seed ^ splitmix64(++tensor_index));
-    const DType type = options.type;
+    const DType type = types.at(matrix_at++);
     const float stddev = options.weight_std;
     const size_t row_bytes = dtype_row_bytes(type, n_in);
     w.add_tensor_rows(std::move(name), type, {n_in, n_out},
@@ -310,44 +317,53 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
                       });
   };
   auto add_norm = [&](std::string name) {
+    if (planning) return;
     w.add_tensor(std::move(name), DType::F32, {shape.n_embd},
                  f32_bytes(std::vector<float>(static_cast<size_t>(shape.n_embd), 1.0f)));
   };
   // Biases are large next to a projection's output (Qwen2's are), so a forward pass that drops
   // or misplaces one is visibly wrong.
   auto add_bias = [&](std::string name, int64_t n) {
+    if (planning) return;
     std::vector<float> bias(static_cast<size_t>(n));
     fill_row_normalish(splitmix64(options.seed ^ splitmix64(++tensor_index)),
                        5.0f * options.weight_std, bias.data(), n);
     w.add_tensor(std::move(name), DType::F32, {n}, f32_bytes(bias));
   };
 
-  if (shape.rope_scaling.factor > 0) {
-    w.add_tensor("rope_freqs.weight", DType::F32, {head_dim / 2},
-                 f32_bytes(llama3_rope_freqs(shape.rope_scaling, shape.rope_freq_base, head_dim)));
-  }
-  add_matrix("token_embd.weight", shape.n_embd, n_vocab);
-  for (int l = 0; l < n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    add_norm(p + "attn_norm.weight");
-    add_matrix(p + "attn_q.weight", shape.n_embd, shape.n_embd);
-    add_matrix(p + "attn_k.weight", shape.n_embd, n_embd_kv);
-    add_matrix(p + "attn_v.weight", shape.n_embd, n_embd_kv);
-    if (options.arch == Arch::qwen2) {
-      add_bias(p + "attn_q.bias", shape.n_embd);
-      add_bias(p + "attn_k.bias", n_embd_kv);
-      add_bias(p + "attn_v.bias", n_embd_kv);
+  auto add_all = [&] {
+    if (shape.rope_scaling.factor > 0 && !planning) {
+      w.add_tensor(
+          "rope_freqs.weight", DType::F32, {head_dim / 2},
+          f32_bytes(llama3_rope_freqs(shape.rope_scaling, shape.rope_freq_base, head_dim)));
     }
-    add_matrix(p + "attn_output.weight", shape.n_embd, shape.n_embd);
-    add_norm(p + "ffn_norm.weight");
-    add_matrix(p + "ffn_gate.weight", shape.n_embd, shape.n_ff);
-    add_matrix(p + "ffn_up.weight", shape.n_embd, shape.n_ff);
-    add_matrix(p + "ffn_down.weight", shape.n_ff, shape.n_embd);
-  }
-  add_norm("output_norm.weight");
-  // InternLM2 always has its own output matrix (llama.cpp requires it).
-  if (!shape.tied_embeddings || options.arch == Arch::internlm2)
-    add_matrix("output.weight", shape.n_embd, n_vocab);
+    add_matrix("token_embd.weight", shape.n_embd, n_vocab);
+    for (int l = 0; l < n_layer; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      add_norm(p + "attn_norm.weight");
+      add_matrix(p + "attn_q.weight", shape.n_embd, shape.n_embd);
+      add_matrix(p + "attn_k.weight", shape.n_embd, n_embd_kv);
+      add_matrix(p + "attn_v.weight", shape.n_embd, n_embd_kv);
+      if (options.arch == Arch::qwen2) {
+        add_bias(p + "attn_q.bias", shape.n_embd);
+        add_bias(p + "attn_k.bias", n_embd_kv);
+        add_bias(p + "attn_v.bias", n_embd_kv);
+      }
+      add_matrix(p + "attn_output.weight", shape.n_embd, shape.n_embd);
+      add_norm(p + "ffn_norm.weight");
+      add_matrix(p + "ffn_gate.weight", shape.n_embd, shape.n_ff);
+      add_matrix(p + "ffn_up.weight", shape.n_embd, shape.n_ff);
+      add_matrix(p + "ffn_down.weight", shape.n_ff, shape.n_embd);
+    }
+    add_norm("output_norm.weight");
+    // InternLM2 always has its own output matrix (llama.cpp requires it).
+    if (!shape.tied_embeddings || options.arch == Arch::internlm2)
+      add_matrix("output.weight", shape.n_embd, n_vocab);
+  };
+  add_all();
+  types = choose_tensor_types(preset, plan);
+  planning = false;
+  add_all();
   w.write(path);
 }
 

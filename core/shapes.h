@@ -38,7 +38,8 @@ std::vector<float> llama3_rope_freqs(const Llama3RopeScaling& s, float freq_base
 
 // llama3.2-1b, llama3-8b (Llama 3.0: no rope scaling), llama3.1-8b, llama2-7b, internlm-1.8b,
 // tiny-fortune, and tiny-llama3 / tiny-qwen2 / tiny-internlm2 (two small layers with the family's
-// real vocabulary size and rope settings, for tests). Throws Errc::not_found naming the known
+// real vocabulary size and rope settings, for tests) and tiny-llama3-256 (n_embd 256, n_ff 512:
+// rows fit K-quant super-blocks). Throws Errc::not_found naming the known
 // shapes.
 const ModelShape& model_shape(std::string_view name);
 std::vector<std::string> model_shape_names();
@@ -46,6 +47,10 @@ std::vector<std::string> model_shape_names();
 struct SyntheticModelOptions {
   Arch arch = Arch::llama;   // general.architecture and the key prefix; qwen2 adds q/k/v biases
   DType type = DType::Q4_0;  // every matrix; norm weights, biases and rope factors are F32
+  // A core/quant_mix.h preset name ("q4_k_m"): overrides type, each matrix gets the preset's type
+  // for it (llama.cpp's mixing rules, fallbacks) and general.file_type is the preset's.
+  std::string preset;
+  bool preset_rules = true;  // false: the preset without its mixing rules (pure)
   int n_vocab = 0;           // 0: min(kDefaultSyntheticVocab, the shape's vocab)
   // > 0: linear RoPE scaling (<arch>.rope.scaling.type "linear" and .factor): every angle / it.
   float rope_scale_linear = 0.0f;

@@ -1,7 +1,9 @@
 // GCC 12 reports its own AVX-512 intrinsics' _mm512_undefined_* arguments as "maybe
-// uninitialized" once they are inlined (GCC bug 105593); the pragma must precede the header.
+// uninitialized" (or, depending on inlining, "uninitialized") once they are inlined (GCC bug
+// 105593); the pragmas must precede the header.
 #if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include "services/npu_svc/npu_dot.h"
 
@@ -116,6 +118,23 @@ inline float hsum(const Lanes& a) {
 
 // ---- rows in their stored type (decode) ----
 
+// acc[s] += row s . x over the first n_whole weights, for the types stored_rows_n dequantises a
+// block at a time (every block size is a multiple of kLanes; BF16 goes kLanes at a time).
+template <int N>
+void stored_blocks(DType type, const void* const* rows, const float* x, int64_t n_whole,
+                   Lanes* acc) {
+  const int64_t block = type == DType::BF16 ? kLanes : dtype_block_elems(type);
+  const size_t block_bytes =
+      static_cast<size_t>(block / dtype_block_elems(type)) * dtype_block_bytes(type);
+  alignas(64) float w[kQK_K];
+  for (int64_t b = 0; b < n_whole / block; ++b)
+    for (int s = 0; s < N; ++s) {
+      dequantize_row(type, static_cast<const uint8_t*>(rows[s]) + b * block_bytes, w, block);
+      for (int64_t i = 0; i < block; i += kLanes)
+        acc[s] = fma(load(w + i), load(x + b * block + i), acc[s]);
+    }
+}
+
 template <int N>
 void stored_rows_n(DType type, const void* const* rows, const float* x, int64_t n, float* out) {
   Lanes acc[N];
@@ -152,12 +171,29 @@ void stored_rows_n(DType type, const void* const* rows, const float* x, int64_t 
         for (int s = 0; s < N; ++s)
           acc[s] = fma(load(static_cast<const float*>(rows[s]) + i), load(x + i), acc[s]);
       break;
+    case DType::BF16:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      // W4A16 on the fly: one block (32 weights, a 256-weight super-block for the K types) at a
+      // time is dequantised into registers' worth of floats with core's dequantize_row, so the
+      // values are exactly those the prefill path dequantises per tile.
+      stored_blocks<N>(type, rows, x, n_lanes, acc);
+      break;
   }
   for (int s = 0; s < N; ++s) {
     float sum = hsum(acc[s]);
-    for (int64_t k = n_lanes; k < n; ++k) {  // only F16/F32 rows have a tail
-      const float w = type == DType::F16 ? fp16_to_fp32(static_cast<const uint16_t*>(rows[s])[k])
-                                         : static_cast<const float*>(rows[s])[k];
+    for (int64_t k = n_lanes; k < n; ++k) {  // only F16/F32/BF16 rows have a tail
+      float w;
+      if (type == DType::F16)
+        w = fp16_to_fp32(static_cast<const uint16_t*>(rows[s])[k]);
+      else if (type == DType::BF16)
+        w = bf16_to_fp32(static_cast<const uint16_t*>(rows[s])[k]);
+      else
+        w = static_cast<const float*>(rows[s])[k];
       sum = std::fma(w, x[k], sum);
     }
     out[s] = sum;

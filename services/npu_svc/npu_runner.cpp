@@ -61,10 +61,12 @@ void NpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
       throw Error(Errc::invalid_argument, "npu: " + op_where(*op, i) + " has unknown graph mode " +
                                               std::to_string(op->npu_mode));
     if (op->weight) {
-      const DType t = static_cast<DType>(op->weight->dtype());
-      if (t != DType::F32 && t != DType::F16 && t != DType::Q8_0 && t != DType::Q4_0)
+      // Every core/dtype.h type: the emulator dequantises each on the fly (W4A16 for the
+      // 4-bit K and legacy types), fp16 activations in and out (npu_gemm.h).
+      const auto raw = static_cast<uint32_t>(op->weight->dtype());
+      if (!dtype_known(raw))
         throw Error(Errc::unsupported,
-                    "npu: " + op_where(*op, i) + " has an unsupported weight type");
+                    "npu: " + op_where(*op, i) + " has unknown weight type " + std::to_string(raw));
     }
   }
   validate_program(program, mem);  // TensorRefs against the segments, shapes, row ranges

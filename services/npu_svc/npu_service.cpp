@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/npu_timing.h"
+#include "core/quant.h"
 #include "core/service.h"
 #include "shm/doorbell_step.h"
 
@@ -57,12 +58,15 @@ void fill_weights(std::vector<uint8_t>& bytes, DType type, int64_t rows, int64_t
   }
   const size_t block = dtype_block_bytes(type);
   const uint16_t small = fp32_to_fp16(0.01f);
+  const std::vector<size_t> scales = block_scale_offsets(type);  // d (and m/dmin) of a block
   for (size_t off = 0; off + block <= bytes.size(); off += block) {
     if (type == DType::F32) {
       const float f = 0.01f;
       std::memcpy(&bytes[off], &f, 4);
+    } else if (scales.empty()) {
+      std::memcpy(&bytes[off], &small, 2);  // an F16/BF16 element
     } else {
-      std::memcpy(&bytes[off], &small, 2);  // F16 element, or the Q8_0/Q4_0 block scale
+      for (size_t s : scales) std::memcpy(&bytes[off + s], &small, 2);
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,7 +11,9 @@
 
 #include "core/error.h"
 #include "core/gguf.h"
+#include "core/gguf_writer.h"
 #include "core/model.h"
+#include "core/quant.h"
 #include "reference_data.h"
 
 namespace duet {
@@ -135,9 +138,9 @@ TEST_F(BadGguf, TensorDataPastTheEnd) {
 
 TEST_F(BadGguf, UnknownTensorType) {
   const size_t at = after_string("blk.0.attn_q.weight");  // then n_dims u32, 2 dims u64, type u32
-  patch<uint32_t>(at + 4 + 16, 3);                        // Q4_1
+  patch<uint32_t>(at + 4 + 16, 10);                       // Q2_K
   expect_open_error("type.gguf", Errc::unsupported,
-                    "\"blk.0.attn_q.weight\" has unknown or unsupported tensor type 3");
+                    "\"blk.0.attn_q.weight\" has unknown or unsupported tensor type 10");
 }
 
 TEST_F(BadGguf, AbsurdCounts) {
@@ -177,6 +180,60 @@ TEST_F(BadGguf, HyperparameterThatDisagreesWithTheTensors) {
   const std::string path = write("ffn.gguf");
   expect_error([&] { LlamaModel::load(path); }, Errc::bad_format,
                "\"blk.0.ffn_gate.weight\" has dims [256, 704]");
+}
+
+TEST_F(BadGguf, NonFiniteScaleIsALoadError) {
+  // blk.0.attn_q.weight is Q8_0 [256, 256] in the fortune file: find its data and make the scale
+  // of row 1's block 3 an fp16 NaN.
+  const auto f = GgufFile::open(testdata::fortune_model("q8_0"));
+  const GgufTensorInfo& t = f->tensor("blk.0.attn_q.weight");
+  ASSERT_EQ(t.type, DType::Q8_0);
+  const size_t block = static_cast<size_t>(t.dims[0] / 32 + 3);
+  patch<uint16_t>(t.offset + block * sizeof(BlockQ8_0), 0x7e00);
+  const std::string path = write("nan.gguf");
+  expect_error([&] { LlamaModel::load(path); }, Errc::bad_format,
+               "\"blk.0.attn_q.weight\" (Q8_0) row 1 block 3 has a scale that is not finite");
+  patch<uint16_t>(t.offset + block * sizeof(BlockQ8_0), 0xfc00);  // -Inf
+  const std::string inf = write("inf.gguf");
+  expect_error([&] { LlamaModel::load(inf); }, Errc::bad_format, "not finite");
+}
+
+// A one-tensor file of a K type: [cols, rows] of rows x cols random weights, quantised.
+std::string write_k_file(const fs::path& dir, DType type, int64_t cols, int64_t rows) {
+  GgufWriter w;
+  w.set_string("general.architecture", "llama");
+  std::vector<float> x(static_cast<size_t>(cols * rows));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i) * 0.37f);
+  std::vector<uint8_t> q(static_cast<size_t>(rows) * dtype_row_bytes(type, cols));
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row(type, x.data() + r * cols, q.data() + r * dtype_row_bytes(type, cols), cols);
+  w.add_tensor("w", type, {cols, rows}, std::move(q));
+  const std::string path = (dir / (std::string(dtype_name(type)) + ".gguf")).string();
+  w.write(path);
+  return path;
+}
+
+TEST_F(BadGguf, KQuantRowsMustBeWholeSuperBlocks) {
+  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    const std::string path = write_k_file(dir_, type, 512, 3);
+    bytes_ = read_bytes(path);
+    const auto f = GgufFile::open(path);
+    EXPECT_EQ(f->tensor("w").bytes, 3 * 2 * dtype_block_bytes(type));
+    const size_t at = after_string("w");  // then n_dims u32, ne0 u64
+    patch<uint64_t>(at + 4, 384);         // 1.5 super-blocks per row
+    expect_open_error("rows.gguf", Errc::bad_format,
+                      "row of 384 elements is not a whole number of " +
+                          std::string(dtype_name(type)) + " blocks (256 weights each)");
+  }
+}
+
+TEST_F(BadGguf, TruncatedSuperBlock) {
+  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    bytes_ = read_bytes(write_k_file(dir_, type, 256, 4));
+    bytes_.resize(bytes_.size() - dtype_block_bytes(type) / 2);  // half of the last super-block
+    expect_open_error("cut.gguf", Errc::bad_format, "\"w\" data");
+    expect_open_error("cut.gguf", Errc::bad_format, "runs past the end of the file");
+  }
 }
 
 }  // namespace

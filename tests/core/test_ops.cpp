@@ -95,7 +95,8 @@ TEST_P(MatmulTest, ThreadCountAndRowSplitDoNotChangeResults) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTest,
-                         ::testing::Values(DType::F32, DType::F16, DType::Q8_0, DType::Q4_0),
+                         ::testing::Values(DType::F32, DType::F16, DType::Q8_0, DType::Q4_0,
+                                           DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 TEST(Ops, MatmulHandlesRowsThatAreNotAMultipleOfEightLanes) {

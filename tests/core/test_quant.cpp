@@ -17,7 +17,8 @@ TEST(Dtype, SizesMatchGgml) {
   EXPECT_EQ(dtype_row_bytes(DType::Q4_0, 4096), 4096u / 32 * 18);
   EXPECT_EQ(dtype_row_bytes(DType::F16, 5), 10u);
   EXPECT_TRUE(dtype_known(8));
-  EXPECT_FALSE(dtype_known(3));  // Q4_1 is a GGML type duet does not read
+  EXPECT_TRUE(dtype_known(3));    // Q4_1
+  EXPECT_FALSE(dtype_known(10));  // Q2_K is a GGML type duet does not read
   EXPECT_THROW(dtype_row_bytes(DType::Q8_0, 33), Error);
 }
 

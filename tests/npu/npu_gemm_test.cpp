@@ -87,6 +87,36 @@ TEST(NpuGemm, MatchesReferenceMatmulForEveryWeightTypeAtOddSizes) {
   }
 }
 
+// W4A16 and friends: the K types (256-weight super-blocks), the legacy 32-blocks with offsets
+// and BF16, dequantised on the fly, equal to the reference op at odd sizes; a token's outputs
+// the same bits alone or batched (decode reads stored rows, prefill dequantised tiles).
+TEST(NpuGemm, EveryNewWeightTypeMatchesTheReferenceAndIsBatchInvariant) {
+  npu::NpuGemm gemm(2);
+  uint32_t seed = 300;
+  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                     DType::BF16}) {
+    for (int64_t m : {1, 31, 33, 257}) {
+      for (int64_t k : {256, 768}) {
+        const Weights w = make_weights(type, m, k, seed++);
+        for (int64_t n : {1, 3, 20, 33}) {
+          const std::vector<float> x = make_activations(n, k, seed++);
+          std::vector<float> want(n * m), got(n * m);
+          ops::matmul(w.matrix(), x.data(), static_cast<int>(n), want.data());
+          gemm.matmul(w.matrix(), x.data(), k, n, got.data(), m);
+          expect_close(w, x, n, got, want, 0, m);
+          std::vector<float> alone(m);
+          for (int64_t t : {int64_t{0}, n - 1}) {
+            gemm.matmul(w.matrix(), x.data() + t * k, k, 1, alone.data(), m);
+            for (int64_t r = 0; r < m; ++r)
+              ASSERT_EQ(got[t * m + r], alone[r])
+                  << dtype_name(type) << " m=" << m << " k=" << k << " n=" << n << " t=" << t;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(NpuGemm, LargeShapesSpanSeveralTilesAndThreads) {
   npu::NpuGemm gemm(3);
   const Weights w = make_weights(DType::Q4_0, 600, 2048, 7);  // several 128-row tiles

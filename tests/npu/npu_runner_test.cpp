@@ -4,9 +4,11 @@
 // clear errors; graph modes (exact, padding, online preparation, pipe) charge modelled time.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -15,6 +17,7 @@
 #include "core/model.h"
 #include "core/npu_timing.h"
 #include "core/program.h"
+#include "core/shapes.h"
 #include "services/npu_svc/npu_runner.h"
 #include "tests/support/error_code.h"
 #include "tests/support/local_flags.h"
@@ -154,6 +157,41 @@ TEST(NpuRunner, NpuOnlyPlanMatchesTheReferenceForwardInFp16) {
     }
     EXPECT_GT(run.last().modeled_us, 0.0);
   }
+}
+
+// The K-quant mixes (Q4_K/Q5_K matrices with Q6_K attn_v, ffn_down and tied embeddings) on the
+// NPU: every matmul dequantises its format on the fly and equals the reference forward in fp16.
+TEST(NpuRunner, NpuOnlyPlanOnKQuantMixesMatchesTheReferenceForward) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("duet-npu-kquant-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const char* preset : {"q4_k_m", "q5_k_m", "q6_k"}) {
+    SCOPED_TRACE(preset);
+    SyntheticModelOptions o;
+    o.preset = preset;
+    o.n_vocab = 2048;
+    o.n_ctx = 128;
+    o.weight_std = 0.08f;
+    const std::string path = (dir / (std::string(preset) + ".gguf")).string();
+    write_synthetic_model(model_shape("tiny-llama3-256"), o, path);
+    auto m = LlamaModel::load(path);
+    ASSERT_EQ(m->layers[1].w_down.type, DType::Q6_K);
+    Plan plan = Plan::npu_only();
+    plan.npu_mode = NpuGraphMode::padding;
+    TwoDeviceRun run(*m, plan, 16);
+    run.compile_for(16, 16);
+    run.compile_for(1, 1);
+    ReferenceForward ref(*m, 64);
+    const int V = m->hp().n_vocab;
+    const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263, 1243, 292, 322, 42};
+    expect_fp16_agreement(run.step(prompt, 0, true), ref.forward(prompt, true), V, "prefill");
+    int pos = static_cast<int>(prompt.size());
+    for (int32_t tok : {100, 7, 1500}) {
+      const std::vector<int32_t> one = {tok};
+      expect_fp16_agreement(run.step(one, pos++, false), ref.forward(one, false), V, "decode");
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(NpuRunner, MissingGraphsFailTheStepUnlessOnlinePreparationPaysForThem) {

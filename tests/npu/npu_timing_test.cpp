@@ -182,6 +182,27 @@ TEST(NpuTiming, MoreCoresAndFasterClocksHelpComputeBoundShapes) {
   EXPECT_NEAR(t.total_us, t.launch_us + std::max(t.compute_us, t.dma_us), 1e-9);
 }
 
+// Weights stream from DRAM in their stored format: a decode matmul moves m*k times the format's
+// bytes per weight (Q4_K 144/256, Q5_K 176/256, Q6_K 210/256, Q4_0 18/32, ...), the rest of its
+// traffic (fp16 activations in and out) is the same for every format.
+TEST(NpuTiming, ChargesEachFormatsRealBytesPerWeight) {
+  const int64_t m = 4096, k = 4096;
+  const double f16 = npu_timing(gen3(), matmul(m, k, 1, DType::F16)).dma_bytes;
+  const struct {
+    DType type;
+    double bytes_per_weight;
+  } cases[] = {{DType::Q4_K, 144.0 / 256}, {DType::Q5_K, 176.0 / 256}, {DType::Q6_K, 210.0 / 256},
+               {DType::Q4_0, 18.0 / 32},   {DType::Q4_1, 20.0 / 32},   {DType::Q5_0, 22.0 / 32},
+               {DType::Q5_1, 24.0 / 32},   {DType::Q8_0, 34.0 / 32},   {DType::BF16, 2.0}};
+  for (const auto& c : cases) {
+    const NpuTiming t = npu_timing(gen3(), matmul(m, k, 1, c.type));
+    EXPECT_DOUBLE_EQ(t.dma_bytes - f16, static_cast<double>(m * k) * (c.bytes_per_weight - 2.0))
+        << dtype_name(c.type);
+  }
+  EXPECT_LT(npu_timing(gen3(), matmul(m, k, 1, DType::Q4_K)).dma_us,
+            npu_timing(gen3(), matmul(m, k, 1, DType::Q6_K)).dma_us);
+}
+
 TEST(NpuTiming, RejectsShapesTheNpuDoesNotRun) {
   OpShape norm = matmul(4096, 4096, 1);
   norm.kind = OpKind::RmsNorm;
