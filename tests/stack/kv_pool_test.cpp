@@ -136,9 +136,10 @@ std::vector<float> read_floats(const std::string& path) {
   return v;
 }
 
-// gpu_svc's f16 KV kernels (the stack's default KV type) against the fp32 oracle (the reference
-// plan, in the frontend): every position's logits within the f16 gate of
-// ProgramEngine.F16KvPagesStayWithinTheGateOfTheFp32Reference.
+// gpu_svc's f16 KV kernels (the stack's default KV type) against the fp32 oracle (`duet eval`
+// without a stack: core ReferenceForward in the CLI): every position's logits within the f16
+// gate of ProgramEngine.F16KvPagesStayWithinTheGateOfTheFp32Reference. The stack's own reference
+// plan follows its KV type (f16 rows); its distance is printed beside.
 TEST_F(KvPoolStack, GpuSvcF16KvLogitsStayWithinTheGateOfTheFp32Reference) {
   constexpr float kGate = 0.02f;
   CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 64M");
@@ -147,19 +148,30 @@ TEST_F(KvPoolStack, GpuSvcF16KvLogitsStayWithinTheGateOfTheFp32Reference) {
   std::string ids = "1";
   for (int i = 0; i < 47; ++i) ids += " " + std::to_string(100 + 37 * i);
   const std::string gpu = (dir_ / "gpu.f32").string(), ref = (dir_ / "ref.f32").string();
-  for (const auto& [plan, out] : {std::pair{"gpu-only", gpu}, std::pair{"reference", ref}}) {
+  const std::string stack_ref = (dir_ / "stack-ref.f32").string();
+  for (const auto& [plan, out] : {std::pair{"gpu-only", gpu}, std::pair{"reference", stack_ref}}) {
     CliResult r = run_duet(
         "eval --stack " + id_ + " --plan " + plan + " --ids '" + ids + "' --logits-out " + out,
         "timeout 120");
     ASSERT_EQ(r.rc, 0) << plan << ": " << r.out;
   }
-  const std::vector<float> a = read_floats(gpu), b = read_floats(ref);
+  CliResult oracle = run_duet("eval --ids '" + ids + "' --logits-out " + ref, "timeout 120");
+  ASSERT_EQ(oracle.rc, 0) << oracle.out;
+  const std::vector<float> a = read_floats(gpu), b = read_floats(ref), c = read_floats(stack_ref);
   ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(c.size(), b.size());
   ASSERT_GT(a.size(), 48u * 1000);
-  float worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  std::printf("[ kv ] gpu_svc f16 KV vs fp32 oracle, 48 positions: max |logit diff| %.5f\n", worst);
+  float worst = 0, to_f16_reference = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - b[i]));
+    to_f16_reference = std::max(to_f16_reference, std::abs(a[i] - c[i]));
+  }
+  std::printf(
+      "[ kv ] gpu_svc f16 KV, 48 positions: max |logit diff| %.5f to the fp32 oracle, "
+      "%.5f to the stack's f16 reference plan\n",
+      worst, to_f16_reference);
   EXPECT_LT(worst, kGate);
+  EXPECT_GT(worst, 0.0f);
 }
 
 }  // namespace
