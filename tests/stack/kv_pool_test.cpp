@@ -128,6 +128,32 @@ TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnToken
       << "no admission ever waited for KV: the test did not press the pool";
 }
 
+// A pool larger than gpu_svc's largest buffer (made small here, DUET_GPU_KV_MAX_BUFFER) runs as
+// one buffer per group of layers with the tokens of one buffer; a buffer too small for one layer
+// is refused with the reason, not left hanging.
+TEST_F(KvPoolStack, PoolMappedInPiecesGivesTheTokensOfOneBuffer) {
+  // tiny-fortune at f16 with 48 MiB: 6 layers of 8 MiB; 17 MiB buffers hold 2 layers each.
+  const std::string gen = "generate --stack " + id_ + " --max-tokens 24 --ignore-eos --json ";
+  auto ids_of = [&](const std::string& env) {
+    CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 48M", env);
+    EXPECT_EQ(up.rc, 0) << up.out;
+    CliResult r = run_duet(gen + "'The man who'", "timeout 60");
+    run_duet("stack down --stack " + id_);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    return j.is_discarded() ? nlohmann::json(r.out) : j["ids"];
+  };
+  const nlohmann::json one = ids_of("");
+  EXPECT_EQ(one.size(), 24u);
+  EXPECT_EQ(ids_of("DUET_GPU_KV_MAX_BUFFER=" + std::to_string(17 << 20)), one);
+  CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 48M",
+                          "DUET_GPU_KV_MAX_BUFFER=" + std::to_string(4 << 20));
+  ASSERT_EQ(up.rc, 0) << up.out;
+  CliResult r = run_duet(gen + "'The man who'", "timeout 60");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("largest buffer"), std::string::npos) << r.out;
+}
+
 std::vector<float> read_floats(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::vector<float> v;
