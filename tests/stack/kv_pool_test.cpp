@@ -71,6 +71,8 @@ TEST_F(KvPoolStack, FullTrainedContextComesUpAndAnswers) {
   EXPECT_GT(engine["kv_pages_total"].get<int>(), 0) << engine.dump();
   EXPECT_EQ(engine["kv_pages_used"], 0) << "pages outlived their request: " << engine.dump();
   EXPECT_LE(engine["kv_pool_bytes"].get<uint64_t>(), uint64_t{160} << 20) << engine.dump();
+  CliResult text = run_duet("status --stack " + id_);
+  EXPECT_NE(text.out.find("KV pages: 0 used"), std::string::npos) << text.out;
 }
 
 TEST_F(KvPoolStack, BudgetBelowOneSequenceIsRefusedAtStackUpWithTheReason) {
@@ -91,7 +93,8 @@ TEST_F(KvPoolStack, BudgetBelowOneSequenceIsRefusedAtStackUpWithTheReason) {
 // fails or is recomputed for lack of KV.
 TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnTokens) {
   // tiny-fortune at f16: 48 KiB pages of 16 tokens; 2 MiB hold 42 pages, one 512-position
-  // sequence 32. Each request: a short prompt + 40 tokens = 3 pages, 96 pages for the 32.
+  // sequence 32. Each request: a short prompt + 120 tokens = 8 pages, 256 pages for the 32: at
+  // most 5 run at once, the rest wait for pages.
   CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 2M");
   ASSERT_EQ(up.rc, 0) << up.out;
   ASSERT_NE(up.out.find("42 pages"), std::string::npos) << up.out;
@@ -99,7 +102,7 @@ TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnToken
                                            "Never",       "In the",    "Why",   "She said"};
   auto prompt = [&](int i) { return starts[i % 8] + " " + std::to_string(i); };
   const std::string gen = "'" DUET_BINARY_DIR "/bin/duet' generate --stack " + id_ +
-                          " --max-tokens 40 --ignore-eos --json ";
+                          " --max-tokens 120 --ignore-eos --json ";
   std::string all = "cd '" + dir_.string() + "' && (";
   for (int i = 0; i < 32; ++i)
     all += "timeout 120 " + gen + "'" + prompt(i) + "' > together" + std::to_string(i) + " 2>&1 & ";
@@ -113,11 +116,11 @@ TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnToken
   for (int i = 0; i < 32; ++i) {
     SCOPED_TRACE(prompt(i));
     CliResult alone = run_duet(
-        "generate --stack " + id_ + " --max-tokens 40 --ignore-eos --json '" + prompt(i) + "'",
+        "generate --stack " + id_ + " --max-tokens 120 --ignore-eos --json '" + prompt(i) + "'",
         "timeout 60");
     ASSERT_EQ(alone.rc, 0) << alone.out;
     const nlohmann::json want = nlohmann::json::parse(alone.out)["ids"];
-    ASSERT_EQ(want.size(), 40u);
+    ASSERT_EQ(want.size(), 120u);
     EXPECT_EQ(ids_in("together" + std::to_string(i)), want);
   }
   const nlohmann::json engine = frontend_status()["frontend"]["engine"];
