@@ -75,6 +75,31 @@ TEST_F(KvPoolStack, FullTrainedContextComesUpAndAnswers) {
   EXPECT_NE(text.out.find("KV pages: 0 used"), std::string::npos) << text.out;
 }
 
+// A 16k-token prompt through the stack on a small shape with a long trained context (issue 20's
+// CI form of the 1B at 16k): it prefills in pages taken as it grows, answers, and returns them.
+TEST_F(KvPoolStack, SixteenThousandTokenPromptGeneratesThroughTheStack) {
+  const std::string model = long_context_model();
+  CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 64M");
+  ASSERT_EQ(up.rc, 0) << up.out;
+  const std::vector<std::string> words = {"alpha", "beta",  "gamma", "delta", "river",
+                                          "stone", "cloud", "music", "paper", "light"};
+  std::string prompt;
+  for (int i = 0; i < 6000; ++i) prompt += words[(i * 7 + i / 10) % 10] + " ";
+  const std::string file = (dir_ / "prompt.txt").string();
+  std::ofstream(file) << prompt;
+  CliResult gen = run_duet(
+      "generate --stack " + id_ + " --max-tokens 4 --ignore-eos --json \"$(cat " + file + ")\"",
+      "timeout 150");
+  ASSERT_EQ(gen.rc, 0) << gen.out.substr(0, 2000);
+  const nlohmann::json j = nlohmann::json::parse(gen.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << gen.out.substr(0, 2000);
+  EXPECT_GE(j["stats"]["prompt_tokens"].get<int>(), 16384);
+  EXPECT_EQ(j["ids"].size(), 4u);
+  std::printf("[ kv ] %d-token prompt: TTFT %.0f ms\n", j["stats"]["prompt_tokens"].get<int>(),
+              j["stats"]["ttft_ms"].get<double>());
+  EXPECT_EQ(frontend_status()["frontend"]["engine"]["kv_pages_used"], 0);
+}
+
 TEST_F(KvPoolStack, BudgetBelowOneSequenceIsRefusedAtStackUpWithTheReason) {
   const std::string model = long_context_model();
   CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 1M");
