@@ -86,6 +86,16 @@ void print_human(const std::string& stack, const nlohmann::json& sup, const nloh
               num(m, "modeled", "tpot_ms"), num(m, "modeled", "tokens_per_s"));
   std::printf("  KV bytes copied %.0f, restarts seen %.0f\n", m.value("kv_bytes_copied", 0.0),
               m.value("restarts_seen", 0.0));
+  // The KV page pool (issue 20), once the engine is built (the first request builds it).
+  const nlohmann::json& e = fe.contains("engine") ? fe["engine"] : nlohmann::json::object();
+  if (e.contains("kv_pages_total"))
+    std::printf(
+        "  KV pages: %.0f used, %.0f free of %.0f (%s, %.0f B each), %.0f promised to "
+        "running requests, %.0f admissions waited for KV\n",
+        e.value("kv_pages_used", 0.0), e.value("kv_pages_free", 0.0),
+        e.value("kv_pages_total", 0.0), e.value("kv_type", "?").c_str(),
+        e.value("kv_page_bytes", 0.0), e.value("kv_pages_promised", 0.0),
+        e.value("kv_reserve_refusals", 0.0));
 }
 
 int run_status(const StatusArgs& a) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/fp16.h"
 
 namespace duet {
 
@@ -54,6 +55,10 @@ std::vector<float> ReferenceForward::forward(std::span<const int32_t> tokens, bo
     }
     ops::rope(q_.data(), n, hp.n_head, hp.head_dim, positions.data(), rope);
     ops::rope(k_rows, n, hp.n_head_kv, hp.head_dim, positions.data(), rope);
+    if (kv_f16_)
+      for (float* rows : {k_rows, v_rows})
+        for (int64_t i = 0; i < int64_t{n} * kv_dim; ++i)
+          rows[i] = fp16_to_fp32(fp32_to_fp16(rows[i]));
     ops::attention(q_.data(), k_cache_[l].data(), v_cache_[l].data(), n, positions.data(),
                    hp.n_head, hp.n_head_kv, hp.head_dim, att_.data());
     ops::matmul(w.wo, att_.data(), n, proj_.data());

@@ -44,7 +44,8 @@ void KvPool::reserve(uint64_t seq_id, uint32_t want) {
                                         " (a larger --kv-memory)");
   const uint32_t others = promised_not_taken() - (s.reserved > s.pages ? s.reserved - s.pages : 0);
   const uint32_t free_now = pages->free_count();
-  const uint32_t extra = want - std::max(s.reserved, s.pages);
+  // Free pages not promised to others (its own promise is among them) must cover its growth.
+  const uint32_t extra = want - s.pages;
   if (want > s.pages && (free_now < others || free_now - others < extra)) {
     ++reserve_refusals;
     throw Error(Errc::busy, "KV cache full: sequence " + std::to_string(seq_id) + " needs " +

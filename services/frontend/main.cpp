@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
         config.max_ctx = std::atoi(env_or("DUET_MAX_CTX", "0").c_str());
         frontend::FrontendOptions options;
         config.max_seqs = options.max_running;
+        config.kv_type = parse_kv_type(env_or("DUET_KV_TYPE", "f16"));
         const bool two_lanes = plan != "reference" && env_or("DUET_AGENT", "on") != "off";
         if (plan != "reference") {
           // The KV pool by memory (core/kv_budget.h): `duet stack up` planned it already and
@@ -87,7 +88,6 @@ int main(int argc, char** argv) {
           const std::string budget_text = env_or("DUET_KV_MEMORY", "");
           const uint64_t budget =
               budget_text.empty() ? default_kv_memory_bytes() : parse_memory_size(budget_text);
-          config.kv_type = parse_kv_type(env_or("DUET_KV_TYPE", "f16"));
           KvPoolRequest request = kv_pool_request(
               LlamaModel::load(config.model_path)->hp(), config.max_ctx, config.max_seqs,
               two_lanes ? static_cast<int>(frontend::StackEngineConfig::kKvSharers) : 1, budget);

@@ -57,13 +57,13 @@ void ProgramEngine::ensure_pages(uint64_t seq_id, int positions) {
       (static_cast<uint32_t>(positions) + options_.page_tokens - 1) / options_.page_tokens;
   KvPool::Sequence& seq = kv_->seqs.at(seq_id);
   if (need <= seq.pages) return;
-  // Past its promise a sequence may only take pages nobody else was promised.
+  // A sequence may take only pages nobody else was promised (its own promise is among them).
   const uint32_t own_promise = seq.reserved > seq.pages ? seq.reserved - seq.pages : 0;
-  const uint32_t beyond = need - seq.pages > own_promise ? need - seq.pages - own_promise : 0;
   const uint32_t others = kv_->promised_not_taken() - own_promise;
-  if (beyond > 0 && kv_->pages->free_count() < others + beyond)
-    throw Error(Errc::busy, "KV cache full: sequence " + std::to_string(seq_id) + " grows " +
-                                std::to_string(beyond) + " pages past what it reserved");
+  if (kv_->pages->free_count() < others + (need - seq.pages))
+    throw Error(Errc::busy, "KV cache full: sequence " + std::to_string(seq_id) + " needs " +
+                                std::to_string(need - seq.pages) +
+                                " more pages than are free and not promised to others");
   kv_->pages->alloc(need - seq.pages, seq_id);  // Error(busy) when the cache is full
   seq.pages = need;
 }

@@ -265,7 +265,9 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   auto model = LlamaModel::load(c.model_path);
   auto sources = std::make_shared<PlanSources>();
   if (plan == "reference") {
-    auto engine = std::make_unique<ReferenceEngine>(*model);
+    ReferenceEngineOptions ro;
+    ro.kv_f16 = c.kv_type == DType::F16;
+    auto engine = std::make_unique<ReferenceEngine>(*model, ro);
     return std::make_unique<AnnotatedEngine>(std::move(model), std::move(engine),
                                              std::move(sources));
   }

@@ -186,7 +186,7 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
   p->arena = wrap(mem.arena, mem.arena_bytes, false);
   if (mem.kv)
     p->kv = map_kv_pieces(
-        *program.kv, mem.kv, mem.kv_bytes, dev_.info().max_alloc_bytes,
+        *program.kv, mem.kv, mem.kv_bytes, kv_buffer_limit(dev_.info().max_alloc_bytes),
         [this](const void* host, uint64_t bytes) { return wrap(host, bytes, false); });
   p->prog = std::move(program);
   programs_[id] = std::move(p);

@@ -1,5 +1,7 @@
 #include "services/gpu_svc/kv_pieces.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -39,6 +41,17 @@ KvPieces map_kv_pieces(const fb::KvLayoutT& kv, const uint8_t* base, uint64_t kv
     first = end;
   }
   return out;
+}
+
+uint64_t kv_buffer_limit(uint64_t device_max_bytes) {
+  const char* env = std::getenv("DUET_GPU_KV_MAX_BUFFER");
+  if (!env || !*env) return device_max_bytes;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  if (end == env || *end != '\0' || v == 0)
+    throw Error(Errc::invalid_argument, std::string("gpu_svc: DUET_GPU_KV_MAX_BUFFER='") + env +
+                                            "' is not a positive number of bytes");
+  return std::min<uint64_t>(device_max_bytes, v);
 }
 
 const KvPiece& KvPieces::of_layer(uint32_t layer) const {

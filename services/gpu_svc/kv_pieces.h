@@ -37,6 +37,11 @@ struct KvPieces {
 // of 4096 bytes of the segment (base must be page-aligned), and wraps each with `wrap`.
 // Error(out_of_range) when one layer's region alone exceeds max_buffer_bytes or the layout does
 // not fit kv_bytes.
+// The largest KV buffer to make: the device's largest buffer, or less where the environment says
+// so (DUET_GPU_KV_MAX_BUFFER, bytes: runs the pieces path on a host whose buffers are large; a
+// value that is not a positive whole number is refused by name).
+uint64_t kv_buffer_limit(uint64_t device_max_bytes);
+
 KvPieces map_kv_pieces(const fb::KvLayoutT& kv, const uint8_t* base, uint64_t kv_bytes,
                        uint64_t max_buffer_bytes,
                        const std::function<cl_mem(const void* host, uint64_t bytes)>& wrap);

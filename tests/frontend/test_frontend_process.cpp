@@ -46,6 +46,9 @@ class FrontendProcess : public ::testing::Test {
     if (pid_ == 0) {
       setenv("DUET_RUN_ROOT", root_.c_str(), 1);
       setenv("DUET_PLAN", "reference", 1);
+      // The fp32 oracle (a stack's reference plan follows its KV type, f16 by default): these
+      // tests compare it bit for bit with local `duet eval` and ReferenceForward.
+      setenv("DUET_KV_TYPE", "f32", 1);
       for (const auto& [name, value] : extra_env_) setenv(name.c_str(), value.c_str(), 1);
       const std::string exe = kBin + "frontend";
       execl(exe.c_str(), exe.c_str(), "--stack", "fetest", "--model", kModelPath.c_str(),

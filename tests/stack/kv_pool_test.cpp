@@ -71,6 +71,33 @@ TEST_F(KvPoolStack, FullTrainedContextComesUpAndAnswers) {
   EXPECT_GT(engine["kv_pages_total"].get<int>(), 0) << engine.dump();
   EXPECT_EQ(engine["kv_pages_used"], 0) << "pages outlived their request: " << engine.dump();
   EXPECT_LE(engine["kv_pool_bytes"].get<uint64_t>(), uint64_t{160} << 20) << engine.dump();
+  CliResult text = run_duet("status --stack " + id_);
+  EXPECT_NE(text.out.find("KV pages: 0 used"), std::string::npos) << text.out;
+}
+
+// A 16k-token prompt through the stack on a small shape with a long trained context (issue 20's
+// CI form of the 1B at 16k): it prefills in pages taken as it grows, answers, and returns them.
+TEST_F(KvPoolStack, SixteenThousandTokenPromptGeneratesThroughTheStack) {
+  const std::string model = long_context_model();
+  CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 64M");
+  ASSERT_EQ(up.rc, 0) << up.out;
+  const std::vector<std::string> words = {"alpha", "beta",  "gamma", "delta", "river",
+                                          "stone", "cloud", "music", "paper", "light"};
+  std::string prompt;
+  for (int i = 0; i < 6000; ++i) prompt += words[(i * 7 + i / 10) % 10] + " ";
+  const std::string file = (dir_ / "prompt.txt").string();
+  std::ofstream(file) << prompt;
+  CliResult gen = run_duet(
+      "generate --stack " + id_ + " --max-tokens 4 --ignore-eos --json \"$(cat " + file + ")\"",
+      "timeout 150");
+  ASSERT_EQ(gen.rc, 0) << gen.out.substr(0, 2000);
+  const nlohmann::json j = nlohmann::json::parse(gen.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << gen.out.substr(0, 2000);
+  EXPECT_GE(j["stats"]["prompt_tokens"].get<int>(), 16384);
+  EXPECT_EQ(j["ids"].size(), 4u);
+  std::printf("[ kv ] %d-token prompt: TTFT %.0f ms\n", j["stats"]["prompt_tokens"].get<int>(),
+              j["stats"]["ttft_ms"].get<double>());
+  EXPECT_EQ(frontend_status()["frontend"]["engine"]["kv_pages_used"], 0);
 }
 
 TEST_F(KvPoolStack, BudgetBelowOneSequenceIsRefusedAtStackUpWithTheReason) {
@@ -91,7 +118,8 @@ TEST_F(KvPoolStack, BudgetBelowOneSequenceIsRefusedAtStackUpWithTheReason) {
 // fails or is recomputed for lack of KV.
 TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnTokens) {
   // tiny-fortune at f16: 48 KiB pages of 16 tokens; 2 MiB hold 42 pages, one 512-position
-  // sequence 32. Each request: a short prompt + 40 tokens = 3 pages, 96 pages for the 32.
+  // sequence 32. Each request: a short prompt + 120 tokens = 8 pages, 256 pages for the 32: at
+  // most 5 run at once, the rest wait for pages.
   CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 2M");
   ASSERT_EQ(up.rc, 0) << up.out;
   ASSERT_NE(up.out.find("42 pages"), std::string::npos) << up.out;
@@ -99,7 +127,7 @@ TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnToken
                                            "Never",       "In the",    "Why",   "She said"};
   auto prompt = [&](int i) { return starts[i % 8] + " " + std::to_string(i); };
   const std::string gen = "'" DUET_BINARY_DIR "/bin/duet' generate --stack " + id_ +
-                          " --max-tokens 40 --ignore-eos --json ";
+                          " --max-tokens 120 --ignore-eos --json ";
   std::string all = "cd '" + dir_.string() + "' && (";
   for (int i = 0; i < 32; ++i)
     all += "timeout 120 " + gen + "'" + prompt(i) + "' > together" + std::to_string(i) + " 2>&1 & ";
@@ -113,11 +141,11 @@ TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnToken
   for (int i = 0; i < 32; ++i) {
     SCOPED_TRACE(prompt(i));
     CliResult alone = run_duet(
-        "generate --stack " + id_ + " --max-tokens 40 --ignore-eos --json '" + prompt(i) + "'",
+        "generate --stack " + id_ + " --max-tokens 120 --ignore-eos --json '" + prompt(i) + "'",
         "timeout 60");
     ASSERT_EQ(alone.rc, 0) << alone.out;
     const nlohmann::json want = nlohmann::json::parse(alone.out)["ids"];
-    ASSERT_EQ(want.size(), 40u);
+    ASSERT_EQ(want.size(), 120u);
     EXPECT_EQ(ids_in("together" + std::to_string(i)), want);
   }
   const nlohmann::json engine = frontend_status()["frontend"]["engine"];
@@ -128,6 +156,32 @@ TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnToken
       << "no admission ever waited for KV: the test did not press the pool";
 }
 
+// A pool larger than gpu_svc's largest buffer (made small here, DUET_GPU_KV_MAX_BUFFER) runs as
+// one buffer per group of layers with the tokens of one buffer; a buffer too small for one layer
+// is refused with the reason, not left hanging.
+TEST_F(KvPoolStack, PoolMappedInPiecesGivesTheTokensOfOneBuffer) {
+  // tiny-fortune at f16 with 48 MiB: 6 layers of 8 MiB; 17 MiB buffers hold 2 layers each.
+  const std::string gen = "generate --stack " + id_ + " --max-tokens 24 --ignore-eos --json ";
+  auto ids_of = [&](const std::string& env) {
+    CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 48M", env);
+    EXPECT_EQ(up.rc, 0) << up.out;
+    CliResult r = run_duet(gen + "'The man who'", "timeout 60");
+    run_duet("stack down --stack " + id_);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    return j.is_discarded() ? nlohmann::json(r.out) : j["ids"];
+  };
+  const nlohmann::json one = ids_of("");
+  EXPECT_EQ(one.size(), 24u);
+  EXPECT_EQ(ids_of("DUET_GPU_KV_MAX_BUFFER=" + std::to_string(17 << 20)), one);
+  CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 48M",
+                          "DUET_GPU_KV_MAX_BUFFER=" + std::to_string(4 << 20));
+  ASSERT_EQ(up.rc, 0) << up.out;
+  CliResult r = run_duet(gen + "'The man who'", "timeout 60");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("largest buffer"), std::string::npos) << r.out;
+}
+
 std::vector<float> read_floats(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::vector<float> v;
@@ -136,9 +190,10 @@ std::vector<float> read_floats(const std::string& path) {
   return v;
 }
 
-// gpu_svc's f16 KV kernels (the stack's default KV type) against the fp32 oracle (the reference
-// plan, in the frontend): every position's logits within the f16 gate of
-// ProgramEngine.F16KvPagesStayWithinTheGateOfTheFp32Reference.
+// gpu_svc's f16 KV kernels (the stack's default KV type) against the fp32 oracle (`duet eval`
+// without a stack: core ReferenceForward in the CLI): every position's logits within the f16
+// gate of ProgramEngine.F16KvPagesStayWithinTheGateOfTheFp32Reference. The stack's own reference
+// plan follows its KV type (f16 rows); its distance is printed beside.
 TEST_F(KvPoolStack, GpuSvcF16KvLogitsStayWithinTheGateOfTheFp32Reference) {
   constexpr float kGate = 0.02f;
   CliResult up = run_duet("stack up --stack " + id_ + " --kv-memory 64M");
@@ -147,19 +202,30 @@ TEST_F(KvPoolStack, GpuSvcF16KvLogitsStayWithinTheGateOfTheFp32Reference) {
   std::string ids = "1";
   for (int i = 0; i < 47; ++i) ids += " " + std::to_string(100 + 37 * i);
   const std::string gpu = (dir_ / "gpu.f32").string(), ref = (dir_ / "ref.f32").string();
-  for (const auto& [plan, out] : {std::pair{"gpu-only", gpu}, std::pair{"reference", ref}}) {
+  const std::string stack_ref = (dir_ / "stack-ref.f32").string();
+  for (const auto& [plan, out] : {std::pair{"gpu-only", gpu}, std::pair{"reference", stack_ref}}) {
     CliResult r = run_duet(
         "eval --stack " + id_ + " --plan " + plan + " --ids '" + ids + "' --logits-out " + out,
         "timeout 120");
     ASSERT_EQ(r.rc, 0) << plan << ": " << r.out;
   }
-  const std::vector<float> a = read_floats(gpu), b = read_floats(ref);
+  CliResult oracle = run_duet("eval --ids '" + ids + "' --logits-out " + ref, "timeout 120");
+  ASSERT_EQ(oracle.rc, 0) << oracle.out;
+  const std::vector<float> a = read_floats(gpu), b = read_floats(ref), c = read_floats(stack_ref);
   ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(c.size(), b.size());
   ASSERT_GT(a.size(), 48u * 1000);
-  float worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  std::printf("[ kv ] gpu_svc f16 KV vs fp32 oracle, 48 positions: max |logit diff| %.5f\n", worst);
+  float worst = 0, to_f16_reference = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - b[i]));
+    to_f16_reference = std::max(to_f16_reference, std::abs(a[i] - c[i]));
+  }
+  std::printf(
+      "[ kv ] gpu_svc f16 KV, 48 positions: max |logit diff| %.5f to the fp32 oracle, "
+      "%.5f to the stack's f16 reference plan\n",
+      worst, to_f16_reference);
   EXPECT_LT(worst, kGate);
+  EXPECT_GT(worst, 0.0f);
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // every computation in float, like the reference interpreter (core/program_interpreter.cpp).
 // Same arguments; the runner passes each layer's own region (pages_offset, page_bytes, layer 0).
 
-// KV row offset for 2-byte values: page p at pages_offset + p * page_bytes, [k|v][page_tokens][kv_dim].
+// KV row offset for 2-byte values: page p at pages_offset + p * page_bytes,
+// [k|v][page_tokens][kv_dim].
 inline ulong kv_row_offset_f16(global const int* page_table, uint pt_stride, int seq, int pos,
                                ulong pages_offset, ulong page_bytes, uint page_tokens, uint kv_dim,
                                uint layer, uint which) {
@@ -46,8 +47,7 @@ kernel void attention_f16(global const uchar* arena, ulong q_off, uint q_stride,
   const int pos = tok[4 * t + TOK_POS];
   const int seq = tok[4 * t + TOK_SEQ];
   const uint kv_head = h / (n_heads / n_kv_heads);
-  global const float* q =
-      (global const float*)(arena + q_off) + (ulong)t * q_stride + h * head_dim;
+  global const float* q = (global const float*)(arena + q_off) + (ulong)t * q_stride + h * head_dim;
   float acc[ATTN_MAX_HEAD_DIM];
   for (uint d = 0; d < head_dim; ++d) acc[d] = 0.0f;
   float running_max = -INFINITY;
@@ -74,12 +74,11 @@ kernel void attention_f16(global const uchar* arena, ulong q_off, uint q_stride,
 
 #if defined(__clang__)
 // attention_cpu (attention.cl) over half rows: the same chunks of 16 keys, vectors and order.
-kernel void attention_cpu_f16(global const uchar* arena, ulong q_off, uint q_stride,
-                              ulong out_off, uint out_stride, global const uchar* kv,
-                              ulong pages_offset, ulong page_bytes, uint page_tokens, uint kv_dim,
-                              uint layer, ulong tok_off, ulong pt_off, uint pt_stride,
-                              uint n_heads, uint n_kv_heads, uint head_dim, float scale,
-                              uint t_begin) {
+kernel void attention_cpu_f16(global const uchar* arena, ulong q_off, uint q_stride, ulong out_off,
+                              uint out_stride, global const uchar* kv, ulong pages_offset,
+                              ulong page_bytes, uint page_tokens, uint kv_dim, uint layer,
+                              ulong tok_off, ulong pt_off, uint pt_stride, uint n_heads,
+                              uint n_kv_heads, uint head_dim, float scale, uint t_begin) {
   const uint h = get_global_id(0);
   const uint t = t_begin + get_global_id(1);
   global const int* tok = (global const int*)(arena + tok_off);
@@ -88,8 +87,7 @@ kernel void attention_cpu_f16(global const uchar* arena, ulong q_off, uint q_str
   const int seq = tok[4 * t + TOK_SEQ];
   const uint kv_head = h / (n_heads / n_kv_heads);
   const uint nv = head_dim / 16;
-  global const float* q =
-      (global const float*)(arena + q_off) + (ulong)t * q_stride + h * head_dim;
+  global const float* q = (global const float*)(arena + q_off) + (ulong)t * q_stride + h * head_dim;
   float16 qv[ATTN_CPU_VECS], acc[ATTN_CPU_VECS];
 #pragma unroll
   for (uint v = 0; v < ATTN_CPU_VECS; ++v) {
