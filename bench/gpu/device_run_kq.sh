@@ -15,15 +15,24 @@ echo "nvidia opencl: ${nv:-none found}" | tee "$out/env.txt"
 [ -z "$nv" ] && exit 2
 mkdir -p /tmp/icd && echo "$nv" >/tmp/icd/nvidia.icd
 export OCL_ICD_VENDORS=/tmp/icd OCL_ICD_FILENAMES=$nv DUET_CACHE_DIR=/tmp/duet-cache
-[ -e /work/main ] || { mkdir -p /work && ln -s "$root" /work/main; }
+# Tests find their data through the path they were built in (the lead's tree or a worktree).
+for d in /work/main ${SRC_DIR:-}; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$root" "$d"; }; done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$out/env.txt" 2>&1
 status=0
-for t in ${TESTS:-gpu_kquant_matmul_test gpu_kernels_test gpu_packed_test}; do
-  "$dev/bin/$t" >"/tmp/$t.log" 2>&1 || status=1
+for t in ${TESTS:-gpu_kquant_matmul_test gpu_kernels_test gpu_packed_test gpu_runner_test}; do
+  filter=
+  [ "$t" = gpu_runner_test ] && filter=--gtest_filter=*KQuant*  # the K mixes, copies mode
+  "$dev/bin/$t" $filter >"/tmp/$t.log" 2>&1 || status=1
   cat "/tmp/$t.log" >>"$out/tests.log"
   echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "/tmp/$t.log" | tr '\n' ' ')"
 done
 "$dev/bin/gpu_bench" --reps ${REPS:-20} --paths 1,296 --path-types Q4_0,Q8_0,Q4_K,Q6_K \
   --path-shapes 8192x2048,2048x8192 >"$out/paths.json" 2>"$out/bench.err" || status=1
+# GEMV GB/s (kernel profiling time) of every type next to the copy, both shapes.
+for shape in "8192 2048" "2048 8192"; do
+  set -- $shape
+  "$dev/bin/gpu_bench" --reps 20 --gemv-rows $1 --gemv-cols $2 --gemm-tokens 16 --copy-mb 256 \
+    >"$out/gemv_$1x$2.json" 2>>"$out/bench.err" || status=1
+done
 cat "$out/bench.err"
 exit $status

@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
     // processes lands on both sides of a ratio; each number is the best over the rounds, and
     // "rounds" keeps each round's own ratios.
     const duet::DType gemv_types[] = {duet::DType::Q4_0, duet::DType::Q8_0, duet::DType::F16,
-                                      duet::DType::F32};
+                                      duet::DType::F32,  duet::DType::Q4_K, duet::DType::Q6_K};
     const duet::OpShape gemm{duet::OpKind::MatMul, duet::DType::Q4_0, gemm_rows, gemm_cols,
                              gemm_tokens};
     const double gemm_flops = 2.0 * gemm_rows * gemm_cols * gemm_tokens;

@@ -196,7 +196,13 @@ const char* kernel_type_suffix(DType t) {
       return "q5_k";
     case DType::Q6_K:
       return "q6_k";
-    default:  // Q4_1, Q5_0, Q5_1 and BF16 have no gpu_svc kernels yet
+    case DType::Q4_1:  // fp32 kernels only (matmul_qx.cl)
+      return "q4_1";
+    case DType::Q5_0:
+      return "q5_0";
+    case DType::Q5_1:
+      return "q5_1";
+    default:  // BF16 has no gpu_svc kernels yet
       break;
   }
   throw Error(Errc::unsupported, "gpu_svc kernels do not read weight type " +

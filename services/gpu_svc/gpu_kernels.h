@@ -68,7 +68,8 @@ struct KvArgs {
   bool f16 = false;  // F16 values (kernels/kv_f16.cl), else F32
 };
 
-// Q4_0/Q8_0 matmuls on CPU devices (PoCL on x86) quantise their input rows per 32-value block
+// Q4_0/Q8_0 and K-quant (Q4_K/Q5_K/Q6_K: matmul_kq_cpu.cl, gpu_kernels_kq.cpp) matmuls on
+// CPU devices (PoCL on x86) quantise their input rows per 32-value block
 // and run integer block dot products (kernels/matmul_int8.cl; llama.cpp's scheme): faster, and
 // batch-invariant (a token's output bits do not depend on the other tokens of the launch). On
 // by default there; the environment variable DUET_GPU_INT8_MATMUL=0 turns it off (the fp32

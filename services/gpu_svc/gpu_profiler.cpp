@@ -102,6 +102,9 @@ OpMeasurement measure_op(GpuKernels& kernels, const OpShape& s, uint32_t reps) {
     case OpKind::Embed:
       if (k == 0 || k % kQK != 0)
         throw Error(Errc::invalid_argument, "profile: k must be a positive multiple of 32");
+      if (dtype_is_k_quant(s.wtype) && k % kQK_K != 0)
+        throw Error(Errc::invalid_argument,
+                    "profile: k of a K-quant weight must be a multiple of 256");
       kernel_type_suffix(s.wtype);
       weights_host = random_rows(s.wtype, m, k, 7);
       break;

@@ -185,6 +185,8 @@ TEST_P(KQuantInt8Matmul, StaysCloseToTheFp64MatmulOfTheDequantisedWeights) {
     f.arena.download();
     const double worst =
         worst_relative_error(f.wbytes, type, s, f.x, kBegin, n, f.arena.at<float>(f.y_off));
+    std::printf("%s, %d-bit activations, %u tokens: worst error %.3g of sum |w x|\n",
+                std::string(dtype_name(type)).c_str(), bits, n, worst);
     EXPECT_LT(worst, bits == 16 ? 5e-5 : 5e-3) << n << " tokens";
     EXPECT_GT(worst, 0.0) << "bit-equal to fp64: the integer path did not run";
   }
@@ -287,6 +289,81 @@ TEST_P(KQuantFloatMatmul, TheTestsDequantiserEqualsCores) {
 
 INSTANTIATE_TEST_SUITE_P(Types, KQuantFloatMatmul,
                          ::testing::Values(DType::Q4_K, DType::Q5_K, DType::Q6_K),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// Q4_1, Q5_0, Q5_1 (the mixes' fallbacks; fp32 kernels on every device, matmul_qx.cl): the GEMV
+// (coop and per-row), the GEMMs and the embedding lookup against core's quantiser and
+// dequantiser, on odd shapes.
+class LegacyQuantMatmul : public ::testing::TestWithParam<DType> {
+ protected:
+  const DType type = GetParam();
+  ClDevice& dev = shared_device();
+  GpuKernels kernels{dev};
+};
+
+TEST_P(LegacyQuantMatmul, GemvGemmAndEmbedAgreeWithTheDequantisedWeights) {
+  const uint32_t table = kBegin + 64;
+  for (const Shape& s : {Shape{1, 32, 0, 1}, Shape{31, 96, 0, 31}, Shape{257, 160, 3, 250}}) {
+    SCOPED_TRACE("rows " + std::to_string(s.rows) + " cols " + std::to_string(s.cols));
+    const auto wbytes = testing::random_weights(type, s.rows, s.cols, 3 + s.rows);
+    HostBuffer w(dev, 2 + wbytes.size());
+    std::memcpy(w.at(2), wbytes.data(), wbytes.size());
+    w.upload();
+    const auto x = random_floats(size_t{table} * s.cols, 4, 2.0f);
+    const uint64_t x_off = 4096 + uint64_t{table} * 16, y_off = x_off + x.size() * 4;
+    HostBuffer arena(dev, y_off + uint64_t{table} * s.rows * 4);
+    std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
+    arena.upload();
+    std::vector<float> dense(size_t{s.rows} * s.cols);
+    dequantize_row(type, wbytes.data(), dense.data(), int64_t{s.rows} * s.cols);
+    for (const bool coop : {true, false}) {
+      kernels.set_coop_gemv(coop);
+      for (const uint32_t n : {1u, 3u, 5u, 20u, 64u}) {
+        SCOPED_TRACE(std::to_string(n) + " tokens" + (coop ? ", coop GEMV" : ""));
+        run(kernels.matmul(arena.mem(), MatmulArgs{type,
+                                                   w.mem(),
+                                                   2,
+                                                   s.cols,
+                                                   x_off,
+                                                   s.cols,
+                                                   y_off,
+                                                   s.rows,
+                                                   s.row_begin,
+                                                   s.row_end,
+                                                   {kBegin, kBegin + n},
+                                                   0,
+                                                   false}));
+        arena.download();
+        for (uint32_t t = kBegin; t < kBegin + n; ++t)
+          for (uint32_t r = s.row_begin; r < s.row_end; ++r) {
+            double dot = 0, magnitude = 0;
+            for (uint32_t i = 0; i < s.cols; ++i) {
+              const double p = double{dense[size_t{r} * s.cols + i]} * x[size_t{t} * s.cols + i];
+              dot += p;
+              magnitude += std::fabs(p);
+            }
+            ASSERT_NEAR(arena.at<float>(y_off)[size_t{t} * s.rows + r], dot, 1e-5 * magnitude)
+                << "token " << t << " row " << r;
+          }
+      }
+    }
+    const int32_t ids[3] = {0, static_cast<int32_t>(s.rows - 1), static_cast<int32_t>(s.rows / 2)};
+    for (uint32_t t = 0; t < 3; ++t) arena.at<int32_t>(0)[4 * t] = ids[t];
+    arena.upload();
+    run(kernels.embed(arena.mem(), type, w.mem(), 2, s.cols, 0, x_off, s.cols, {0, 3}));
+    arena.download();
+    for (uint32_t t = 0; t < 3; ++t)
+      for (uint32_t i = 0; i < s.cols; ++i) {
+        const float want = dense[size_t(ids[t]) * s.cols + i];
+        ASSERT_NEAR(arena.at<float>(x_off)[size_t{t} * s.cols + i], want,
+                    1e-6f * (1.0f + std::fabs(want)))
+            << "token " << t << " col " << i;
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, LegacyQuantMatmul,
+                         ::testing::Values(DType::Q4_1, DType::Q5_0, DType::Q5_1),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 }  // namespace

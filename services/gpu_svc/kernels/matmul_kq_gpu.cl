@@ -10,17 +10,13 @@
 #define KQ_BYTES_q6_k 210
 
 // ggml's get_scale_min_k4: sub-block j's 6-bit scale and min from the 12 packed bytes at s.
+// Without a branch on j (the GEMV's lanes take different sub-blocks: no divergence).
 inline void kq_scale_min_k4(global const uchar* s, uint j, float* sc, float* m) {
-  uint a, b;
-  if (j < 4) {
-    a = s[j] & 63u;
-    b = s[j + 4] & 63u;
-  } else {
-    a = (s[j + 4] & 0xFu) | ((uint)(s[j - 4] >> 6) << 4);
-    b = (uint)(s[j + 4] >> 4) | ((uint)(s[j] >> 6) << 4);
-  }
-  *sc = (float)a;
-  *m = (float)b;
+  const uint i = j & 3u;
+  const uint a = s[i], b = s[i + 4], c = s[i + 8];
+  const uint high = j >> 2;
+  *sc = (float)(high ? (c & 0xFu) | ((a >> 6) << 4) : a & 63u);
+  *m = (float)(high ? (c >> 4) | ((b >> 6) << 4) : b & 63u);
 }
 
 // Sub-block j (32 weights: 16 in lo, 16 in hi) of the super-block at p, dequantised as ggml's
