@@ -22,8 +22,11 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/kv_budget.h"
 #include "core/messaging.h"
+#include "core/model.h"
 #include "core/run_dir.h"
+#include "core/stack_record.h"
 
 extern char** environ;
 
@@ -33,6 +36,8 @@ using namespace duet;
 using namespace std::chrono_literals;
 
 constexpr const char* kDefaultModel = "models/fortune-q8_0.gguf";
+// The frontend's running requests (FrontendOptions::max_running): what the KV pool is capped by.
+constexpr int kStackMaxRunning = 16;
 
 struct StackArgs {
   std::string stack;
@@ -43,6 +48,8 @@ struct StackArgs {
   std::string service;
   std::string http;          // [ADDR:]PORT: also run http_svc there
   std::string api_key_file;  // http_svc's bearer key
+  std::string kv_memory;     // the KV pool's budget (core/kv_budget.h); empty: the default
+  std::string kv_type;       // f16 (default) or f32
   int timeout_s = 30;
   int max_restarts = 5;
   int restart_window_ms = 10000;
@@ -88,10 +95,28 @@ std::optional<nlohmann::json> query_status(const std::string& run_dir,
 nlohmann::json require_status(const std::string& stack) {
   const std::string run_dir = run_dir_of(stack);
   const int pid = read_pid_file(run_dir);
-  if (pid != 0 && !process_alive(pid))
-    throw Error(Errc::unavailable, "stack '" + stack + "' is not up: its supervisor (pid " +
-                                       std::to_string(pid) + ") died; `duet stack down --stack " +
-                                       stack + "` or the next `up` reclaims what it left");
+  if (pid != 0 && !process_alive(pid)) {
+    // Its services outlive it: say which still run (they serve, but nothing restarts them).
+    std::string running, gone;
+    if (const auto record = read_stack_record(run_dir)) {
+      for (const ServiceRecord& svc : record->services) {
+        const int fd = open_recorded_process(svc);
+        std::string& list = fd >= 0 ? running : gone;
+        list += (list.empty() ? "" : ", ") + svc.name +
+                (fd >= 0 ? " pid " + std::to_string(svc.pid) : std::string());
+        if (fd >= 0) close(fd);
+      }
+    }
+    if (running.empty())
+      throw Error(Errc::unavailable, "stack '" + stack + "' is not up: its supervisor (pid " +
+                                         std::to_string(pid) + ") died; `duet stack down --stack " +
+                                         stack + "` or the next `up` reclaims what it left");
+    throw Error(Errc::unavailable,
+                "stack '" + stack + "' is degraded: its supervisor (pid " + std::to_string(pid) +
+                    ") died; still running, unsupervised: " + running +
+                    (gone.empty() ? "" : "; down: " + gone) + ". `duet stack up --stack " + stack +
+                    "` adopts them, `duet stack down --stack " + stack + "` stops them");
+  }
   auto status = query_status(run_dir);
   if (!status)
     throw Error(Errc::not_found, "stack '" + stack + "' is not up (no supervisor socket in " +
@@ -213,6 +238,49 @@ std::optional<std::string> read_ready_line(int fd, std::chrono::seconds timeout,
   }
 }
 
+// Plans the KV pool the frontend will make (core/kv_budget.h) before anything starts, so that a
+// setting the stack cannot serve (a budget too small for one sequence of the context, a pool
+// larger than /dev/shm) is refused here with the reason instead of failing requests later. The
+// budget goes to the frontend in bytes (DUET_KV_MEMORY): a restarted frontend makes the same
+// pool. Returns the line `up` prints about it.
+std::string plan_kv(const StackArgs& a, const std::string& model) {
+  const char* env_budget = std::getenv("DUET_KV_MEMORY");
+  const uint64_t budget = !a.kv_memory.empty()        ? parse_memory_size(a.kv_memory)
+                          : env_budget && *env_budget ? parse_memory_size(env_budget)
+                                                      : default_kv_memory_bytes();
+  setenv("DUET_KV_MEMORY", std::to_string(budget).c_str(), 1);
+  const char* env_plan = std::getenv("DUET_PLAN");
+  const std::string plan = !a.plan.empty() ? a.plan : env_plan && *env_plan ? env_plan : "auto";
+  if (plan == "reference") return "";
+  const char* env_ctx = std::getenv("DUET_MAX_CTX");
+  const int max_ctx = env_ctx && *env_ctx ? std::atoi(env_ctx) : 0;
+  const char* env_agent = std::getenv("DUET_AGENT");
+  const int sharers = env_agent && std::string(env_agent) == "off" ? 1 : 2;
+  const char* env_type = std::getenv("DUET_KV_TYPE");
+  const std::string type_text = !a.kv_type.empty()      ? a.kv_type
+                                : env_type && *env_type ? env_type
+                                                        : "f16";
+  const DType kv_type = parse_kv_type(type_text);
+  setenv("DUET_KV_TYPE", type_text.c_str(), 1);
+  KvPoolPlan kv;
+  try {
+    KvPoolRequest request =
+        kv_pool_request(LlamaModel::load(model)->hp(), max_ctx, kStackMaxRunning, sharers, budget);
+    request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
+    kv = plan_kv_pool(request);
+  } catch (const Error& e) {
+    throw Error(e.code(), "cannot start stack " + a.stack + ": " + e.what());
+  }
+  const uint64_t shm_free = shm_free_bytes();
+  if (kv.pool_bytes > shm_free)
+    throw Error(Errc::invalid_argument,
+                "cannot start stack " + a.stack + ": its KV pool (" + kv.summary() + ") needs " +
+                    format_bytes(kv.pool_bytes) + " of /dev/shm, which has " +
+                    format_bytes(shm_free) + " free: give a smaller --kv-memory");
+  return "KV pool: " + kv.summary() + " of " + std::string(dtype_name(kv_type)) + ", budget " +
+         format_bytes(budget);
+}
+
 void stack_up(const StackArgs& a) {
   validate_stack_id(a.stack);
   const std::string run_dir = run_dir_of(a.stack);
@@ -230,6 +298,7 @@ void stack_up(const StackArgs& a) {
     throw Error(Errc::not_found,
                 "API key file '" + a.api_key_file + "' does not exist or is not readable");
 
+  const std::string kv_note = plan_kv(a, model);
   // The supervisor passes its environment on to the services.
   if (!a.plan.empty()) setenv("DUET_PLAN", a.plan.c_str(), 1);
   if (!a.timing.empty()) setenv("DUET_TIMING", a.timing.c_str(), 1);
@@ -246,6 +315,7 @@ void stack_up(const StackArgs& a) {
         "stack %s is up: %d services healthy in %lld ms (supervisor pid %d, run dir %s)%s%s\n",
         a.stack.c_str(), a.http.empty() ? 4 : 5, static_cast<long long>(ms), pid, run_dir.c_str(),
         line->size() > 2 ? "\n  " : "", line->size() > 4 ? line->c_str() + 4 : "");
+    if (!kv_note.empty()) std::printf("  %s\n", kv_note.c_str());
     return;
   }
   if (line && line->starts_with("degraded: "))
@@ -341,6 +411,16 @@ void stack_status(const StackArgs& a) {
   std::printf("stack %s: %s (supervisor pid %d, up %s, run dir %s)\n", a.stack.c_str(),
               s.value("state", "?").c_str(), s.value("pid", 0), format_ms(s["uptime_ms"]).c_str(),
               s.value("run_dir", "?").c_str());
+  if (const auto& t = s["takeover"]; t.is_object()) {
+    auto names = [](const nlohmann::json& list) {
+      std::string out;
+      for (const auto& n : list) out += (out.empty() ? "" : ", ") + n.get<std::string>();
+      return out.empty() ? std::string("none") : out;
+    };
+    std::printf("  took over from dead supervisor pid %d: adopted %s; restarted %s\n",
+                t.value("from_supervisor_pid", 0), names(t["adopted"]).c_str(),
+                names(t["restarted"]).c_str());
+  }
   std::printf("%-11s %8s  %-12s %8s %9s %10s  %s\n", "SERVICE", "PID", "STATE", "UPTIME",
               "RESTARTS", "HEARTBEAT", "LAST EXIT");
   for (const auto& svc : s["services"])
@@ -431,6 +511,12 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
   up->add_option("--api-key-file", args->api_key_file,
                  "http_svc: require 'Authorization: Bearer <key>', the key being this file's "
                  "first line");
+  up->add_option("--kv-memory", args->kv_memory,
+                 "memory for the KV page pool, e.g. 2G or 512M (default: a quarter of the "
+                 "memory available; env DUET_KV_MEMORY)");
+  up->add_option("--kv-type", args->kv_type,
+                 "KV cache values: f16 (default, as llama.cpp) or f32 (env DUET_KV_TYPE)")
+      ->check(CLI::IsMember({"f16", "f32"}));
   up->add_option("--timeout", args->timeout_s, "seconds to wait for healthy")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));

@@ -34,7 +34,13 @@ void allow_model_dirs(const std::vector<std::string>& dirs) {
 std::vector<std::string> model_dirs_for(const std::string& model_path,
                                         const std::vector<std::string>& extra_dirs) {
   std::vector<std::string> dirs;
-  if (!model_path.empty()) dirs.push_back(fs::absolute(model_path).parent_path().string());
+  if (!model_path.empty()) {
+    dirs.push_back(fs::absolute(model_path).parent_path().string());
+    // The stack's own model may be a link (models/fortune-q8_0.gguf is): its file's directory too.
+    std::error_code ec;
+    const fs::path real = fs::canonical(model_path, ec);
+    if (!ec) dirs.push_back(real.parent_path().string());
+  }
   dirs.insert(dirs.end(), extra_dirs.begin(), extra_dirs.end());
   if (const char* env = std::getenv("DUET_MODEL_DIRS")) {
     std::stringstream ss(env);

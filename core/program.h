@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/plan.h"
 #include "schemas/program_generated.h"
 
@@ -44,10 +45,22 @@ struct KvGeometry {
   uint32_t n_pages = 0;
   uint32_t n_layers = 0;
   uint32_t kv_dim = 0;
+  uint32_t value_bytes = 4;   // 4 (F32) or 2 (F16)
   uint64_t pages_offset = 0;  // where page 0 starts in the KV segment (after the allocator header)
-  uint64_t page_bytes() const { return uint64_t{n_layers} * 2 * page_tokens * kv_dim * 4; }
+  uint64_t layer_page_bytes() const { return uint64_t{2} * page_tokens * kv_dim * value_bytes; }
+  uint64_t page_bytes() const { return uint64_t{n_layers} * layer_page_bytes(); }
   uint64_t bytes() const { return pages_offset + page_bytes() * n_pages; }
 };
+
+// The KV layout's arithmetic (schemas/program.fbs KvLayout: layer-major pages). Every runner
+// addresses KV through these.
+uint32_t kv_value_bytes(const fb::KvLayoutT& kv);  // 4 or 2; invalid_argument for other dtypes
+uint64_t kv_layer_page_bytes(const fb::KvLayoutT& kv);
+uint64_t kv_layer_stride(const fb::KvLayoutT& kv);  // bytes between two layers' regions
+uint64_t kv_layer_offset(const fb::KvLayoutT& kv, uint32_t layer);  // layer's region, from 0
+// K (which = 0) or V (which = 1) row `row` of `page` in `layer`, from the segment's start.
+uint64_t kv_row_offset(const fb::KvLayoutT& kv, uint32_t layer, uint32_t which, uint32_t page,
+                       uint32_t row);
 
 struct ProgramSpec {
   const LlamaModel* model = nullptr;
@@ -58,6 +71,7 @@ struct ProgramSpec {
   uint32_t max_ctx = 0;         // positions per sequence (0 = the model's context)
   uint32_t kv_pages = 0;        // pages in the KV segment (0 = max_seqs * pages per sequence)
   uint32_t page_tokens = 16;
+  DType kv_type = DType::F32;    // F32 or F16 values in the KV pages
   uint64_t kv_pages_offset = 0;  // shm::KvPages puts its header first: page 0 starts here
   uint32_t flag_base = 0;        // first flag index this pair of programs may use
   std::string name;

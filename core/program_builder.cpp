@@ -195,6 +195,10 @@ BuiltPrograms Builder::build() {
   out.kv.n_layers = static_cast<uint32_t>(hp.n_layer);
   out.kv.kv_dim = kv_dim;
   out.kv.pages_offset = spec_.kv_pages_offset;
+  if (spec_.kv_type != DType::F32 && spec_.kv_type != DType::F16)
+    throw Error(Errc::unsupported, "program spec: KV values of type " +
+                                       std::string(dtype_name(spec_.kv_type)) + " (F32 or F16)");
+  out.kv.value_bytes = spec_.kv_type == DType::F16 ? 2 : 4;
   out.max_pages_per_seq = (max_ctx + spec_.page_tokens - 1) / spec_.page_tokens;
   out.kv.n_pages = spec_.kv_pages ? spec_.kv_pages : out.max_pages_per_seq * spec_.max_seqs;
 
@@ -358,6 +362,7 @@ BuiltPrograms Builder::build() {
     prog.kv->page_bytes = out.kv.page_bytes();
     prog.kv->n_pages = out.kv.n_pages;
     prog.kv->pages_offset = out.kv.pages_offset;
+    prog.kv->dtype = static_cast<fb::DTypeCode>(spec_.kv_type);
   }
   out.arena = arena_;
   return out;

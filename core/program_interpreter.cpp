@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fp16.h"
 #include "core/ops.h"
 #include "core/program.h"
 
@@ -106,7 +107,7 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
   const fb::KvLayoutT& kv = *program.kv;
   if (kv.page_tokens == 0 || kv.kv_dim == 0)
     throw Error(Errc::invalid_argument, "program: KV layout with zero page_tokens or kv_dim");
-  if (kv.page_bytes != uint64_t{kv.n_layers} * 2 * kv.page_tokens * kv.kv_dim * 4)
+  if (kv.page_bytes != uint64_t{kv.n_layers} * kv_layer_page_bytes(kv))
     throw Error(Errc::invalid_argument, "program: KV page_bytes disagrees with its geometry");
   if (kv.pages_offset > mem.kv_bytes || kv.page_bytes * kv.n_pages > mem.kv_bytes - kv.pages_offset)
     throw Error(Errc::out_of_range, "program: " + std::to_string(kv.n_pages) +
@@ -200,6 +201,32 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
   }
 }
 
+uint32_t kv_value_bytes(const fb::KvLayoutT& kv) {
+  if (kv.dtype == fb::DTypeCode::F32) return 4;
+  if (kv.dtype == fb::DTypeCode::F16) return 2;
+  throw Error(Errc::invalid_argument, "program: KV values of dtype " +
+                                          std::to_string(static_cast<uint32_t>(kv.dtype)) +
+                                          " (F32 or F16)");
+}
+
+uint64_t kv_layer_page_bytes(const fb::KvLayoutT& kv) {
+  return uint64_t{2} * kv.page_tokens * kv.kv_dim * kv_value_bytes(kv);
+}
+
+uint64_t kv_layer_stride(const fb::KvLayoutT& kv) {
+  return uint64_t{kv.n_pages} * kv_layer_page_bytes(kv);
+}
+
+uint64_t kv_layer_offset(const fb::KvLayoutT& kv, uint32_t layer) {
+  return kv.pages_offset + uint64_t{layer} * kv_layer_stride(kv);
+}
+
+uint64_t kv_row_offset(const fb::KvLayoutT& kv, uint32_t layer, uint32_t which, uint32_t page,
+                       uint32_t row) {
+  return kv_layer_offset(kv, layer) + uint64_t{page} * kv_layer_page_bytes(kv) +
+         (uint64_t{which} * kv.page_tokens + row) * kv.kv_dim * kv_value_bytes(kv);
+}
+
 StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory& mem,
                                const StepArgs& step, FlagSync& flags) {
   if (step.first_op > program.ops.size())
@@ -232,10 +259,27 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
         page_tables[static_cast<size_t>(seq) * step.page_table_cols + pos / kv.page_tokens];
     if (page < 0 || static_cast<uint32_t>(page) >= kv.n_pages)
       throw Error(Errc::out_of_range, "step: page table names page " + std::to_string(page));
-    const uint64_t off =
-        kv.pages_offset + uint64_t(page) * kv.page_bytes +
-        ((uint64_t(layer) * 2 + which) * kv.page_tokens + pos % kv.page_tokens) * kv.kv_dim * 4;
-    return reinterpret_cast<float*>(mem.kv + off);
+    return mem.kv + kv_row_offset(kv, static_cast<uint32_t>(layer), static_cast<uint32_t>(which),
+                                  static_cast<uint32_t>(page),
+                                  static_cast<uint32_t>(pos) % kv.page_tokens);
+  };
+  // KV rows hold F32 or F16 values (KvLayout.dtype); activations are F32.
+  const bool kv_f16 = kv.dtype == fb::DTypeCode::F16;
+  auto store_row = [&](uint8_t* dst, const float* src) {
+    if (!kv_f16) {
+      std::memcpy(dst, src, size_t{kv.kv_dim} * 4);
+      return;
+    }
+    auto* h = reinterpret_cast<uint16_t*>(dst);
+    for (uint32_t i = 0; i < kv.kv_dim; ++i) h[i] = fp32_to_fp16(src[i]);
+  };
+  auto load_row = [&](float* dst, const uint8_t* src) {
+    if (!kv_f16) {
+      std::memcpy(dst, src, size_t{kv.kv_dim} * 4);
+      return;
+    }
+    const auto* h = reinterpret_cast<const uint16_t*>(src);
+    for (uint32_t i = 0; i < kv.kv_dim; ++i) dst[i] = fp16_to_fp32(h[i]);
   };
 
   std::vector<float> k_scratch, v_scratch;
@@ -306,10 +350,8 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
         const float* k = at<float>(mem, *op.in0);
         const float* v = at<float>(mem, *op.in1);
         for (int t = 0; t < n; ++t) {
-          std::memcpy(kv_row(op.layer, 0, rows[t].seq, rows[t].pos), k + size_t(t) * kv.kv_dim,
-                      kv.kv_dim * 4);
-          std::memcpy(kv_row(op.layer, 1, rows[t].seq, rows[t].pos), v + size_t(t) * kv.kv_dim,
-                      kv.kv_dim * 4);
+          store_row(kv_row(op.layer, 0, rows[t].seq, rows[t].pos), k + size_t(t) * kv.kv_dim);
+          store_row(kv_row(op.layer, 1, rows[t].seq, rows[t].pos), v + size_t(t) * kv.kv_dim);
         }
         break;
       }
@@ -321,10 +363,8 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
           k_scratch.resize(size_t(len) * kv.kv_dim);
           v_scratch.resize(size_t(len) * kv.kv_dim);
           for (int p = 0; p < len; ++p) {
-            std::memcpy(&k_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 0, rows[t].seq, p),
-                        kv.kv_dim * 4);
-            std::memcpy(&v_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 1, rows[t].seq, p),
-                        kv.kv_dim * 4);
+            load_row(&k_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 0, rows[t].seq, p));
+            load_row(&v_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 1, rows[t].seq, p));
           }
           const int32_t pos = rows[t].pos;
           ops::attention(at<float>(mem, *op.in0) + size_t(t) * width, k_scratch.data(),

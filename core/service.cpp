@@ -6,7 +6,6 @@
 #include <signal.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -264,10 +263,11 @@ int service_main(int argc, char** argv, ServiceId id,
   allow_model_dirs(model_dirs_for(o.model_path, model_dirs));
 
   umask(0077);
-  // Die with the supervisor: an orphaned service would hold the stack's sockets and segments.
+  // A service outlives its supervisor (issue 22): the next `duet stack up` adopts it from the
+  // supervisor's record (core/stack_record.h) and `duet stack down` stops it. Only a supervisor
+  // that died before this process got here means a start nobody will record: exit then.
   if (const char* sup = std::getenv("DUET_SUPERVISOR_PID")) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (std::to_string(getppid()) != sup) return 1;  // it died before we got here
+    if (std::to_string(getppid()) != sup) return 1;
   }
   if (crash_requested(exe)) {
     std::fprintf(stderr, "%s: crashing at start (test hook DUET_CRASH_AT_START)\n", exe.c_str());

@@ -9,6 +9,9 @@
 //         integer kernels of matmul_int8.cl: portable and VNNI with 16-bit activations, VNNI
 //         with 8-bit ones; on the tiled weight layout, and "_file" on the file's) on Q4_0 and Q8_0
 //         [gemm-rows, gemm-cols] x T tokens, host wall clock per call (quantisation included).
+//         --path-types Q4_0,Q4_K,..: the weight types compared ("fp32_packed": weight_pack.h's
+//         layout, what discrete GPUs read; Q4_0/Q8_0 only), --path-shapes
+//         ROWSxCOLS,..: several shapes in one run (default: [gemm-rows, gemm-cols]).
 #include <CL/cl.h>
 #include <cblas.h>
 
@@ -18,7 +21,9 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -26,6 +31,7 @@
 #include "core/quant.h"
 #include "services/gpu_svc/gpu_profiler.h"
 #include "services/gpu_svc/tiled_weights.h"
+#include "services/gpu_svc/weight_pack.h"
 
 namespace {
 
@@ -84,7 +90,8 @@ double blas_gflops(int m, int k, int n, int reps) {
 
 // Best host wall-clock time of one matmul call (enqueue to finish) per path, in us.
 nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
-                             const std::vector<int>& token_counts, int reps) {
+                             const std::vector<int>& token_counts,
+                             const std::vector<duet::DType>& types, int reps) {
   auto& dev = kernels.device();
   nlohmann::json out;
   const int max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
@@ -99,7 +106,7 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
   check_cl(clEnqueueWriteBuffer(dev.queue(), arena, CL_TRUE, 4096, x.size() * 4, x.data(), 0,
                                 nullptr, nullptr),
            "write");
-  for (const auto type : {duet::DType::Q4_0, duet::DType::Q8_0}) {
+  for (const auto type : types) {
     const size_t row_bytes = duet::dtype_row_bytes(type, cols);
     std::vector<uint8_t> w(row_bytes * rows);
     for (int r = 0; r < rows; ++r) {
@@ -111,19 +118,32 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
     check_cl(err, "clCreateBuffer");
     // The integer path's tiled copy (what gpu_svc's runner matmuls use; the file layout's
     // kernels serve tensors without one).
-    const duet::gpu::TiledTensor tiled(dev, type, rows, cols, w.data());
+    // K types have no packed layout.
+    const bool packable = duet::gpu::has_packed_layout(type);
+    std::optional<duet::gpu::TiledTensor> tiled;
+    cl_mem packed = nullptr;
+    if (duet::gpu::has_tiled_layout(type)) tiled.emplace(dev, type, rows, cols, w.data());
+    if (packable) {
+      std::vector<uint8_t> p(w.size());
+      duet::gpu::pack_weights(type, rows, cols, w.data(), p.data());
+      packed = clCreateBuffer(dev.context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, p.size(),
+                              p.data(), &err);
+      check_cl(err, "clCreateBuffer");
+    }
     struct Path {
       const char* name;
       bool int8, vnni;
       int bits;
-      bool tiled;
+      bool tiled, packed = false;
     };
     for (const Path p :
-         {Path{"fp32", false, false, 0, false}, Path{"int8_portable_a16", true, false, 16, true},
+         {Path{"fp32", false, false, 0, false}, Path{"fp32_packed", false, false, 0, false, true},
+          Path{"int8_portable_a16", true, false, 16, true},
           Path{"int8_vnni_a16_file", true, true, 16, false},
           Path{"int8_vnni_a16", true, true, 16, true},
           Path{"int8_vnni_a8_file", true, true, 8, false},
           Path{"int8_vnni_a8", true, true, 8, true}}) {
+      if ((p.tiled && !tiled) || (p.packed && !packable)) continue;
       try {
         kernels.set_int8_matmul(p.int8);
         if (p.int8) {
@@ -146,7 +166,11 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
                                 0,
                                 static_cast<uint32_t>(rows),
                                 {0, static_cast<uint32_t>(n)}};
-        if (p.tiled) a.tiled = tiled.mem();
+        if (p.tiled) a.tiled = tiled->mem();
+        if (p.packed) {
+          a.w = packed;
+          a.packed_rows = static_cast<uint32_t>(rows);
+        }
         double best = 1e30;
         for (int r = 0; r <= reps; ++r) {
           const auto t0 = std::chrono::steady_clock::now();
@@ -163,6 +187,7 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
       }
     }
     clReleaseMemObject(wbuf);
+    if (packed) clReleaseMemObject(packed);
   }
   clReleaseMemObject(arena);
   kernels.set_int8_matmul(false);
@@ -191,6 +216,9 @@ int main(int argc, char** argv) {
   app.add_option("--gemv-variants", gemv_variants)->delimiter(',');
   std::vector<int> path_tokens;  // --paths: token counts for the CPU paths' comparison
   app.add_option("--paths", path_tokens)->delimiter(',');
+  std::vector<std::string> path_type_names{"Q4_0", "Q8_0"}, path_shapes;
+  app.add_option("--path-types", path_type_names)->delimiter(',');
+  app.add_option("--path-shapes", path_shapes, "ROWSxCOLS")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
     auto& dev = duet::gpu::shared_device();
@@ -198,8 +226,24 @@ int main(int argc, char** argv) {
     if (!path_tokens.empty()) {
       nlohmann::json out;
       out["device"] = dev.info().name;
-      out["shape"] = {gemm_rows, gemm_cols};
-      out["paths"] = compare_paths(kernels, gemm_rows, gemm_cols, path_tokens, reps);
+      std::vector<duet::DType> types;
+      for (const std::string& name : path_type_names) {
+        uint32_t raw = 0;
+        while (raw < 64 &&
+               !(duet::dtype_known(raw) && duet::dtype_name(static_cast<duet::DType>(raw)) == name))
+          ++raw;
+        if (raw == 64) throw duet::Error(duet::Errc::invalid_argument, "no weight type " + name);
+        types.push_back(static_cast<duet::DType>(raw));
+      }
+      if (path_shapes.empty())
+        path_shapes.push_back(std::to_string(gemm_rows) + "x" + std::to_string(gemm_cols));
+      for (const std::string& shape : path_shapes) {
+        const size_t x = shape.find('x');
+        if (x == std::string::npos)
+          throw duet::Error(duet::Errc::invalid_argument, "--path-shapes: not ROWSxCOLS: " + shape);
+        const int rows = std::stoi(shape.substr(0, x)), cols = std::stoi(shape.substr(x + 1));
+        out["paths"][shape] = compare_paths(kernels, rows, cols, path_tokens, types, reps);
+      }
       std::cout << out.dump(2) << "\n";
       return 0;
     }

@@ -7,9 +7,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/run_dir.h"
+#include "core/stack_record.h"
 #include "deploy/supervisor/supervisor.h"
 
 int main(int argc, char** argv) {
@@ -57,13 +59,20 @@ int main(int argc, char** argv) {
     (void)ipc_endpoint(supervisor_socket_path(o.run_dir));  // fails early on a too-long run dir
 
     supervisor::StackLock lock(o.stack_id, o.run_dir);
+    // A dead supervisor's services may still run (they outlive it): adopt them, or stop them for
+    // --reclaim-only (`duet stack down`).
+    std::optional<StackRecord> record =
+        lock.stale_pid() != 0 ? read_stack_record(o.run_dir) : std::nullopt;
+    const int live = record ? count_live_services(*record) : 0;
     if (reclaim_only) {
-      std::printf("stack %s: reclaimed %d segments and %d sockets%s; removed %s\n",
-                  o.stack_id.c_str(), lock.reclaimed_segments(), lock.reclaimed_sockets(),
-                  lock.stale_pid()
-                      ? (" of dead supervisor pid " + std::to_string(lock.stale_pid())).c_str()
-                      : "",
-                  o.run_dir.c_str());
+      const int stopped = record ? stop_recorded_services(*record, o.stop_timeout_ms) : 0;
+      lock.reclaim();
+      std::printf(
+          "stack %s: stopped %d services, reclaimed %d segments and %d sockets%s; removed %s\n",
+          o.stack_id.c_str(), stopped, lock.reclaimed_segments(), lock.reclaimed_sockets(),
+          lock.stale_pid() ? (" of dead supervisor pid " + std::to_string(lock.stale_pid())).c_str()
+                           : "",
+          o.run_dir.c_str());
       lock.remove_run_dir();
       return 0;
     }
@@ -75,7 +84,20 @@ int main(int argc, char** argv) {
     auto log = std::make_shared<spdlog::logger>("supervisor", sinks.begin(), sinks.end());
     log->set_pattern("%Y-%m-%d %H:%M:%S.%e [%n %P] %l: %v");
     log->flush_on(spdlog::level::info);
-    if (lock.stale_pid() != 0 || lock.reclaimed_segments() != 0 || lock.reclaimed_sockets() != 0) {
+    if (live > 0) {
+      o.adopt = record;
+      o.adopt_from = lock.stale_pid();
+      std::filesystem::remove(supervisor_socket_path(o.run_dir));  // the dead one's
+      o.ready_note = "adopted " + std::to_string(live) +
+                     " running services of dead supervisor pid " +
+                     std::to_string(lock.stale_pid()) +
+                     " (they keep the settings of the `up` that started them)";
+      log->warn("stack {}: {}", o.stack_id, o.ready_note);
+    } else {
+      lock.reclaim();
+    }
+    if (live == 0 && (lock.stale_pid() != 0 || lock.reclaimed_segments() != 0 ||
+                      lock.reclaimed_sockets() != 0)) {
       o.ready_note = "reclaimed " + std::to_string(lock.reclaimed_segments()) + " segments and " +
                      std::to_string(lock.reclaimed_sockets()) +
                      " sockets left by dead supervisor pid " + std::to_string(lock.stale_pid());

@@ -79,18 +79,21 @@ StackLock::StackLock(std::string stack_id, std::string run_dir)
   if (fd_ < 0) throw Error(Errc::busy, "could not lock '" + pid_path_ + "': it keeps changing");
 
   stale_pid_ = parse_pid(read_all(fd_));
-  // No live supervisor holds this stack, so any segment or socket of it is left over.
+  std::string pid = std::to_string(getpid()) + "\n";
+  if (ftruncate(fd_, 0) != 0 ||
+      pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    throw Error(Errc::io, "cannot write '" + pid_path_ + "': " + std::strerror(errno));
+}
+
+void StackLock::reclaim() {
+  // No live supervisor holds this stack and none of its services is adopted: every segment and
+  // socket of it is left over.
   reclaimed_segments_ = static_cast<int>(shm::remove_stack_segments(stack_id_));
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(run_dir_, ec)) {
     if (e.path().extension() == ".sock" && std::filesystem::remove(e.path(), ec))
       ++reclaimed_sockets_;
   }
-
-  std::string pid = std::to_string(getpid()) + "\n";
-  if (ftruncate(fd_, 0) != 0 ||
-      pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
-    throw Error(Errc::io, "cannot write '" + pid_path_ + "': " + std::strerror(errno));
 }
 
 StackLock::~StackLock() {

@@ -1,7 +1,8 @@
 #pragma once
 // One supervisor per stack id: an flock'ed pid file in the run dir. While a supervisor lives the
 // lock is held, so a second `up` fails with the holder's pid; when it died without cleaning up
-// (kill -9) the lock is free and the new supervisor reclaims what it left: sockets and
+// (kill -9) the lock is free and the new supervisor either adopts its services that still run
+// (core/stack_record.h) or, when none does, reclaims what it left: sockets and
 // /dev/shm/duet-<stack>-* segments.
 #include <string>
 
@@ -20,6 +21,9 @@ class StackLock {
   int stale_pid() const { return stale_pid_; }
   int reclaimed_segments() const { return reclaimed_segments_; }
   int reclaimed_sockets() const { return reclaimed_sockets_; }
+
+  // Removes every segment and socket of the stack (a dead predecessor's, none of them adopted).
+  void reclaim();
 
   // Removes the run dir and everything in it, the pid file last, still holding the lock.
   void remove_run_dir();

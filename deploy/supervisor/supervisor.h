@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/stack_record.h"
 #include "deploy/supervisor/stack_lock.h"
 
 namespace duet::supervisor {
@@ -31,6 +32,11 @@ struct SupervisorOptions {
   // Non-empty: a fifth service, http_svc, listens there ([ADDR:]PORT), with this bearer key file.
   std::string http_listen;
   std::string http_api_key_file;
+  // A takeover: the record a dead supervisor (pid adopt_from) left. Its services that still run are
+  // adopted (watched through pidfds, signalled, heartbeaten, restarted as any other); the others
+  // are started again with the argv and DUET_* environment recorded for them.
+  std::optional<StackRecord> adopt;
+  int adopt_from = 0;
 };
 
 class Supervisor {

@@ -46,6 +46,11 @@ class Engine {
   virtual void open_seq(uint64_t seq_id, int max_positions) = 0;
   // Frees the sequence's KV at once; unknown ids are ignored.
   virtual void close_seq(uint64_t seq_id) = 0;
+  // Guarantees an open sequence KV for `positions` positions (what it holds counts), so that a
+  // running request never fails for lack of KV (issue 20): Error(busy) when the pool cannot
+  // promise it now (pages in use or promised to others: wait), Error(out_of_range) when it never
+  // could (more than the whole pool). Engines whose open_seq already reserves do nothing.
+  virtual void reserve_seq(uint64_t /*seq_id*/, int /*positions*/) {}
   // Forgets positions >= n_past of a sequence (a chat turn that rewinds, a stop string).
   virtual void truncate_seq(uint64_t seq_id, int n_past) = 0;
   // One step over several sequences (continuous batching). Returns, for each entry with

@@ -211,6 +211,8 @@ class Frontend {
 };
 
 double now_ms();  // steady clock, milliseconds
+// Device restarts an engine has seen ("restarts" in its status; 0 when it does not say).
+uint64_t engine_restarts(const Engine& e);
 // A client connection's identity as a map key (its ROUTER routing frames).
 std::string peer_key(const std::vector<std::string>& routing);
 // Byte offset of the first invalid UTF-8 sequence, or npos when the text is valid.

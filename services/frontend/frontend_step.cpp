@@ -22,6 +22,8 @@ size_t utf8_boundary(const std::string& text, size_t end) {
   return end;
 }
 
+}  // namespace
+
 // Device restarts the engine has seen ("restarts" in its status; 0 when it does not say).
 uint64_t engine_restarts(const Engine& e) {
   try {
@@ -31,26 +33,6 @@ uint64_t engine_restarts(const Engine& e) {
   } catch (const std::exception&) {
     return 0;  // a status the engine cannot give now must not end a request
   }
-}
-
-}  // namespace
-
-void Frontend::open_request(Request* r) {
-  if (r->session) {
-    Session& s = sessions_.at(r->session);
-    if (!s.open) {
-      engine_->open_seq(s.seq_id, r->max_positions);
-      s.open = true;
-    }
-  } else {
-    r->proactive_lane = scheduler_.lane_of(*r) == Lane::proactive;
-    engine_of(*r).open_seq(r->seq_id, r->max_positions);
-  }
-  r->seq_open = true;
-  r->admitted_ms = now_ms();
-  // The proactive engine is its worker's while an overlapped step runs: ask the main one then.
-  r->restarts_at_start =
-      engine_restarts(r->proactive_lane && async_.running() ? *engine_ : engine_of(*r));
 }
 
 bool Frontend::parked_step_aged(double now) const {
@@ -107,8 +89,11 @@ StepKind Frontend::step_lanes() {
       try {
         open_request(r);
       } catch (const Error& e) {
-        if (e.code() == Errc::busy) throw;  // the KV cache is full: r waits for its turn
-        refused.emplace_back(r, e);         // r can never run: it fails once admitted
+        // The KV cache is full: r waits for its turn, which comes when a running request ends
+        // and returns its pages. With none running nothing will ever free them: r can never run
+        // and fails now instead of waiting without a deadline (issue 20).
+        if (e.code() == Errc::busy && scheduler_.running() > 0) throw;
+        refused.emplace_back(r, e);  // r can never run: it fails once admitted
       }
     });
   } catch (const Error&) {

@@ -25,6 +25,36 @@ void KvPool::check_not_held(uint64_t seq_id, const char* what) const {
                                 "first)");
 }
 
+uint32_t KvPool::promised_not_taken() const {
+  uint32_t n = 0;
+  for (const auto& [id, s] : seqs) n += s.reserved > s.pages ? s.reserved - s.pages : 0;
+  return n;
+}
+
+void KvPool::reserve(uint64_t seq_id, uint32_t want) {
+  auto it = seqs.find(seq_id);
+  if (it == seqs.end())
+    throw Error(Errc::not_found, "reserve: sequence " + std::to_string(seq_id) + " is not open");
+  Sequence& s = it->second;
+  if (want <= s.reserved) return;
+  if (want > n_pages)
+    throw Error(Errc::out_of_range, "KV cache too small: sequence " + std::to_string(seq_id) +
+                                        " needs " + std::to_string(want) +
+                                        " pages, the whole pool has " + std::to_string(n_pages) +
+                                        " (a larger --kv-memory)");
+  const uint32_t others = promised_not_taken() - (s.reserved > s.pages ? s.reserved - s.pages : 0);
+  const uint32_t free_now = pages->free_count();
+  const uint32_t extra = want - std::max(s.reserved, s.pages);
+  if (want > s.pages && (free_now < others || free_now - others < extra)) {
+    ++reserve_refusals;
+    throw Error(Errc::busy, "KV cache full: sequence " + std::to_string(seq_id) + " needs " +
+                                std::to_string(extra) + " more pages; " + std::to_string(free_now) +
+                                " are free and " + std::to_string(others) +
+                                " of them promised to running requests");
+  }
+  s.reserved = want;
+}
+
 std::shared_ptr<KvPool> join_kv_pool(KvShare& share, const std::string& name, uint32_t n_pages,
                                      uint64_t page_bytes) {
   std::lock_guard lock(share.mu);

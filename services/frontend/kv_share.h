@@ -28,12 +28,20 @@ struct KvPool {
   struct Sequence {
     int max_positions = 0;
     int n_past = 0;
+    uint32_t pages = 0;     // pages it holds
+    uint32_t reserved = 0;  // pages promised to it (reserve): it may grow to them at any time
   };
   // A fresh pool in a new segment `name` (Error if the name exists).
   static std::shared_ptr<KvPool> create(const std::string& name, uint32_t n_pages,
                                         uint64_t page_bytes);
   // Error(busy) when seq_id belongs to a parked step (call with mu held).
   void check_not_held(uint64_t seq_id, const char* what) const;
+  // Promises seq_id `pages` pages in all (call with mu held): Error(busy) when the free pages,
+  // less those promised to other sequences and not yet taken, are too few now;
+  // Error(out_of_range) when more than the whole pool. Admission control (issue 20): a running
+  // sequence never finds the pool empty.
+  void reserve(uint64_t seq_id, uint32_t pages);
+  uint32_t promised_not_taken() const;  // over every sequence (call with mu held)
   KvPool() = default;
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
@@ -53,7 +61,8 @@ struct KvPool {
   // runs on a worker): the mutex orders them.
   std::mutex mu;
   std::map<uint64_t, Sequence> seqs;
-  std::set<uint64_t> held;  // sequences of a parked step
+  std::set<uint64_t> held;        // sequences of a parked step
+  uint64_t reserve_refusals = 0;  // reserve() answered busy (an admission waited for KV)
 };
 
 // What the engines of one stack that share their KV hold: the pool once the first of them made

@@ -13,6 +13,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/kv_budget.h"
+#include "core/model.h"
 #include "core/service.h"
 #include "services/frontend/frontend.h"
 #include "services/frontend/stack_engines.h"
@@ -76,6 +78,27 @@ int main(int argc, char** argv) {
         config.max_ctx = std::atoi(env_or("DUET_MAX_CTX", "0").c_str());
         frontend::FrontendOptions options;
         config.max_seqs = options.max_running;
+        const bool two_lanes = plan != "reference" && env_or("DUET_AGENT", "on") != "off";
+        if (plan != "reference") {
+          // The KV pool by memory (core/kv_budget.h): `duet stack up` planned it already and
+          // passes its budget in bytes, so a restarted frontend makes the same pool; run on its
+          // own the frontend takes the default share of the memory available now. A context the
+          // budget cannot hold one sequence of is refused here too: no request would ever run.
+          const std::string budget_text = env_or("DUET_KV_MEMORY", "");
+          const uint64_t budget =
+              budget_text.empty() ? default_kv_memory_bytes() : parse_memory_size(budget_text);
+          config.kv_type = parse_kv_type(env_or("DUET_KV_TYPE", "f16"));
+          KvPoolRequest request = kv_pool_request(
+              LlamaModel::load(config.model_path)->hp(), config.max_ctx, config.max_seqs,
+              two_lanes ? static_cast<int>(frontend::StackEngineConfig::kKvSharers) : 1, budget);
+          request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(config.kv_type));
+          const KvPoolPlan kv = plan_kv_pool(request);
+          config.max_ctx = static_cast<int>(kv.ctx);
+          config.kv_pages = kv.n_pages;
+          options.max_context = static_cast<int>(kv.ctx);
+          loop.log().info("KV pool: {} of {} from a budget of {}", kv.summary(),
+                          dtype_name(config.kv_type), format_bytes(kv.budget_bytes));
+        }
         // Requests waiting beyond the running batch; one more is refused (Errc::busy) rather
         // than queued without bound. A long offered trace (agent_bench --max-queue) needs more.
         options.max_queue = env_int("DUET_MAX_QUEUE", 64, 0, 1 << 20);
@@ -134,7 +157,7 @@ int main(int argc, char** argv) {
         // The two share one KV pool: a proactive request's decode rides in the main engine's
         // steps (Algorithm 2) with no KV byte copied.
         frontend::StackEngineConfig lanes = config;
-        if (plan != "reference" && env_or("DUET_AGENT", "on") != std::string("off")) {
+        if (two_lanes) {
           if (!frontend::is_stack_plan(proactive_plan) || proactive_plan == "reference")
             throw Error(Errc::invalid_argument,
                         "frontend: DUET_AGENT_PROACTIVE_PLAN='" + proactive_plan +

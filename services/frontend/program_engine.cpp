@@ -53,9 +53,12 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
   max_pages_per_seq_ = (max_ctx + options_.page_tokens - 1) / options_.page_tokens;
   const uint32_t n_pages =
       options_.kv_pages ? options_.kv_pages : max_pages_per_seq_ * options_.max_seqs;
-  const uint64_t page_bytes = uint64_t{static_cast<uint32_t>(hp.n_layer)} * 2 *
-                              options_.page_tokens *
-                              static_cast<uint64_t>(hp.n_head_kv * hp.head_dim) * 4;
+  if (options_.kv_type != DType::F32 && options_.kv_type != DType::F16)
+    throw Error(Errc::unsupported, "program engine: KV values of type " +
+                                       std::string(dtype_name(options_.kv_type)) + " (f32 or f16)");
+  const uint64_t page_bytes =
+      uint64_t{static_cast<uint32_t>(hp.n_layer)} * 2 * options_.page_tokens *
+      static_cast<uint64_t>(hp.n_head_kv * hp.head_dim) * dtype_block_bytes(options_.kv_type);
 
   // A frontend that crashed left its segments behind: this engine owns those names, so it removes
   // them (services holding the old mappings re-map when the programs are registered again).
@@ -87,6 +90,7 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
       spec.max_ctx = max_ctx;
       spec.kv_pages = n_pages;
       spec.page_tokens = options_.page_tokens;
+      spec.kv_type = options_.kv_type;
       spec.kv_pages_offset = kv_->pages->page_offset(0);
       spec.name = options_.plan_name + "/" + std::to_string(b);
       spec.arena_segment = arena_name(options_.stack_id, options_.segment_tag);
@@ -153,13 +157,6 @@ ProgramEngine::~ProgramEngine() {
   }
 }
 
-void ProgramEngine::attach_kv(uint32_t n_pages, uint64_t page_bytes) {
-  kv_ = options_.kv_share
-            ? join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, "shared"), n_pages,
-                           page_bytes)
-            : KvPool::create(kv_name(options_.stack_id, options_.segment_tag), n_pages, page_bytes);
-}
-
 void ProgramEngine::reregister(DeviceLink& device) {
   const bool is_gpu = &device == gpu_.get();
   for (size_t i = 0; i < buckets_.size(); ++i) {
@@ -181,44 +178,10 @@ const ProgramEngine::Bucket& ProgramEngine::bucket_for(uint32_t n_tokens) const 
                                           std::to_string(buckets_.back().max_tokens) + ")");
 }
 
-void ProgramEngine::open_seq(uint64_t seq_id, int max_positions) {
-  if (seq_id == shm::KvPages::kFree)
-    throw Error(Errc::invalid_argument, "sequence id 0 is reserved");
-  if (max_positions <= 0 || static_cast<uint32_t>(max_positions) > options_.max_ctx)
-    throw Error(Errc::out_of_range, "a sequence of " + std::to_string(max_positions) +
-                                        " positions exceeds the context of " +
-                                        std::to_string(options_.max_ctx));
-  std::lock_guard lock(kv_->mu);
-  if (kv_->seqs.count(seq_id))
-    throw Error(Errc::invalid_argument, "sequence " + std::to_string(seq_id) + " is open");
-  kv_->seqs[seq_id] = KvPool::Sequence{max_positions, 0};
-}
-
 void ProgramEngine::check_not_parked(const char* what) const {
   if (parked_)
     throw Error(Errc::busy, std::string(what) +
                                 ": a preempted step is parked on this engine (resume it first)");
-}
-
-void ProgramEngine::close_seq(uint64_t seq_id) {
-  std::lock_guard lock(kv_->mu);
-  kv_->check_not_held(seq_id, "close_seq");
-  if (kv_->seqs.erase(seq_id)) kv_->pages->free_owner(seq_id);
-}
-
-void ProgramEngine::truncate_seq(uint64_t seq_id, int n_past) {
-  std::lock_guard lock(kv_->mu);
-  kv_->check_not_held(seq_id, "truncate_seq");
-  auto it = kv_->seqs.find(seq_id);
-  if (it == kv_->seqs.end()) return;
-  it->second.n_past = std::clamp(n_past, 0, it->second.n_past);
-}
-
-void ProgramEngine::ensure_pages(uint64_t seq_id, int positions) {
-  const uint32_t need =
-      (static_cast<uint32_t>(positions) + options_.page_tokens - 1) / options_.page_tokens;
-  const uint32_t have = static_cast<uint32_t>(kv_->pages->pages_of(seq_id).size());
-  if (need > have) kv_->pages->alloc(need - have, seq_id);  // Error(busy) when the cache is full
 }
 
 std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepStats* stats) {
@@ -577,6 +540,14 @@ nlohmann::json ProgramEngine::status() const {
           {"kv_shared", options_.kv_share != nullptr},
           {"kv_pages_total", kv_->pages->n_pages()},
           {"kv_pages_free", kv_->pages->free_count()},
+          {"kv_pages_used", kv_->pages->n_pages() - kv_->pages->free_count()},
+          {"kv_pages_promised", kv_->promised_not_taken()},
+          {"kv_reserve_refusals", kv_->reserve_refusals},
+          {"kv_page_tokens", options_.page_tokens},
+          {"kv_type", std::string(dtype_name(options_.kv_type))},
+          {"kv_page_bytes", kv_->page_bytes},
+          {"kv_pool_bytes", uint64_t{kv_->n_pages} * kv_->page_bytes},
+          {"max_context", options_.max_ctx},
           {"open_sequences", kv_->seqs.size()},
           {"parked_sequences", kv_->held.size()},
           {"steps", steps_},

@@ -73,6 +73,8 @@ struct ProgramEngineOptions {
   uint32_t max_ctx = 0;   // positions per sequence (0 = the model's context)
   uint32_t kv_pages = 0;  // 0 = enough for max_seqs full sequences
   uint32_t page_tokens = 16;
+  // KV values: F16 (the stack's default, as llama.cpp's cache; issue 20) or F32.
+  DType kv_type = DType::F16;
   int step_timeout_ms = 30000;
   int recovery_timeout_ms = 20000;  // how long a step keeps retrying after a device died
   // Several engines (plans) of one stack side by side: each needs its own segment names and
@@ -97,6 +99,7 @@ class ProgramEngine : public Engine {
   std::string plan_name() const override { return options_.plan_name; }
   void open_seq(uint64_t seq_id, int max_positions) override;
   void close_seq(uint64_t seq_id) override;
+  void reserve_seq(uint64_t seq_id, int positions) override;
   void truncate_seq(uint64_t seq_id, int n_past) override;
   std::vector<float> step(const std::vector<SeqStep>& batch, StepStats* stats) override;
   int max_step_tokens() const override { return static_cast<int>(options_.buckets.back()); }

@@ -34,6 +34,7 @@ class AnnotatedEngine : public Engine {
   std::string plan_name() const override { return inner_->plan_name(); }
   void open_seq(uint64_t id, int n) override { inner_->open_seq(id, n); }
   void close_seq(uint64_t id) override { inner_->close_seq(id); }
+  void reserve_seq(uint64_t id, int n) override { inner_->reserve_seq(id, n); }
   void truncate_seq(uint64_t id, int n) override { inner_->truncate_seq(id, n); }
   std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
     return inner_->step(b, s);
@@ -95,6 +96,7 @@ class LazyEngine : public Engine {
   void truncate_seq(uint64_t id, int n) override {
     if (inner_) inner_->truncate_seq(id, n);
   }
+  void reserve_seq(uint64_t id, int n) override { ready().reserve_seq(id, n); }
   std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
     return ready().step(b, s);
   }
@@ -156,7 +158,10 @@ class LazyEngine : public Engine {
         last_error_.clear();
       } catch (const Error& e) {
         last_error_ = e.what();
-        throw Error(e.code() == Errc::timeout ? Errc::unavailable : e.code(),
+        // Never busy: busy tells the scheduler to keep a request queued until KV frees up, and an
+        // engine that cannot be built (its KV segment does not fit /dev/shm, say) frees nothing.
+        const bool retry_later = e.code() == Errc::timeout || e.code() == Errc::busy;
+        throw Error(retry_later ? Errc::unavailable : e.code(),
                     "the '" + plan_ + "' engine could not start: " + e.what());
       }
     }
@@ -277,13 +282,13 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   o.max_seqs = static_cast<uint32_t>(std::max(1, c.max_seqs));
   o.max_ctx = static_cast<uint32_t>(c.max_ctx);
   o.segment_tag = tag_of(plan, instance);
-  if (c.kv_share) {
-    const uint32_t ctx =
-        c.max_ctx > 0 ? static_cast<uint32_t>(c.max_ctx) : static_cast<uint32_t>(model->hp().n_ctx);
-    o.kv_share = c.kv_share;
-    o.kv_pages =
-        StackEngineConfig::kKvSharers * o.max_seqs * ((ctx + o.page_tokens - 1) / o.page_tokens);
-  }
+  const uint32_t ctx =
+      c.max_ctx > 0 ? static_cast<uint32_t>(c.max_ctx) : static_cast<uint32_t>(model->hp().n_ctx);
+  const uint32_t sharers = c.kv_share ? StackEngineConfig::kKvSharers : 1;
+  o.kv_share = c.kv_share;
+  o.kv_type = c.kv_type;
+  o.kv_pages =
+      c.kv_pages ? c.kv_pages : sharers * o.max_seqs * ((ctx + o.page_tokens - 1) / o.page_tokens);
   o.program_id_base =
       1000 * (instance + 1) + 100 * static_cast<uint32_t>(std::hash<std::string>{}(plan) % 10);
   if (plan == "tensor" || plan == "auto") {

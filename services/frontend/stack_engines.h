@@ -27,6 +27,10 @@ struct StackEngineConfig {
   std::string timing = "modeled";  // what the solver optimises: "modeled" | "measured"
   int max_seqs = 16;               // sequences per step (the frontend's max running)
   int max_ctx = 0;                 // positions per sequence (0 = the model's context)
+  // Pages in the KV pool (core/kv_budget.h: sized by the stack's KV memory budget); 0: enough for
+  // max_seqs sequences of max_ctx per engine sharing it.
+  uint32_t kv_pages = 0;
+  DType kv_type = DType::F16;  // KV values (`stack up --kv-type`)
   int solver_timeout_ms = 5000;
   // An engine running gpu-only fallbacks (solver down) is rebuilt, once idle, after this long.
   int replan_after_ms = 5000;

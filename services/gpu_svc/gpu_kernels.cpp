@@ -190,7 +190,13 @@ const char* kernel_type_suffix(DType t) {
       return "f16";
     case DType::F32:
       return "f32";
-    default:  // Q4_1, Q5_0, Q5_1, the K types and BF16 have no gpu_svc kernels yet
+    case DType::Q4_K:
+      return "q4_k";
+    case DType::Q5_K:
+      return "q5_k";
+    case DType::Q6_K:
+      return "q6_k";
+    default:  // Q4_1, Q5_0, Q5_1 and BF16 have no gpu_svc kernels yet
       break;
   }
   throw Error(Errc::unsupported, "gpu_svc kernels do not read weight type " +
@@ -358,44 +364,13 @@ cl_event GpuKernels::matmul_cpu(cl_mem arena, const MatmulArgs& a) {
 // One token takes the T = 1 kernel (no tile to fill), more the 8-token tile: the same bits.
 cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   const uint32_t n = a.tokens.count();
-  const size_t tile_bytes = int8_tile_bytes(a.k);
   if (n == 0 || a.row_end <= a.row_begin) {
     const size_t none[1] = {0};
     return launch("matmul_i8", nullptr, 1, none, nullptr);
   }
-  const size_t tiles = (n + kInt8TileTokens - 1) / kInt8TileTokens;
-  if (tile_bytes * tiles > int8_tiles_bytes_) {
-    forget_quantized_input();
-    if (int8_tiles_) clReleaseMemObject(int8_tiles_);  // queued users keep it alive
-    int8_tiles_ = nullptr;
-    int8_tiles_bytes_ = 0;
-    cl_int err = CL_SUCCESS;
-    const size_t bytes = tile_bytes * std::max<size_t>(tiles, 8);
-    int8_tiles_ = clCreateBuffer(dev_.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
-    check_cl(err, "clCreateBuffer(int8 tiles)");
-    int8_tiles_bytes_ = bytes;
-  }
   const int bits = a.role ? int8_act_bits(*a.role) : int8_act_bits();
   // The weights' zero point as a shift: Q4_0 nibbles are w + 8, Q8_0 bytes w + 128 (the XOR).
-  const uint32_t zp_shift = a.wtype == DType::Q4_0 ? 3 : 7;
-  const QuantizedInput input{true,    arena,          a.x_off,      a.x_stride,
-                             a.k,     a.tokens.begin, a.tokens.end, static_cast<uint32_t>(bits),
-                             zp_shift};
-  if (!(reuse_quantized_ && quantized_ == input)) {
-    cl_kernel qk = dev_.kernel("quantize_q8_act");
-    set_args(qk, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.k},
-             cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, int8_tiles_,
-             cl_uint{static_cast<uint32_t>(bits)}, cl_uint{zp_shift});
-    const size_t qglobal[2] = {a.k / static_cast<size_t>(kQK), n};
-    clReleaseEvent(launch("quantize_q8_act", qk, 2, qglobal, nullptr));
-    quantized_ = input;
-  }
-  // The output may overwrite the input rows (or, for Logits, rows we do not bound here).
-  const uint64_t x_begin = a.x_off + uint64_t{a.tokens.begin} * a.x_stride * 4,
-                 x_end = a.x_off + uint64_t{a.tokens.end} * a.x_stride * 4,
-                 y_begin = a.y_off + uint64_t{a.tokens.begin} * a.y_stride * 4,
-                 y_end = a.y_off + uint64_t{a.tokens.end} * a.y_stride * 4;
-  if (a.rows_from_table || (y_begin < x_end && x_begin < y_end)) forget_quantized_input();
+  quantize_int8_input(arena, a, bits, a.wtype == DType::Q4_0 ? 3 : 7);
 
   // 8-token tiles measured best of 8, 12 and 16 (bench/gpu/RESULTS.md).
   constexpr size_t kRowsPerItem = kTiledRows;  // matmul_int8.cl: a work-item is a 16-row group
@@ -419,12 +394,49 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   return launch(name.c_str(), k, 2, global, local);
 }
 
+void GpuKernels::quantize_int8_input(cl_mem arena, const MatmulArgs& a, int bits,
+                                     uint32_t zp_shift) {
+  const uint32_t n = a.tokens.count();
+  const size_t tile_bytes = int8_tile_bytes(a.k);
+  const size_t tiles = (n + kInt8TileTokens - 1) / kInt8TileTokens;
+  if (tile_bytes * tiles > int8_tiles_bytes_) {
+    forget_quantized_input();
+    if (int8_tiles_) clReleaseMemObject(int8_tiles_);  // queued users keep it alive
+    int8_tiles_ = nullptr;
+    int8_tiles_bytes_ = 0;
+    cl_int err = CL_SUCCESS;
+    const size_t bytes = tile_bytes * std::max<size_t>(tiles, 8);
+    int8_tiles_ = clCreateBuffer(dev_.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    check_cl(err, "clCreateBuffer(int8 tiles)");
+    int8_tiles_bytes_ = bytes;
+  }
+  const QuantizedInput input{true,    arena,          a.x_off,      a.x_stride,
+                             a.k,     a.tokens.begin, a.tokens.end, static_cast<uint32_t>(bits),
+                             zp_shift};
+  if (!(reuse_quantized_ && quantized_ == input)) {
+    cl_kernel qk = dev_.kernel("quantize_q8_act");
+    set_args(qk, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.k},
+             cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, int8_tiles_,
+             cl_uint{static_cast<uint32_t>(bits)}, cl_uint{zp_shift});
+    const size_t qglobal[2] = {a.k / static_cast<size_t>(kQK), n};
+    clReleaseEvent(launch("quantize_q8_act", qk, 2, qglobal, nullptr));
+    quantized_ = input;
+  }
+  // The output may overwrite the input rows (or, for Logits, rows we do not bound here).
+  const uint64_t x_begin = a.x_off + uint64_t{a.tokens.begin} * a.x_stride * 4,
+                 x_end = a.x_off + uint64_t{a.tokens.end} * a.x_stride * 4,
+                 y_begin = a.y_off + uint64_t{a.tokens.begin} * a.y_stride * 4,
+                 y_end = a.y_off + uint64_t{a.tokens.end} * a.y_stride * 4;
+  if (a.rows_from_table || (y_begin < x_end && x_begin < y_end)) forget_quantized_input();
+}
+
 void GpuKernels::reuse_quantized_inputs() {
   reuse_quantized_ = true;
   forget_quantized_input();
 }
 
 cl_event GpuKernels::matmul(cl_mem arena, const MatmulArgs& a) {
+  if (dtype_is_k_quant(a.wtype)) return matmul_kq(arena, a);
   if (a.packed_rows && !has_packed_layout(a.wtype))
     throw Error(Errc::invalid_argument, std::string("gpu_svc: no packed layout for ") +
                                             kernel_type_suffix(a.wtype) + " weights");
@@ -516,13 +528,14 @@ cl_event GpuKernels::copy(cl_mem src, cl_mem dst, size_t bytes) {
 cl_event GpuKernels::kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, uint64_t v_off,
                               uint32_t v_stride, const KvArgs& kv, uint64_t tok_off, TokenRange t) {
   forget_quantized_input();
-  cl_kernel k = dev_.kernel("kv_write");
+  const char* name = kv.f16 ? "kv_write_f16" : "kv_write";
+  cl_kernel k = dev_.kernel(name);
   set_args(k, arena, cl_ulong{k_off}, cl_uint{k_stride}, cl_ulong{v_off}, cl_uint{v_stride}, kv.kv,
            cl_ulong{kv.pages_offset}, cl_ulong{kv.page_bytes}, cl_uint{kv.page_tokens},
            cl_uint{kv.kv_dim}, cl_uint{kv.layer}, cl_ulong{tok_off}, cl_ulong{kv.page_table_off},
            cl_uint{kv.page_table_cols}, cl_uint{t.begin});
   const size_t global[2] = {kv.kv_dim, t.count()};
-  return launch("kv_write", k, 2, global, nullptr);
+  return launch(name, k, 2, global, nullptr);
 }
 
 cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, uint64_t out_off,
@@ -533,7 +546,8 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
   // CPU devices: the vectorised kernel (head_dim a multiple of 16, up to ATTN_CPU_VECS * 16)
   // where their compiler built it (clang: PoCL).
   const bool cpu_vec = attention_cpu_available_ && head_dim % 16 == 0 && head_dim <= 128;
-  const char* name = cpu_vec ? "attention_cpu" : "attention";
+  const char* name = cpu_vec ? (kv.f16 ? "attention_cpu_f16" : "attention_cpu")
+                             : (kv.f16 ? "attention_f16" : "attention");
   cl_kernel k = dev_.kernel(name);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   set_args(k, arena, cl_ulong{q_off}, cl_uint{q_stride}, cl_ulong{out_off}, cl_uint{out_stride},

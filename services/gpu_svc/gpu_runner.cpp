@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/gpu_timing.h"
 #include "core/op_shape.h"
+#include "services/gpu_svc/kv_pieces.h"
 
 namespace duet::gpu {
 namespace {
@@ -59,9 +60,10 @@ struct GpuRunner::Program {
   fb::ProgramT prog;
   ProgramMemory mem;
   bool uses_flags = false;
-  cl_mem weights = nullptr, arena = nullptr, kv = nullptr;
+  cl_mem weights = nullptr, arena = nullptr;
+  KvPieces kv;  // the KV segment, one buffer per group of layers (kv_pieces.h)
   bool uses_kv = false;
-  // CPU integer path: the tiled copies of its Q4_0/Q8_0 matmul weights, by weight offset.
+  // CPU integer path: the tiled copies of its Q4_0/Q8_0/K-quant matmul weights, by offset.
   std::map<uint64_t, std::shared_ptr<const TiledTensor>> tiled;
 };
 
@@ -130,6 +132,9 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
         kernel_type_suffix(wt);  // throws unsupported for a type the kernels do not read
         if (op.weight->cols() % kQK != 0)
           fail("weight width " + std::to_string(op.weight->cols()) + " is not a multiple of 32");
+        if (dtype_is_k_quant(wt) && op.weight->cols() % kQK_K != 0)
+          fail(std::string(dtype_name(wt)) + " weight width " + std::to_string(op.weight->cols()) +
+               " is not a multiple of 256");
       } else if (wt != DType::F32) {
         fail("norm weight and bias must be F32");
       }
@@ -172,14 +177,17 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
   if (kernels_.int8_matmul())
     for (const auto& op : program.ops)
       if ((op->kind == fb::OpKind::MatMul || op->kind == fb::OpKind::Logits) && op->weight &&
-          has_packed_layout(static_cast<DType>(op->weight->dtype())))
+          has_tiled_layout(static_cast<DType>(op->weight->dtype())))
         p->tiled.try_emplace(
             op->weight->offset(),
             tiled_.get(dev_, static_cast<DType>(op->weight->dtype()), op->weight->rows(),
                        op->weight->cols(),
                        static_cast<const uint8_t*>(mem.weights) + op->weight->offset()));
   p->arena = wrap(mem.arena, mem.arena_bytes, false);
-  p->kv = wrap(mem.kv, mem.kv_bytes, false);
+  if (mem.kv)
+    p->kv = map_kv_pieces(
+        *program.kv, mem.kv, mem.kv_bytes, dev_.info().max_alloc_bytes,
+        [this](const void* host, uint64_t bytes) { return wrap(host, bytes, false); });
   p->prog = std::move(program);
   programs_[id] = std::move(p);
 }
@@ -231,11 +239,13 @@ cl_event GpuRunner::read_back_output(const Program& p, const fb::OpT& op, const 
         const int32_t page = page_tables[uint64_t(rows[t].seq) * step.page_table_cols +
                                          static_cast<uint32_t>(rows[t].pos) / kvl.page_tokens];
         const uint64_t row = static_cast<uint32_t>(rows[t].pos) % kvl.page_tokens;
-        for (uint64_t which = 0; which < 2; ++which)
-          read(p.kv, p.mem.kv,
-               kvl.pages_offset + uint64_t(page) * kvl.page_bytes +
-                   ((uint64_t(op.layer) * 2 + which) * kvl.page_tokens + row) * kvl.kv_dim * 4,
-               uint64_t{kvl.kv_dim} * 4);
+        const KvPiece& piece = p.kv.of_layer(static_cast<uint32_t>(op.layer));
+        for (uint32_t which = 0; which < 2; ++which)
+          read(piece.mem, p.mem.kv + piece.base,
+               kv_row_offset(kvl, static_cast<uint32_t>(op.layer), which,
+                             static_cast<uint32_t>(page), static_cast<uint32_t>(row)) -
+                   piece.base,
+               uint64_t{kvl.kv_dim} * kv_value_bytes(kvl));
       }
       break;
     case fb::OpKind::Rope:
@@ -348,10 +358,10 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     check_cl(clEnqueueWriteBuffer(q, p.arena, CL_FALSE, 0, p.mem.arena_bytes, p.mem.arena, 0,
                                   nullptr, nullptr),
              "clEnqueueWriteBuffer(arena)");
-    if (p.mem.kv)
-      check_cl(
-          clEnqueueWriteBuffer(q, p.kv, CL_FALSE, 0, p.mem.kv_bytes, p.mem.kv, 0, nullptr, nullptr),
-          "clEnqueueWriteBuffer(kv)");
+    for (const KvPiece& piece : p.kv.pieces)
+      check_cl(clEnqueueWriteBuffer(q, piece.mem, CL_FALSE, 0, piece.bytes, p.mem.kv + piece.base,
+                                    0, nullptr, nullptr),
+               "clEnqueueWriteBuffer(kv)");
   }
 
   StepReport report;
@@ -419,21 +429,19 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
                                             p.mem.arena + r->offset(), 0, nullptr, nullptr),
                        "clEnqueueWriteBuffer(input)");
           if (p.mem.kv && (op.kind == fb::OpKind::Attention))
-            check_cl(clEnqueueWriteBuffer(q, p.kv, CL_FALSE, 0, p.mem.kv_bytes, p.mem.kv, 0,
-                                          nullptr, nullptr),
-                     "clEnqueueWriteBuffer(kv)");
+            for (const KvPiece& piece : p.kv.pieces)
+              check_cl(clEnqueueWriteBuffer(q, piece.mem, CL_FALSE, 0, piece.bytes,
+                                            p.mem.kv + piece.base, 0, nullptr, nullptr),
+                       "clEnqueueWriteBuffer(kv)");
         }
       }
       const uint32_t t0 = std::min(op.seq_begin, n);
       const uint32_t t1 = op.seq_end ? std::min(op.seq_end, n) : n;
-      const KvArgs kv{p.kv,
-                      kvl.pages_offset,
-                      kvl.page_bytes,
-                      kvl.page_tokens,
-                      kvl.kv_dim,
-                      static_cast<uint32_t>(std::max<int16_t>(op.layer, 0)),
-                      step.page_tables_offset,
-                      step.page_table_cols};
+      const bool kv_op = op.kind == fb::OpKind::KvWrite || op.kind == fb::OpKind::Attention;
+      const KvArgs kv = kv_op
+                            ? p.kv.args(kvl, static_cast<uint32_t>(std::max<int16_t>(op.layer, 0)),
+                                        step.page_tables_offset, step.page_table_cols)
+                            : KvArgs{};
       cl_event first = nullptr, last = nullptr;
       switch (op.kind) {
         case fb::OpKind::Embed:

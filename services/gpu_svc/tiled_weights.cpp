@@ -1,5 +1,6 @@
 #include "services/gpu_svc/tiled_weights.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -20,7 +21,13 @@ void CL_CALLBACK free_host_memory(cl_mem, void* host) {
 
 }  // namespace
 
+bool has_tiled_layout(DType type) {
+  return type == DType::Q4_0 || type == DType::Q8_0 || dtype_is_k_quant(type);
+}
+
 uint32_t tiled_block_bytes(DType type) {
+  if (dtype_is_k_quant(type))
+    return static_cast<uint32_t>((dtype_block_bytes(type) + 3) / 4 * 4 * kTiledRows);
   switch (type) {
     case DType::Q4_0:
       return 32 + kTiledRows * sizeof(BlockQ4_0::qs);
@@ -33,10 +40,37 @@ uint32_t tiled_block_bytes(DType type) {
 }
 
 uint64_t tiled_bytes(DType type, uint64_t rows, uint32_t cols) {
-  return (rows + kTiledRows - 1) / kTiledRows * (cols / kQK) * tiled_block_bytes(type);
+  return (rows + kTiledRows - 1) / kTiledRows * (cols / dtype_block_elems(type)) *
+         tiled_block_bytes(type);
 }
 
+namespace {
+
+// K types: each super-block's bytes transposed dword by dword (tiled_weights.h).
+void tile_k_weights(DType type, uint64_t rows, uint32_t cols, const uint8_t* src, uint8_t* dst) {
+  if (cols == 0 || cols % kQK_K != 0)
+    throw Error(Errc::invalid_argument, "gpu_svc: cannot tile a " + std::string(dtype_name(type)) +
+                                            " weight of width " + std::to_string(cols));
+  const uint64_t nb = cols / kQK_K, in_bytes = dtype_block_bytes(type);
+  const uint32_t out_bytes = tiled_block_bytes(type), dwords = out_bytes / 64;
+  for (uint64_t g = 0; g < (rows + kTiledRows - 1) / kTiledRows; ++g)
+    for (uint64_t b = 0; b < nb; ++b) {
+      uint8_t* out = dst + (g * nb + b) * out_bytes;
+      std::memset(out, 0, out_bytes);
+      for (uint32_t lane = 0; lane < kTiledRows; ++lane) {
+        const uint64_t row = g * kTiledRows + row_of_lane(lane);
+        if (row >= rows) continue;
+        const uint8_t* in = src + (row * nb + b) * in_bytes;
+        for (uint32_t v = 0; v < dwords; ++v)
+          std::memcpy(out + v * 64 + lane * 4, in + 4 * v, std::min<uint64_t>(4, in_bytes - 4 * v));
+      }
+    }
+}
+
+}  // namespace
+
 void tile_weights(DType type, uint64_t rows, uint32_t cols, const uint8_t* src, uint8_t* dst) {
+  if (dtype_is_k_quant(type)) return tile_k_weights(type, rows, cols, src, dst);
   if (cols == 0 || cols % kQK != 0)
     throw Error(Errc::invalid_argument,
                 "gpu_svc: cannot tile a weight of width " + std::to_string(cols));

@@ -14,6 +14,11 @@
 //
 // row_of_lane(L) = 4 (L % 4) + L / 4 is the file kernels' transpose order, so both layouts give
 // the same lanes and the same bits. Same size as the file's blocks (plus the padding rows).
+//
+// K types (Q4_K, Q5_K, Q6_K; matmul_kq_cpu.cl): the unit is a super-block of 256 weights (nb =
+// cols / 256), its B ggml bytes (144, 176, 210) as ceil(B / 4) lane vectors: vector v, lane L =
+// bytes 4v..4v+3 of row 16 g + row_of_lane(L)'s super-block (bytes past B zero; S = 64 ceil(B/4):
+// 2304, 2816, 3392), i.e. the super-block's bytes unchanged, transposed dword by dword.
 // gpu_svc keeps one tiled copy per tensor in its own memory (the file's pages stay shared with
 // npu_svc); a copy lives while a registered program uses it.
 #include <CL/cl.h>
@@ -29,7 +34,9 @@
 namespace duet::gpu {
 
 inline constexpr uint32_t kTiledRows = 16;
-// S above: bytes of one group's block (throws invalid_argument for types other than Q4_0/Q8_0).
+// Types with a tiled layout: Q4_0, Q8_0 and the K types.
+bool has_tiled_layout(DType type);
+// S above: bytes of one group's block or super-block (throws invalid_argument for other types).
 uint32_t tiled_block_bytes(DType type);
 uint64_t tiled_bytes(DType type, uint64_t rows, uint32_t cols);
 // dst (tiled_bytes) from `rows` x `cols` weights stored as ggml blocks at src.

@@ -3,6 +3,10 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -102,6 +106,7 @@ std::string outcome_of(int status) {
 
 struct HttpServer::Impl {
   ServerContext ctx;
+  int listen_fd = -1;  // the listening socket, to widen its backlog after httplib's listen()
 
   // The supervisor's status (null when it does not answer within the deadline).
   json supervisor_status() const {
@@ -321,6 +326,15 @@ HttpServer::HttpServer(HttpOptions options, std::shared_ptr<spdlog::logger> log)
   server_->set_read_timeout(options_.read_timeout_s, 0);
   server_->set_write_timeout(options_.write_timeout_s, 0);
   server_->set_keep_alive_timeout(5);
+  // Measured (bench/http/RESULTS.md): with Nagle on, each response waited for the client's
+  // delayed ACK (~40 ms a request, 16 req/s for one client); SSE chunks must leave at once too.
+  server_->set_tcp_nodelay(true);
+  // httplib's default closes a keep-alive connection after 5 requests.
+  server_->set_keep_alive_max_count(1000);
+  server_->set_socket_options([impl = impl_.get()](socket_t sock) {
+    httplib::default_socket_options(sock);
+    impl->listen_fd = sock;
+  });
   impl_->install(*server_);
 }
 
@@ -339,6 +353,11 @@ int HttpServer::start() {
     throw Error(Errc::unavailable, "cannot listen on " + options_.host + ":" +
                                        std::to_string(options_.port) +
                                        " (in use, or not an address of this machine)");
+  // Debian's shared cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed
+  // when the library was built): more clients connecting at once than that wait on SYN retries
+  // or fail. listen() again on the bound socket only widens the queue.
+  if (impl_->listen_fd >= 0 && ::listen(impl_->listen_fd, SOMAXCONN) != 0)
+    log_->warn("http_svc: cannot widen the listen backlog: {}", std::strerror(errno));
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   log_->info("http_svc listening on http://{}:{} for stack {} (model '{}', {} workers{})",
              options_.host, port, options_.stack_id, impl_->ctx.model, options_.workers,

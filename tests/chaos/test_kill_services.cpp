@@ -1,6 +1,7 @@
 // kill -9 during generation through the real stack: a device or solver death costs time, never
 // tokens; a frontend death gives the client a clear error and leaks nothing; and a bounded chaos
-// run of 8 concurrent clients under random kills loses no request.
+// run of 8 concurrent clients under random kills of every process, the supervisor included
+// (adopted by the next `up`), loses no request.
 #include <fcntl.h>
 #include <poll.h>
 
@@ -233,14 +234,30 @@ TEST_F(ChaosRun, EveryRequestCompletesRightOrFailsClearly) {
       }
     });
   }
-  const std::vector<std::string> victims = {"frontend", "gpu_svc", "npu_svc", "solver_svc"};
+  // The supervisor too: its services run on without it until the next `up` (200-1500 ms later
+  // here, an operator's or a unit's restart) adopts them.
+  const std::vector<std::string> victims = {"frontend", "gpu_svc", "npu_svc", "solver_svc",
+                                            "supervisor"};
   std::mt19937 rng(42);
-  int kills = 0;
+  int kills = 0, adoptions = 0;
   std::map<std::string, int> kills_by_victim;
   const auto end = Clock::now() + std::chrono::seconds(seconds);
   while (Clock::now() < end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500 + rng() % 2500));
     const std::string& victim = victims[rng() % victims.size()];
+    if (victim == "supervisor") {
+      const auto s = try_status();
+      const int pid = s ? (*s)["pid"].get<int>() : 0;
+      if (pid <= 0 || kill(pid, SIGKILL) != 0) continue;
+      ++kills;
+      ++kills_by_victim[victim];
+      while (process_alive(pid)) std::this_thread::sleep_for(1ms);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 1300));
+      const CliResult r = run_duet("stack up --stack " + id_);
+      EXPECT_EQ(r.rc, 0) << r.out;
+      adoptions += r.out.find("adopted") != std::string::npos;
+      continue;
+    }
     const auto [pid, healthy] = service_state(victim);
     if (pid > 0 && healthy && kill(pid, SIGKILL) == 0) {
       ++kills;
@@ -253,10 +270,10 @@ TEST_F(ChaosRun, EveryRequestCompletesRightOrFailsClearly) {
   for (const auto& [code, n] : errors_by_code) codes += " " + code + "=" + std::to_string(n);
   for (const auto& [victim, n] : kills_by_victim) killed += " " + victim + "=" + std::to_string(n);
   std::printf(
-      "[chaos] %d s: requests %d, kills %d (%s), completed %d, failed with error %d (timeouts "
-      "%d;%s), lost %d\n",
-      seconds, requests.load(), kills, killed.empty() ? "" : killed.c_str() + 1, completed.load(),
-      failed.load(), timed_out.load(), codes.c_str(), lost.load());
+      "[chaos] %d s: requests %d, kills %d (%s; %d adoptions), completed %d, failed with error %d "
+      "(timeouts %d;%s), lost %d\n",
+      seconds, requests.load(), kills, killed.empty() ? "" : killed.c_str() + 1, adoptions,
+      completed.load(), failed.load(), timed_out.load(), codes.c_str(), lost.load());
   EXPECT_EQ(lost, 0);
   EXPECT_GT(completed, 0);
   EXPECT_EQ(requests, completed + failed + lost);

@@ -286,18 +286,33 @@ TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
 // gpu_svc has no kernels for the K types yet (issue 19's gpu half): a program reading one is
 // refused at registration with the type's name, never run on garbage. Replace with the kernels'
 // tests when they land.
-TEST(GpuRunner, RefusesKQuantWeightsUntilItHasKernels) {
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("duet-gpu-q4km-" + std::to_string(::getpid()) + ".gguf");
-  SyntheticModelOptions o;
-  o.preset = "q4_k_m";
-  o.n_vocab = 1024;
-  o.n_ctx = 128;
-  write_synthetic_model(model_shape("tiny-llama3-256"), o, path.string());
-  auto m = LlamaModel::load(path.string());
-  expect_error([&] { GpuProgramRun run(*m, Plan::gpu_only(), 4); }, Errc::unsupported,
-               "gpu_svc kernels do not read weight type Q");
-  std::filesystem::remove(path);
+// K-quant mixes (issue 19: Q4_K with Q6_K for output, attn_v and ffn_down, ...) through the
+// runner: the integer path with tiled copies (CPU devices), the fp32 kernels (the integer path
+// off: what GPUs run) and copies mode, gpu-only and weight-split, against the reference.
+TEST(GpuRunner, KQuantMixesMatchTheReferenceGpuOnlyAndWeightSplit) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("duet-gpu-kquant-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  DeviceOptions copies;
+  copies.force_copies = true;
+  auto copies_dev = ClDevice::open(copies);
+  for (const char* preset : {"q4_k_m", "q5_k_m", "q6_k"}) {
+    SCOPED_TRACE(preset);
+    SyntheticModelOptions o;
+    o.preset = preset;
+    o.n_vocab = 2048;
+    o.n_ctx = 128;
+    const std::string path = (dir / (std::string(preset) + ".gguf")).string();
+    write_synthetic_model(model_shape("tiny-llama3-256"), o, path);
+    auto m = LlamaModel::load(path);
+    ASSERT_TRUE(dtype_is_k_quant(m->layers[1].w_down.type));
+    expect_matches_reference(*m, Plan::gpu_only());
+    expect_matches_reference(*m, weight_split_plan(*m));
+    expect_matches_reference(*m, Plan::gpu_only(), *copies_dev);
+    const testing::ScopedEnv fp32("DUET_GPU_INT8_MATMUL", "0");
+    expect_matches_reference(*m, Plan::gpu_only());
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(GpuRunner, AWaitOnAFlagNobodyPublishesEndsAtItsDeadline) {

@@ -3,9 +3,7 @@
 // bad input gets its status and OpenAI error, and a kill -9 of http_svc mid-stream is survived:
 // restarted, the cut request cancelled (its KV pages free), new requests served.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,6 +13,7 @@
 #include <thread>
 
 #include "core/client.h"
+#include "tests/http_svc/http_test_support.h"
 #include "tests/support/stack_support.h"
 
 namespace duet {
@@ -24,69 +23,17 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 using test_support::run_duet;
 
-int free_port() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  close(s);
-  return ntohs(a.sin_port);
-}
-
-struct Shell {
-  int rc;
-  std::string out;
-};
-
-Shell sh(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
-
-// The text of an SSE completion stream (curl -N output), and whether it ended with [DONE].
-struct Sse {
-  std::string text, finish;
-  bool done = false;
-  int chunks = 0;
-};
-
-Sse parse_sse(const std::string& body) {
-  Sse s;
-  size_t pos = 0;
-  while ((pos = body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = body.find("\n\n", pos);
-    const std::string data = body.substr(pos + 6, end == std::string::npos ? end : end - pos - 6);
-    pos = end == std::string::npos ? body.size() : end;
-    if (data == "[DONE]") {
-      s.done = true;
-      continue;
-    }
-    const json j = json::parse(data);
-    if (!j.contains("choices") || j["choices"].empty()) continue;
-    const json& c = j["choices"][0];
-    if (c.contains("text")) s.text += c["text"].get<std::string>();
-    if (c.contains("delta") && c["delta"].contains("content"))
-      s.text += c["delta"]["content"].get<std::string>();
-    if (!c["finish_reason"].is_null()) s.finish = c["finish_reason"];
-    ++s.chunks;
-  }
-  return s;
-}
+using test_support::parse_sse;
+using test_support::sh;
+using test_support::Shell;
+using test_support::Sse;
 
 class HttpSvcTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     id_ = "http_t_" + std::to_string(getpid() % 100000);
     run_dir_ = default_run_dir(id_);
-    port_ = free_port();
+    port_ = test_support::free_port();
     auto r = run_duet("stack up --stack " + id_ + " --http " + std::to_string(port_));
     ASSERT_EQ(r.rc, 0) << r.out;
     ASSERT_NE(r.out.find("5 services healthy"), std::string::npos) << r.out;

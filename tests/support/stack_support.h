@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/messaging.h"
 #include "core/run_dir.h"
+#include "core/stack_record.h"
 #include "shm/segment.h"
 
 namespace duet::test_support {
@@ -71,6 +72,10 @@ inline std::vector<int> stack_pids(const std::string& run_dir) {
     pids.push_back((*s)["pid"].get<int>());
     for (const auto& svc : (*s)["services"]) pids.push_back(svc["pid"].get<int>());
   }
+  // Services outlive a killed supervisor: its record names them (checked against their start).
+  if (auto record = read_stack_record(run_dir))
+    for (const ServiceRecord& svc : record->services)
+      if (process_start_ticks(svc.pid) == svc.start_ticks) pids.push_back(svc.pid);
   return pids;
 }
 

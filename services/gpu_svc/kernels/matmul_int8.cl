@@ -25,8 +25,9 @@
 // The quantised input, by tiles of MMI_TILE tokens (counted from t_begin) and blocks: the group of
 // tile t and block b starts at q + (t * n_blocks + b) * MMI_GROUP_BYTES and holds, for token slot
 // s = 0..7 of the tile, its plane 0 (32 int8) at s * 64 and plane 1 at s * 64 + 32, then the 8
-// float scales d (at 512), 8 int32 sums of plane 0 (at 544) and 8 int32 sums of the block's
-// quants or of plane 1 (at 576); 640 bytes, ten cache lines. A matmul's work-item then reads a
+// float scales d (at 512), 8 int32 sums of plane 0 (at 544), 8 int32 sums of the block's
+// quants or of plane 1 (at 576) and 8 of its first 16 quants (at 608, the whole quants'
+// sum as SUMS1 for 16 bits); 640 bytes, ten cache lines. A matmul's work-item then reads a
 // whole block of its 8 tokens at fixed offsets from one pointer (with a row per token it kept 24
 // pointers, reloaded from the stack in the inner loop). With bits = 8 (llama.cpp's Q8_0
 // activations) a block is q = round(x / d), d = amax / 127, in plane 0. With bits = 16,
@@ -38,6 +39,7 @@
 #define MMI_SCALES 512
 #define MMI_SUMS0 544
 #define MMI_SUMS1 576
+#define MMI_HALF_SUMS 608  // the first 16 quants' sums (as SUMS1 for 16 bits): matmul_kq_cpu.cl
 kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_stride, uint k,
                             uint t_begin, uint t_end, global uchar* q, uint bits, uint zp_shift) {
   const uint b = get_global_id(0), i = get_global_id(1);
@@ -78,6 +80,11 @@ kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_strid
   const int4 u0 = t0.lo + t0.hi, u1 = t1.lo + t1.hi;
   ((global int*)(group + MMI_SUMS0))[slot] = -((u0.x + u0.y + u0.z + u0.w) << zp_shift);
   ((global int*)(group + MMI_SUMS1))[slot] = -((u1.x + u1.y + u1.z + u1.w) << zp_shift);
+  // The first 16 values' quants (Q6_K's scales cover 16 values), as the correction above.
+  const int16 first = bits == 16 ? (q0lo << 8) + q1lo : q0lo;
+  const int8 f8 = first.lo + first.hi;
+  const int4 f4 = f8.lo + f8.hi;
+  ((global int*)(group + MMI_HALF_SUMS))[slot] = -((f4.x + f4.y + f4.z + f4.w) << zp_shift);
 }
 
 // vpdpbusd, emulated: per 32-bit lane, acc + the 4 products of u's unsigned bytes and s's signed

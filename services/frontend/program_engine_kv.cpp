@@ -1,0 +1,71 @@
+// ProgramEngine's sequences and their KV pages (program_engine.h, kv_share.h): open, reserve,
+// grow page by page as steps append, truncate, close.
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "services/frontend/program_engine.h"
+
+namespace duet::frontend {
+
+void ProgramEngine::attach_kv(uint32_t n_pages, uint64_t page_bytes) {
+  kv_ = options_.kv_share
+            ? join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, "shared"), n_pages,
+                           page_bytes)
+            : KvPool::create(kv_name(options_.stack_id, options_.segment_tag), n_pages, page_bytes);
+}
+
+void ProgramEngine::open_seq(uint64_t seq_id, int max_positions) {
+  if (seq_id == shm::KvPages::kFree)
+    throw Error(Errc::invalid_argument, "sequence id 0 is reserved");
+  if (max_positions <= 0 || static_cast<uint32_t>(max_positions) > options_.max_ctx)
+    throw Error(Errc::out_of_range, "a sequence of " + std::to_string(max_positions) +
+                                        " positions exceeds the context of " +
+                                        std::to_string(options_.max_ctx));
+  std::lock_guard lock(kv_->mu);
+  if (kv_->seqs.count(seq_id))
+    throw Error(Errc::invalid_argument, "sequence " + std::to_string(seq_id) + " is open");
+  kv_->seqs[seq_id] = KvPool::Sequence{max_positions, 0};
+}
+
+void ProgramEngine::close_seq(uint64_t seq_id) {
+  std::lock_guard lock(kv_->mu);
+  kv_->check_not_held(seq_id, "close_seq");
+  if (kv_->seqs.erase(seq_id)) kv_->pages->free_owner(seq_id);
+}
+
+void ProgramEngine::reserve_seq(uint64_t seq_id, int positions) {
+  if (positions <= 0 || static_cast<uint32_t>(positions) > options_.max_ctx)
+    throw Error(Errc::out_of_range, "reserve: " + std::to_string(positions) +
+                                        " positions, the context is " +
+                                        std::to_string(options_.max_ctx));
+  std::lock_guard lock(kv_->mu);
+  kv_->reserve(
+      seq_id, (static_cast<uint32_t>(positions) + options_.page_tokens - 1) / options_.page_tokens);
+}
+
+void ProgramEngine::truncate_seq(uint64_t seq_id, int n_past) {
+  std::lock_guard lock(kv_->mu);
+  kv_->check_not_held(seq_id, "truncate_seq");
+  auto it = kv_->seqs.find(seq_id);
+  if (it == kv_->seqs.end()) return;
+  it->second.n_past = std::clamp(n_past, 0, it->second.n_past);
+}
+
+void ProgramEngine::ensure_pages(uint64_t seq_id, int positions) {
+  const uint32_t need =
+      (static_cast<uint32_t>(positions) + options_.page_tokens - 1) / options_.page_tokens;
+  KvPool::Sequence& seq = kv_->seqs.at(seq_id);
+  if (need <= seq.pages) return;
+  // Past its promise a sequence may only take pages nobody else was promised.
+  const uint32_t own_promise = seq.reserved > seq.pages ? seq.reserved - seq.pages : 0;
+  const uint32_t beyond = need - seq.pages > own_promise ? need - seq.pages - own_promise : 0;
+  const uint32_t others = kv_->promised_not_taken() - own_promise;
+  if (beyond > 0 && kv_->pages->free_count() < others + beyond)
+    throw Error(Errc::busy, "KV cache full: sequence " + std::to_string(seq_id) + " grows " +
+                                std::to_string(beyond) + " pages past what it reserved");
+  kv_->pages->alloc(need - seq.pages, seq_id);  // Error(busy) when the cache is full
+  seq.pages = need;
+}
+
+}  // namespace duet::frontend

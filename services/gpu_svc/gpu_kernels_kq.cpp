@@ -1,0 +1,92 @@
+// K-quant matmuls (Q4_K, Q5_K, Q6_K weights in the file's layout; issue 19). CPU devices with the
+// integer path quantise the input rows as for Q4_0/Q8_0 (quantize_q8_act, zero point 0) and run
+// matmul_kq_cpu.cl's kernels; every other device, and CPU devices with the integer path off, the
+// fp32 kernels of matmul_kq_gpu.cl (the GEMV for up to 4 tokens on GPUs, the 8-token GEMM else).
+#include <string>
+
+#include "core/error.h"
+#include "services/gpu_svc/gpu_kernels.h"
+
+namespace duet::gpu {
+namespace {
+
+size_t round_up(size_t v, size_t m) {
+  return (v + m - 1) / m * m;
+}
+
+template <typename T>
+void set_arg(cl_kernel k, cl_uint i, const T& v) {
+  check_cl(clSetKernelArg(k, i, sizeof(T), &v), "clSetKernelArg");
+}
+template <typename... A>
+void set_args(cl_kernel k, const A&... a) {
+  cl_uint i = 0;
+  (set_arg(k, i++, a), ...);
+}
+
+}  // namespace
+
+cl_event GpuKernels::matmul_kq(cl_mem arena, const MatmulArgs& a) {
+  if (a.k % kQK_K != 0)
+    throw Error(Errc::invalid_argument,
+                std::string("gpu_svc: a ") + std::string(dtype_name(a.wtype)) +
+                    " weight's width must be a multiple of 256, not " + std::to_string(a.k));
+  if (a.packed_rows)
+    throw Error(Errc::invalid_argument, std::string("gpu_svc: ") +
+                                            std::string(dtype_name(a.wtype)) +
+                                            " weights have no packed layout");
+  if (int8_matmul_) return matmul_kq_int8(arena, a);  // from the tiled copy when a.tiled is set
+  forget_quantized_input();  // the float kernels do not track their outputs
+  const uint32_t n = a.tokens.count();
+  const size_t rows = a.row_end > a.row_begin ? a.row_end - a.row_begin : 0;
+  const std::string suffix = kernel_type_suffix(a.wtype);
+  const bool gemv = coop_gemv_ && n <= 4;
+  const std::string name = (gemv ? "gemv_kq_" : "matmul_t8_") + suffix;
+  cl_kernel k = dev_.kernel(name);
+  set_args(k, a.w, cl_ulong{a.w_off}, cl_uint{a.k}, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride},
+           cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
+           cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
+           cl_int{a.rows_from_table ? 1 : 0});
+  if (gemv) {
+    constexpr size_t kRows = 8, kLanes = 32;  // KQ_GEMV_ROWS in matmul_kq_gpu.cl, 32 per row
+    const size_t global[2] = {round_up(rows, kRows) * kLanes, n};
+    const size_t local[2] = {kRows * kLanes, 1};
+    return launch(name.c_str(), k, 2, global, local);
+  }
+  const size_t row_group = dev_.info().type == "gpu" ? 64 : 16;
+  const size_t global[2] = {round_up(rows, row_group), (n + 7) / 8};
+  const size_t local[2] = {row_group, 1};
+  return launch(name.c_str(), k, 2, global, local);
+}
+
+// As matmul_int8: the quantised input (shared with the Q4_0/Q8_0 kernels' when the zero point
+// matches: K types have none), then 16 rows x 1 or 8 tokens per work-item, from the tiled copy
+// (tiled_weights.h) or the file's layout.
+cl_event GpuKernels::matmul_kq_int8(cl_mem arena, const MatmulArgs& a) {
+  const uint32_t n = a.tokens.count();
+  if (n == 0 || a.row_end <= a.row_begin) {
+    const size_t none[1] = {0};
+    return launch("matmul_i8", nullptr, 1, none, nullptr);
+  }
+  const int bits = a.role ? int8_act_bits(*a.role) : int8_act_bits();
+  quantize_int8_input(arena, a, bits, 0);
+  constexpr size_t kRowsPerItem = 16;
+  const size_t tokens_per_item = n == 1 ? 1 : kInt8TileTokens;
+  const std::string name = std::string("matmul_i8_") + kernel_type_suffix(a.wtype) + "_t" +
+                           std::to_string(tokens_per_item) + (int8_vnni_ ? "_vnni" : "_portable") +
+                           "_a" + std::to_string(bits) + (a.tiled ? "_tiled" : "_file");
+  cl_kernel k = dev_.kernel(name);
+  set_args(k, a.tiled ? a.tiled : a.w, cl_ulong{a.tiled ? 0 : a.w_off}, cl_uint{a.k}, arena,
+           cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
+           cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
+           cl_int{a.rows_from_table ? 1 : 0}, int8_tiles_);
+  constexpr size_t kGroup = 4;  // as matmul_int8: 64 rows per PoCL work-group
+  // Tiled: the 16-row groups from the one holding row_begin; the file's layout: from row_begin.
+  const size_t first_row = a.tiled ? a.row_begin / kRowsPerItem * kRowsPerItem : a.row_begin;
+  const size_t items = (a.row_end - first_row + kRowsPerItem - 1) / kRowsPerItem;
+  const size_t global[2] = {round_up(items, kGroup), (n + tokens_per_item - 1) / tokens_per_item};
+  const size_t local[2] = {kGroup, 1};
+  return launch(name.c_str(), k, 2, global, local);
+}
+
+}  // namespace duet::gpu

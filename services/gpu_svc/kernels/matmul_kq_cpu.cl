@@ -1,0 +1,282 @@
+// ---- CPU devices (PoCL, x86): K-quant weights (Q4_K, Q5_K, Q6_K) x quantised activations,
+// integer dots (issue 19). The scheme of matmul_int8.cl, whose helpers and quantised input
+// (quantize_q8_act, zp_shift 0: MMI_SUMS* hold minus the plain quant sums) these kernels use.
+//
+// ggml's super-blocks of 256 weights (core/quant.h, ggml-common.h) per row:
+//   Q4_K 144 B: fp16 d, dmin; scales[12] (8 six-bit scales sc_j and mins m_j, packed as
+//        get_scale_min_k4); qs[128]: sub-block j (32 weights) is the low (j even) or high (j odd)
+//        nibbles of qs[32 (j / 2) .. + 32]; weight = d sc_j q - dmin m_j, q in 0..15.
+//   Q5_K 176 B: as Q4_K with qh[32] before qs: bit j of qh[l] is bit 4 of sub-block j's q_l.
+//   Q6_K 210 B: ql[128], qh[64], int8 scales[16] (one per 16 weights), fp16 d; 32-weight chunk
+//        c = 4h + cc (half h of 128) is ql[64h + 32 (cc & 1) ..]'s low (cc < 2) or high nibbles
+//        with bits 2cc..2cc+1 of qh[32h ..] above them; weight = d sc_s (q - 32), q in 0..63.
+// An activation block of 32 values is a weight sub-block (Q6_K: two scales of 16), so each
+// sub-block's dot is an exact int32 (unsigned quants x signed activations, vpdpbusd), and the
+// floats combine per sub-block in ONE order, emulated bit for bit by the tests:
+//   Q4_K/Q5_K: acc = fma((float)I_j, (d sc_j) dx, acc); acc = fma((float)-S_j, (dmin m_j) dx, acc)
+//   Q6_K:      per 16-value half e: acc = fma((float)(I_e - 32 S_e), (d sc_s) dx, acc)
+// (I: the int dot, S: the activation quants' sum, dx: the activation block's scale; d sc_j and
+// dmin m_j are exact in float). So a token's output does not depend on the launch (batch
+// invariance), and VNNI and portable kernels give the same bits.
+//
+// A work-item owns 16 rows (one per lane, MMI_ROW_OF_LANE order) and MMI_T tokens, as
+// matmul_int8.cl's kernels. Each piece of the 16 rows' super-blocks it needs is a set of lane
+// vectors (lane = row, dword v of each row's bytes): in the file's layout ("_file") transposed
+// from the rows (16-byte pieces, mmi_transpose); in the tiled copy ("_tiled", tiled_weights.h:
+// the super-blocks' bytes transposed dword by dword at load) read as they are.
+#if defined(__x86_64__) && defined(__clang__)
+
+#define BLOCK_BYTES_q4_k 144
+#define BLOCK_BYTES_q5_k 176
+#define BLOCK_BYTES_q6_k 210
+#define TILED_BYTES_q4_k 2304  // 64 * ceil(bytes / 4): tiled_block_bytes()
+#define TILED_BYTES_q5_k 2816
+#define TILED_BYTES_q6_k 3392
+
+// The 16 rows' 16 bytes at byte `at` of their super-block (row j at w + j * row_bytes), as 4 lane
+// vectors (dword g of each row's 16 bytes).
+__attribute__((always_inline)) inline void kq_rows16(global const uchar* w, ulong row_bytes,
+                                                     uint n_rows, uint at, int16* t) {
+  int4 r[16];
+#pragma unroll
+  for (uint j = 0; j < 16; ++j) r[j] = as_int4(vload16(0, MMI_ROW(w, j, n_rows, row_bytes) + at));
+  mmi_transpose(r, t);
+}
+// The lane vectors of bytes [at, at + 16) (at a multiple of 4) of the 16 rows' super-block: w is
+// row 0's super-block (file layout) or the group's tiled super-block (tiled).
+__attribute__((always_inline)) inline void kq_v4(global const uchar* w, ulong row_bytes,
+                                                 uint n_rows, uint at, int tiled, int16* t) {
+  if (tiled) {
+#pragma unroll
+    for (uint g = 0; g < 4; ++g) t[g] = vload16(at / 4 + g, (global const int*)w);
+  } else {
+    kq_rows16(w, row_bytes, n_rows, at, t);
+  }
+}
+// 32 bytes from `at`: 8 lane vectors.
+__attribute__((always_inline)) inline void kq_v8(global const uchar* w, ulong row_bytes,
+                                                 uint n_rows, uint at, int tiled, int16* t) {
+  kq_v4(w, row_bytes, n_rows, at, tiled, t);
+  kq_v4(w, row_bytes, n_rows, at + 16, tiled, t + 4);
+}
+// The 16 rows' int16 at byte `at` (even), sign-extended, lane order.
+__attribute__((always_inline)) inline int16 kq_s16(global const uchar* w, ulong row_bytes,
+                                                   uint n_rows, uint at, int tiled) {
+  if (tiled) return (vload16(at / 4, (global const int*)w) << (16 - 8 * (at % 4))) >> 16;
+  int16 h;
+#pragma unroll
+  for (uint L = 0; L < 16; ++L)
+    h[L] = *(global const short*)(MMI_ROW(w, MMI_ROW_OF_LANE(L), n_rows, row_bytes) + at);
+  return h;
+}
+
+// Q4_K/Q5_K: sub-block j's scale d sc_j and min dmin m_j, per lane, from the 16-byte header
+// (d | dmin << 16, then scales[0..3], [4..7], [8..11]) as lane vectors h[4].
+__attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, float16* ws,
+                                                        float16* wm) {
+  int16 sc, m;
+  if (j < 4) {
+    sc = (h[1] >> (8 * j)) & 63;
+    m = (h[2] >> (8 * j)) & 63;
+  } else {
+    const uint s = 8 * (j - 4);
+    sc = ((h[3] >> s) & 0xF) | (((h[1] >> (s + 6)) & 3) << 4);
+    m = ((h[3] >> (s + 4)) & 0xF) | (((h[2] >> (s + 6)) & 3) << 4);
+  }
+  *ws = mmi_fp16_to_float((h[0] << 16) >> 16) * convert_float16(sc);
+  *wm = mmi_fp16_to_float(h[0] >> 16) * convert_float16(m);
+}
+// Sub-block j's quants of the 16 rows as unsigned-byte lane vectors u[g] (weights 4g..4g+3).
+__attribute__((always_inline)) inline void kq_quants_q4_k(global const uchar* wb, ulong row_bytes,
+                                                          uint n_rows, int tiled, uint j, int16* u) {
+  int16 t[8];
+  kq_v8(wb, row_bytes, n_rows, 16 + 32 * (j / 2), tiled, t);
+  const uint s = 4 * (j & 1);
+#pragma unroll
+  for (uint g = 0; g < 8; ++g) u[g] = (t[g] >> s) & 0x0F0F0F0F;
+}
+__attribute__((always_inline)) inline void kq_quants_q5_k(global const uchar* wb, ulong row_bytes,
+                                                          uint n_rows, int tiled, uint j, int16* u) {
+  int16 t[8], hb[8];
+  kq_v8(wb, row_bytes, n_rows, 48 + 32 * (j / 2), tiled, t);
+  kq_v8(wb, row_bytes, n_rows, 16, tiled, hb);
+  const uint s = 4 * (j & 1);
+#pragma unroll
+  for (uint g = 0; g < 8; ++g) u[g] = ((t[g] >> s) & 0x0F0F0F0F) | (((hb[g] >> j) & 0x01010101) << 4);
+}
+// Q6_K chunk c's quants (0..63, before the -32) of the 16 rows.
+__attribute__((always_inline)) inline void kq_quants_q6_k(global const uchar* wb, ulong row_bytes,
+                                                          uint n_rows, int tiled, uint c, int16* u) {
+  int16 lo[8], hb[8];
+  const uint h = c / 4, cc = c % 4;
+  kq_v8(wb, row_bytes, n_rows, 64 * h + 32 * (cc & 1), tiled, lo);
+  kq_v8(wb, row_bytes, n_rows, 128 + 32 * h, tiled, hb);
+  const uint s = 4 * (cc >> 1);
+#pragma unroll
+  for (uint g = 0; g < 8; ++g)
+    u[g] = ((lo[g] >> s) & 0x0F0F0F0F) | (((hb[g] >> (2 * cc)) & 0x03030303) << 4);
+}
+// Q6_K chunk c's two scales d sc_2c and d sc_2c+1 per lane.
+__attribute__((always_inline)) inline void kq_scales_q6_k(global const uchar* wb, ulong row_bytes,
+                                                          uint n_rows, int tiled, uint c,
+                                                          float16* s0, float16* s1) {
+  const float16 d = mmi_fp16_to_float(kq_s16(wb, row_bytes, n_rows, 208, tiled));
+  const int16 sc = kq_s16(wb, row_bytes, n_rows, 192 + 2 * c, tiled);
+  *s0 = d * convert_float16((sc << 24) >> 24);
+  *s1 = d * convert_float16((sc << 16) >> 24);
+}
+
+// The int dots of the tokens' activation block (group, slots slot0..) with u[g] for g in
+// [G0, G1), starting from INIT (in the low plane's dot for 16 bits, as matmul_int8.cl).
+#define KQ_DOTS(MMI_T, ISA, BITS, G0, G1, INIT)                                                    \
+  int16 dot[MMI_T], dot_lo[MMI_T];                                                                 \
+  _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                             \
+    const int init = INIT;                                                                         \
+    dot[i] = (int16)(BITS == 16 ? 0 : init);                                                       \
+    dot_lo[i] = (int16)(BITS == 16 ? init : 0);                                                    \
+  }                                                                                                \
+  _Pragma("unroll") for (uint g = G0; g < G1; ++g) {                                               \
+    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot[i] =                                    \
+        DOT4_##ISA(dot[i], u[g], (int16)(((global const int*)(group + (slot0 + i) * 64))[g]));     \
+    if (BITS == 16)                                                                                \
+      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot_lo[i] = DOT4_##ISA(                   \
+          dot_lo[i], u[g], (int16)(((global const int*)(group + (slot0 + i) * 64))[8 + g]));       \
+  }
+#define KQ_INT(i, BITS) (BITS == 16 ? (dot[i] << 8) + dot_lo[i] : dot[i])
+#define KQ_DX(i) ((global const float*)(group + MMI_SCALES))[slot0 + i]
+// Minus the activation block's quant sum (zp_shift 0), and of its first 16.
+#define KQ_NEG_SUM(i, BITS) ((global const int*)(group + (BITS == 16 ? MMI_SUMS1 : MMI_SUMS0)))[slot0 + i]
+#define KQ_NEG_HALF(i) ((global const int*)(group + MMI_HALF_SUMS))[slot0 + i]
+
+// Q4_K/Q5_K: the 8 sub-blocks of super-block sb.
+#define KQ_SUPER_SCALED(NAME, MMI_T, ISA, BITS, N_ROWS, TILED)                                            \
+  {                                                                                                \
+    int16 h[4];                                                                                    \
+    kq_v4(wb, row_bytes, N_ROWS, 0, TILED, h);                                                     \
+    for (uint j = 0; j < 8; ++j) {                                                                 \
+      float16 ws, wm;                                                                              \
+      kq_scale_min(h, j, &ws, &wm);                                                                \
+      int16 u[8];                                                                                  \
+      kq_quants_##NAME(wb, row_bytes, N_ROWS, TILED, j, u);                                        \
+      global const uchar* group = groups + (ulong)(sb * 8 + j) * MMI_GROUP_BYTES;                  \
+      KQ_DOTS(MMI_T, ISA, BITS, 0, 8, 0)                                                           \
+      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                         \
+        const float dx = KQ_DX(i);                                                                 \
+        acc[i] = fma(convert_float16(KQ_INT(i, BITS)), ws * dx, acc[i]);                           \
+        acc[i] = fma((float16)((float)KQ_NEG_SUM(i, BITS)), wm * dx, acc[i]);                      \
+      }                                                                                            \
+    }                                                                                              \
+  }
+#define KQ_SUPER_q4_k(MMI_T, ISA, BITS, N_ROWS, TILED) \
+  KQ_SUPER_SCALED(q4_k, MMI_T, ISA, BITS, N_ROWS, TILED)
+#define KQ_SUPER_q5_k(MMI_T, ISA, BITS, N_ROWS, TILED) \
+  KQ_SUPER_SCALED(q5_k, MMI_T, ISA, BITS, N_ROWS, TILED)
+// Q6_K: the 8 chunks of super-block sb, each two halves of 16 with their own scale; the zero
+// point 32 as -32 times the half's activation quant sum, the dot's starting value.
+#define KQ_SUPER_q6_k(MMI_T, ISA, BITS, N_ROWS, TILED)                                                    \
+  for (uint c = 0; c < 8; ++c) {                                                                   \
+    float16 s0, s1;                                                                                \
+    kq_scales_q6_k(wb, row_bytes, N_ROWS, TILED, c, &s0, &s1);                                         \
+    int16 u[8];                                                                                    \
+    kq_quants_q6_k(wb, row_bytes, N_ROWS, TILED, c, u);                                            \
+    global const uchar* group = groups + (ulong)(sb * 8 + c) * MMI_GROUP_BYTES;                    \
+    {                                                                                              \
+      KQ_DOTS(MMI_T, ISA, BITS, 0, 4, KQ_NEG_HALF(i) << 5)                                         \
+      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                                  \
+          fma(convert_float16(KQ_INT(i, BITS)), s0 * KQ_DX(i), acc[i]);                            \
+    }                                                                                              \
+    {                                                                                              \
+      KQ_DOTS(MMI_T, ISA, BITS, 4, 8, (KQ_NEG_SUM(i, BITS) - KQ_NEG_HALF(i)) << 5)                 \
+      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                                  \
+          fma(convert_float16(KQ_INT(i, BITS)), s1 * KQ_DX(i), acc[i]);                           \
+    }                                                                                              \
+  }
+
+// The file layout's item: 16 rows from row_begin + 16 item_rows (N_ROWS of them valid in the
+// last), prefetching the next item's rows (one contiguous range) a few lines per super-block.
+#define KQ_LOOP_file(NAME, MMI_T, ISA, BITS, N_ROWS)                                               \
+  for (uint sb = 0; sb < n_super; ++sb) {                                                          \
+    mmi_prefetch_lines(next_base + (ulong)sb * lines_per_super * 64, lines_per_super);             \
+    global const uchar* wb = w_item + (ulong)sb * BLOCK_BYTES_##NAME;                              \
+    KQ_SUPER_##NAME(MMI_T, ISA, BITS, N_ROWS, 0)                                                   \
+  }
+#define KQ_ITEM_file(NAME, MMI_T, ISA, BITS)                                                       \
+  const uint r0 = row_begin + item_rows * 16;                                                      \
+  MMI_ITEM_START(MMI_T)                                                                            \
+  const uint n_super = k / 256;                                                                    \
+  const ulong row_bytes = (ulong)n_super * BLOCK_BYTES_##NAME;                                     \
+  global const uchar* w_item = w + w_off + (ulong)r0 * row_bytes;                                  \
+  const uint next_rows = r0 + 16 < row_end ? min(16u, row_end - r0 - 16) : 0;                      \
+  global const uchar* next_base = w_item + 16 * row_bytes;                                         \
+  const uint next_lines = (uint)((next_rows * row_bytes + 63) / 64);                               \
+  const uint lines_per_super = (next_lines + n_super - 1) / n_super;                               \
+  if (r0 + 16 <= row_end) {                                                                        \
+    KQ_LOOP_file(NAME, MMI_T, ISA, BITS, 16u)                                                      \
+  } else {                                                                                         \
+    KQ_LOOP_file(NAME, MMI_T, ISA, BITS, row_end - r0)                                             \
+  }
+// The tiled layout's item: its 16-row groups from the one holding row_begin (w: the whole
+// tensor's copy, w_off 0); the next group's super-block is prefetched with this one's.
+#define KQ_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                      \
+  const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
+  MMI_ITEM_START(MMI_T)                                                                            \
+  const uint n_super = k / 256;                                                                    \
+  const ulong row_bytes = 0;                                                                       \
+  global const uchar* w_item = w + (ulong)(r0 / 16) * n_super * TILED_BYTES_##NAME;                \
+  const uint next_lines = r0 + 16 < row_end ? TILED_BYTES_##NAME / 64 : 0;                         \
+  for (uint sb = 0; sb < n_super; ++sb) {                                                          \
+    global const uchar* wb = w_item + (ulong)sb * TILED_BYTES_##NAME;                              \
+    mmi_prefetch_lines(wb + (ulong)n_super * TILED_BYTES_##NAME, next_lines);                      \
+    KQ_SUPER_##NAME(MMI_T, ISA, BITS, 16u, 1)                                                      \
+  }
+
+// y[t][r] for 16 rows x MMI_T tokens per work-item, as matmul_int8.cl's kernels (MMI_T = 1 or
+// MMI_TILE; rows_from_table: Logits rows; only rows in [row_begin, row_end) are written).
+#define DEFINE_MATMUL_KQ(NAME, MMI_T, ISA, BITS, LAYOUT)                                           \
+  MMI_TARGET_##ISA void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(           \
+      global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \
+      uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, int rows_from_table,  \
+      global const uchar* q, uint item_rows, uint item_tokens) {                                   \
+    KQ_ITEM_##LAYOUT(NAME, MMI_T, ISA, BITS) global float* y = (global float*)(arena + y_off);     \
+    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
+      if (out_row[i] < 0) continue;                                                                \
+      global float* yr = y + (ulong)out_row[i] * y_stride + r0;                                    \
+      if (r0 >= row_begin && r0 + 16 <= row_end) {                                                 \
+        vstore16(__builtin_shufflevector(acc[i], acc[i], 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, \
+                                         7, 11, 15),                                               \
+                 0, yr);                                                                           \
+      } else {                                                                                     \
+        _Pragma("unroll") for (uint L = 0; L < 16; ++L) {                                          \
+          const uint r = r0 + MMI_ROW_OF_LANE(L);                                                  \
+          if (r >= row_begin && r < row_end) yr[MMI_ROW_OF_LANE(L)] = acc[i][L];                   \
+        }                                                                                          \
+      }                                                                                            \
+    }                                                                                              \
+  }                                                                                                \
+  kernel void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT(                            \
+      global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \
+      uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, int rows_from_table,  \
+      global const uchar* q) {                                                                     \
+    matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(                               \
+        w, w_off, k, arena, y_off, y_stride, row_begin, row_end, t_begin, t_end, tok_off,          \
+        rows_from_table, q, get_global_id(0), get_global_id(1));                                   \
+  }
+#define DEFINE_MATMUL_KQ_ALL(NAME, MMI_T, LAYOUT)   \
+  DEFINE_MATMUL_KQ(NAME, MMI_T, portable, 8, LAYOUT)  \
+  DEFINE_MATMUL_KQ(NAME, MMI_T, vnni, 8, LAYOUT)      \
+  DEFINE_MATMUL_KQ(NAME, MMI_T, portable, 16, LAYOUT) \
+  DEFINE_MATMUL_KQ(NAME, MMI_T, vnni, 16, LAYOUT)
+DEFINE_MATMUL_KQ_ALL(q4_k, 1, file)
+DEFINE_MATMUL_KQ_ALL(q4_k, 8, file)  // MMI_TILE
+DEFINE_MATMUL_KQ_ALL(q5_k, 1, file)
+DEFINE_MATMUL_KQ_ALL(q5_k, 8, file)
+DEFINE_MATMUL_KQ_ALL(q6_k, 1, file)
+DEFINE_MATMUL_KQ_ALL(q6_k, 8, file)
+DEFINE_MATMUL_KQ_ALL(q4_k, 1, tiled)
+DEFINE_MATMUL_KQ_ALL(q4_k, 8, tiled)
+DEFINE_MATMUL_KQ_ALL(q5_k, 1, tiled)
+DEFINE_MATMUL_KQ_ALL(q5_k, 8, tiled)
+DEFINE_MATMUL_KQ_ALL(q6_k, 1, tiled)
+DEFINE_MATMUL_KQ_ALL(q6_k, 8, tiled)
+
+#endif  // __x86_64__ && __clang__

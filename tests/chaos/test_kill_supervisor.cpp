@@ -1,0 +1,75 @@
+// kill -9 of the supervisor mid-generation (issue 22): its services keep running, so the request
+// goes on; a device killed while no supervisor runs stays down until the next `duet stack up`
+// adopts the stack and restarts it, and the request still completes with the undisturbed tokens.
+#include "chaos_fixture.h"
+
+namespace duet::chaos {
+namespace {
+
+using SupervisorKill = ChaosStack;
+
+TEST_F(SupervisorKill, ARequestOutlivesItsSupervisorAndADeviceKilledWhileNoneRuns) {
+  constexpr size_t kKillAfterTokens = kFixedRunTokens / 2;
+  up();
+  const client::GenerateResult clean = generate(kLongPrompt, kFixedRunTokens, true);
+  ASSERT_EQ(clean.ids.size(), size_t(kFixedRunTokens));
+  const std::set<std::string> segments_before = segments();
+  const nlohmann::json s = *try_status();
+  const int supervisor_pid = s["pid"];
+  const int gpu_pid = service_state("gpu_svc").first;
+  ASSERT_GT(gpu_pid, 0);
+
+  client::Client c(endpoint());
+  client::GenerateRequest req;
+  req.prompt = kLongPrompt;
+  req.max_tokens = kFixedRunTokens;
+  req.ignore_eos = true;
+  size_t received = 0, received_at_kill = 0;
+  std::optional<Clock::time_point> killed_at;
+  std::thread adopter;
+  CliResult adoption;
+  const client::GenerateResult r = c.generate(
+      req,
+      [&](const client::Chunk& chunk) {
+        received += chunk.ids.size();
+        if (!killed_at && received >= kKillAfterTokens) {
+          // Both kills between two tokens; the next `up` comes 500 ms later, from another
+          // thread, as an operator's (or a unit's) restart would.
+          EXPECT_EQ(kill(supervisor_pid, SIGKILL), 0);
+          while (process_alive(supervisor_pid)) std::this_thread::sleep_for(1ms);
+          EXPECT_EQ(kill(gpu_pid, SIGKILL), 0);
+          killed_at = Clock::now();
+          received_at_kill = received;
+          adopter = std::thread([&] {
+            std::this_thread::sleep_for(500ms);
+            adoption = run_duet("stack up --stack " + id_);
+          });
+        }
+        return true;
+      },
+      60s);
+  if (adopter.joinable()) adopter.join();
+  ASSERT_TRUE(killed_at.has_value()) << "generation ended before the kill";
+  ASSERT_LT(received_at_kill, size_t(kFixedRunTokens)) << "the kill came after the last token";
+  EXPECT_EQ(r.ids, clean.ids) << "tokens differ after the supervisor and gpu_svc died";
+  EXPECT_EQ(r.stats.finish_reason, "length");
+  ASSERT_EQ(adoption.rc, 0) << adoption.out;
+  EXPECT_NE(adoption.out.find("adopted 3 running services of dead supervisor pid " +
+                              std::to_string(supervisor_pid)),
+            std::string::npos)
+      << adoption.out;
+  std::printf(
+      "[chaos] kill -9 supervisor + gpu_svc after token %zu of %d, `up` 500 ms later: %zu "
+      "tokens, %.0f ms from the kills to the end\n",
+      received_at_kill, kFixedRunTokens, r.ids.size(), ms_between(*killed_at, Clock::now()));
+  ASSERT_TRUE(wait_all_healthy({gpu_pid})) << "gpu_svc did not come back";
+  const nlohmann::json after = *try_status();
+  EXPECT_EQ(after["takeover"]["restarted"], nlohmann::json::array({"gpu_svc"})) << after.dump();
+  expect_no_kv_held();
+  EXPECT_EQ(segments(), segments_before);
+  EXPECT_EQ(generate(kLongPrompt, kFixedRunTokens, true).ids, clean.ids) << "a fresh request";
+  down_and_expect_nothing_left();
+}
+
+}  // namespace
+}  // namespace duet::chaos
