@@ -21,9 +21,10 @@ inline int nearest(float v) {
 
 // x ~= scale * L - min with L in 0..nmax, min >= 0, chosen to minimise sum w (scale*L - min - x)^2.
 // Start from the plain split of [min(x, 0), max x] into nmax steps, then try nstep + 1 slightly
-// different step counts (nmax + rmin + rdelta * i): for each, round x to levels and solve the
-// weighted least-squares line through (L, x) for scale and offset; keep the best. The offset is
-// capped at 0 (a positive offset would need a negative "min", which the format cannot store).
+// different step counts (nmax + rmin + rdelta * i) over [offset, max x], where offset is the best
+// fit's so far: for each, round x to levels and solve the weighted least-squares line through
+// (L, x) for scale and offset; keep the best. The offset is capped at 0 (a positive offset would
+// need a negative "min", which the format cannot store).
 struct ScaleMin {
   float scale;
   float min;
@@ -42,27 +43,29 @@ ScaleMin fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t*
     std::fill(L, L + n, uint8_t{0});
     return {0.0f, -lo};
   }
-  float scale = (hi - lo) / static_cast<float>(nmax);
+  // Float expressions are ordered as llama.cpp's so the same input gives the same bytes.
+  const float iscale0 = static_cast<float>(nmax) / (hi - lo);
+  float scale = 1 / iscale0;
   float offset = lo;
   float best_err = 0;
   {
-    const float iscale = static_cast<float>(nmax) / (hi - lo);
+    const float iscale = iscale0;
     for (int i = 0; i < n; ++i) {
       L[i] = static_cast<uint8_t>(std::clamp(nearest(iscale * (x[i] - lo)), 0, nmax));
       const float diff = scale * L[i] + lo - x[i];
-      best_err += w[i] * diff * diff;
+      best_err += w[i] * (diff * diff);
     }
   }
   uint8_t trial[kSub];
   for (int step = 0; step <= nstep; ++step) {
     const float iscale =
-        (rmin + rdelta * static_cast<float>(step) + static_cast<float>(nmax)) / (hi - lo);
+        (rmin + rdelta * static_cast<float>(step) + static_cast<float>(nmax)) / (hi - offset);
     float sum_l = 0, sum_l2 = 0, sum_xl = 0;
     for (int i = 0; i < n; ++i) {
-      const int l = std::clamp(nearest(iscale * (x[i] - lo)), 0, nmax);
+      const int l = std::clamp(nearest(iscale * (x[i] - offset)), 0, nmax);
       trial[i] = static_cast<uint8_t>(l);
       sum_l += w[i] * static_cast<float>(l);
-      sum_l2 += w[i] * static_cast<float>(l * l);
+      sum_l2 += w[i] * static_cast<float>(l) * static_cast<float>(l);
       sum_xl += w[i] * static_cast<float>(l) * x[i];
     }
     const float det = sum_w * sum_l2 - sum_l * sum_l;
@@ -76,7 +79,7 @@ ScaleMin fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t*
     float err = 0;
     for (int i = 0; i < n; ++i) {
       const float diff = s * trial[i] + m - x[i];
-      err += w[i] * diff * diff;
+      err += w[i] * (diff * diff);
     }
     if (err < best_err) {
       std::copy(trial, trial + n, L);
@@ -99,8 +102,8 @@ float fit_symmetric(const float* x, int n, int nmax, uint8_t* L) {
       max = x[i];
     }
   }
-  if (amax < kAllZero) {
-    std::fill(L, L + n, static_cast<uint8_t>(nmax));
+  if (amax < kAllZero) {  // level 0, as llama.cpp (its scale of 0 makes every level decode to 0)
+    std::fill(L, L + n, uint8_t{0});
     return 0.0f;
   }
   float best_scale = 0, best = 0;
@@ -112,7 +115,7 @@ float fit_symmetric(const float* x, int n, int nmax, uint8_t* L) {
       const int l = std::clamp(nearest(iscale * x[i]), -nmax, nmax - 1);
       const float w = x[i] * x[i];
       sum_lx += w * x[i] * static_cast<float>(l);
-      sum_l2 += w * static_cast<float>(l * l);
+      sum_l2 += w * static_cast<float>(l) * static_cast<float>(l);
     }
     // Keep the rounding whose least-squares fit explains the most: (sum_lx)^2 / sum_l2.
     const bool better = t == 0 ? true : sum_l2 > 0 && sum_lx * sum_lx > best * sum_l2;

@@ -39,7 +39,9 @@
 //     k = 3: (L[l + 32] >> 4) | ((H[l] >> 6) & 3) << 4
 //   weight  = d * scales[j] * (q - 32)            (q in 0..63)
 //
-// Quantising follows llama.cpp's reference quantizers (quantize_row_q*_K_ref): per sub-block a
+// Quantising reproduces llama.cpp's reference quantizers (quantize_row_q*_K_ref, what
+// llama-quantize runs without an importance matrix) byte for byte (tests/core/
+// test_quant_ggml.cpp, against ggml itself): per sub-block a
 // scale/min search minimising the squared error (Q4_K/Q5_K: a weighted least-squares fit over a
 // sweep of candidate scales, as make_qkx2_quants; Q6_K: an RMS-weighted search around max/-32,
 // as make_qx_quants), then the sub-block scales are themselves quantised to 6 (Q4_K/Q5_K) or 8

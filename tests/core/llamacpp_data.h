@@ -35,18 +35,43 @@ inline std::string sha256_of(const std::string& path) {
   return std::string(hex.data(), 64);
 }
 
-// Writes every model of models.json into `dir` with today's `duet mkmodel` and the recorded
-// arguments (run from the source tree: the vocab paths are relative to it). Returns models.json.
+inline void run_or_throw(const std::string& cmd) {
+  if (std::system((cmd + " > /dev/null 2>&1").c_str()) != 0)
+    throw std::runtime_error("failed: " + cmd);
+}
+
+// Writes every model of models.json into `dir` with today's `duet mkmodel` / `duet quantize` and
+// the recorded arguments (run from the source tree: the vocab and source paths are relative to
+// it). K-quant entries (`quantize_args`) quantise their `source`: an mkmodel file written first,
+// or a committed file. Returns models.json.
 inline nlohmann::json regenerate_mkmodel_files(const std::filesystem::path& dir) {
   const auto models = load_json(llamacpp_dir() + "models.json");
   std::filesystem::create_directories(dir);
+  const std::string cd = "cd '" + std::string(DUET_SOURCE_DIR) + "' && '" +
+                         std::string(DUET_BINARY_DIR) + "/bin/duet'";
+  auto mkmodel = [&](const nlohmann::json& args, const std::string& file) {
+    std::string cmd = cd + " mkmodel";
+    for (const auto& a : args) cmd += " '" + a.get<std::string>() + "'";
+    run_or_throw(cmd + " --out '" + (dir / file).string() + "'");
+  };
   for (const auto& m : models.at("models")) {
-    std::string cmd = "cd '" + std::string(DUET_SOURCE_DIR) + "' && '" +
-                      std::string(DUET_BINARY_DIR) + "/bin/duet' mkmodel";
-    for (const auto& a : m.at("mkmodel_args")) cmd += " '" + a.get<std::string>() + "'";
-    cmd += " --out '" + (dir / m.at("file").get<std::string>()).string() + "' > /dev/null 2>&1";
-    const int status = std::system(cmd.c_str());
-    if (status != 0) throw std::runtime_error("failed: " + cmd);
+    if (!m.contains("quantize_args")) {
+      mkmodel(m.at("mkmodel_args"), m.at("file").get<std::string>());
+      continue;
+    }
+    const auto& src = m.at("source");
+    std::string src_path;
+    if (src.contains("mkmodel_args")) {
+      const auto file = src.at("file").get<std::string>();
+      if (!std::filesystem::exists(dir / file)) mkmodel(src.at("mkmodel_args"), file);
+      src_path = (dir / file).string();
+    } else {
+      src_path = std::string(DUET_SOURCE_DIR) + "/" + src.at("path").get<std::string>();
+    }
+    std::string cmd = cd + " quantize '" + src_path + "' '" +
+                      (dir / m.at("file").get<std::string>()).string() + "'";
+    for (const auto& a : m.at("quantize_args")) cmd += " '" + a.get<std::string>() + "'";
+    run_or_throw(cmd);
   }
   return models;
 }

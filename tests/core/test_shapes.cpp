@@ -54,7 +54,7 @@ TEST(Shapes, NamedShapesHaveThePublishedDimensions) {
 
 TEST(Shapes, EveryShapeSplitsIntoWholeHeadsAndQuantBlocks) {
   const auto names = model_shape_names();
-  EXPECT_EQ(names.size(), 9u);
+  EXPECT_EQ(names.size(), 10u);
   for (const auto& name : names) {
     const ModelShape& s = model_shape(name);
     EXPECT_EQ(s.name, name);
@@ -63,6 +63,10 @@ TEST(Shapes, EveryShapeSplitsIntoWholeHeadsAndQuantBlocks) {
     EXPECT_EQ(s.n_embd % 32, 0) << name;
     EXPECT_EQ(s.n_ff % 32, 0) << name;
   }
+  // Every matrix row of tiny-llama3-256 is whole K-quant super-blocks (no fallback types).
+  const ModelShape& k = model_shape("tiny-llama3-256");
+  EXPECT_EQ(k.n_embd % 256, 0);
+  EXPECT_EQ(k.n_ff % 256, 0);
 }
 
 TEST(Shapes, UnknownShapeIsNotFoundAndListsTheKnownOnes) {

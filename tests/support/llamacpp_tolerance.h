@@ -15,8 +15,13 @@
 
 namespace duet::test_support {
 
+// K-quant files (q4_k_m, q5_k_m, q6_k): llama.cpp quantises activations to Q8_K for their dot
+// products; against its own run on the file's exact F32 expansion
+// (tests/data/llamacpp/noise-kquant-fortune.json) the largest logit error was 0.62 of 24.5
+// (Q4_K_M), 0.57 of 25.6 (Q5_K_M), 0.55 of 25.6 (Q6_K): 2.8e-2 covers all three.
 inline double llamacpp_relative_noise(const std::string& model_name) {
   if (model_name.find("f16") != std::string::npos) return 1.2e-3;
+  if (model_name.find("_k") != std::string::npos) return 2.8e-2;
   return 2.2e-2;  // Q8_0 and Q4_0: the larger of the two measurements
 }
 

@@ -7,10 +7,20 @@ architecture x matrix type, each with a real vocabulary (tests/data/vocab/):
   tests/data/llamacpp/logits-<name>.json   teacher-forced logits (oracle.mjs logits)
   tests/data/llamacpp/greedy-<name>.json   greedy continuations, F16 files (oracle.mjs greedy)
 
-The model files are NOT committed: CI regenerates them with the same mkmodel arguments
-(byte-identical) and checks the sha256. usage, from the repository root after
+K-quant files (issue 19): `duet quantize` of an F16 source into q4_k_m, q5_k_m and q6_k, with
+llama.cpp's teacher-forced logits (logits-<name>.json, no greedy):
+  llama256-<type>   mkmodel tiny-llama3-256 F16 with Llama 3's vocab: every matrix row is a whole
+                    number of 256-weight super-blocks, so no fallback type appears
+  fortune-<type>    tiny-fortune's trained F16 file (tests/data/tiny-fortune/fortune-f16.gguf):
+                    its ffn_down rows (704) fall back to Q5_0/Q5_1/Q8_0 as llama.cpp's do
+Their models.json entries carry `source` ({"mkmodel_args", "file"} or {"path"}) and
+`quantize_args` instead of `mkmodel_args`.
+
+The model files are NOT committed: CI regenerates them with the same mkmodel / quantize
+arguments (byte-identical) and checks the sha256. usage, from the repository root after
 `(cd tools/llamacpp-oracle && npm ci)` and building `duet`:
-  python3 tools/llamacpp-oracle/make_models.py build/bin/duet /tmp/oracle-models
+  python3 tools/llamacpp-oracle/make_models.py build/bin/duet /tmp/oracle-models [--only-kquant]
+(--only-kquant: keep models.json's other entries and their answers, redo the K-quant ones)
 """
 
 import hashlib
@@ -35,6 +45,9 @@ TEXT = "The quick brown fox jumps over the lazy dog; 12345 foxes. 你好"
 N_IDS = 320        # teacher-forced length: RoPE (and llama3's rope_freqs) at large positions
 N_POSITIONS = 16   # the last N_POSITIONS positions' logits are written
 N_GREEDY = 16
+KQUANT_TYPES = ["q4_k_m", "q5_k_m", "q6_k"]
+N_KQUANT_POSITIONS = 64  # the last 64 of llama256's N_IDS positions; fortune: all of its ids
+FORTUNE_F16 = "tests/data/tiny-fortune/fortune-f16.gguf"
 
 
 def sha256(path):
@@ -65,9 +78,56 @@ def fixed_ids(vocab, tmp):
     return ids[:N_IDS]
 
 
+def fortune_ids():
+    """tiny-fortune's first teacher-forced sequence ("Once upon a time" + greedy 48)."""
+    path = os.path.join(ROOT, "tests", "data", "tiny-fortune", "teacher-forced", "f16.json")
+    with open(path) as f:
+        return json.load(f)["sequences"][0]["ids"]
+
+
+def kquant_models(duet, tmp):
+    models = []
+    llama_vocab = "tests/data/vocab/llama3.gguf"
+    src_args = ["--shape", "tiny-llama3-256", "--arch", "llama", "--vocab", llama_vocab,
+                "--type", "f16", "--std", STD]
+    src_file = "llama256-f16.gguf"
+    subprocess.run([duet, "mkmodel", *src_args, "--out", os.path.join(tmp, src_file)], check=True,
+                   cwd=ROOT, stdout=subprocess.DEVNULL)
+    sources = [("llama256", "llama", llama_vocab, {"mkmodel_args": src_args, "file": src_file},
+                os.path.join(tmp, src_file), fixed_ids(llama_vocab, tmp), N_KQUANT_POSITIONS),
+               ("fortune", "llama", FORTUNE_F16, {"path": FORTUNE_F16},
+                os.path.join(ROOT, FORTUNE_F16), fortune_ids(), None)]
+    for stem, arch, vocab, source, src_path, ids, keep in sources:
+        for typ in KQUANT_TYPES:
+            name = f"{stem}-{typ}"
+            qargs = ["--type", typ]
+            path = os.path.join(tmp, name + ".gguf")
+            subprocess.run([duet, "quantize", src_path, path, *qargs], check=True, cwd=ROOT,
+                           stdout=subprocess.DEVNULL)
+            made = ("duet mkmodel " + " ".join(src_args) + f" --out {src_file} && "
+                    if "mkmodel_args" in source else "")
+            src_name = source.get("file", source.get("path"))
+            models.append({"name": name, "arch": arch, "type": typ, "vocab": vocab,
+                           "source": source, "quantize_args": qargs, "file": name + ".gguf",
+                           "command": made + f"duet quantize {src_name} {name}.gguf " +
+                                      " ".join(qargs),
+                           "sha256": sha256(path), "size": os.path.getsize(path), "ids": ids})
+            extra = ["--keep-last", str(keep)] if keep else []
+            node("logits", "--model", path, "--ids", ",".join(map(str, ids)), *extra,
+                 "--out", os.path.join(DATA, f"logits-{name}.json"))
+    return models
+
+
 def main():
-    duet, tmp = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    only_kquant = "--only-kquant" in sys.argv
+    argv = [a for a in sys.argv if a != "--only-kquant"]
+    duet, tmp = os.path.abspath(argv[1]), os.path.abspath(argv[2])
     os.makedirs(tmp, exist_ok=True)
+    if only_kquant:
+        with open(os.path.join(DATA, "models.json")) as f:
+            kept = [m for m in json.load(f)["models"] if "quantize_args" not in m]
+        write_models(kept + kquant_models(duet, tmp))
+        return
     models = []
     for arch, shape, vocab in ARCHS:
         ids = fixed_ids(vocab, tmp)
@@ -87,10 +147,15 @@ def main():
             if typ == "f16":
                 node("greedy", "--model", path, "--prompt-ids", ",".join(map(str, ids[:N_POSITIONS])),
                      "--n", str(N_GREEDY), "--out", os.path.join(DATA, f"greedy-{name}.json"))
+    write_models(models + kquant_models(duet, tmp))
+
+
+def write_models(models):
     doc = {"about": "small random-weight models from `duet mkmodel` (run from the repository "
-                    "root; --out any path) and the ids llama.cpp was fed; made by "
-                    "tools/llamacpp-oracle/make_models.py. The files are not committed: "
-                    "regenerate them with the same arguments (byte-identical).",
+                    "root; --out any path), K-quant files from `duet quantize` of an F16 source, "
+                    "and the ids llama.cpp was fed; made by tools/llamacpp-oracle/make_models.py. "
+                    "The files are not committed: regenerate them with the same arguments "
+                    "(byte-identical).",
            "text": TEXT, "models": models}
     with open(os.path.join(DATA, "models.json"), "w") as f:
         json.dump(doc, f, indent=1)

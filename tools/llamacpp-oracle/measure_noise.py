@@ -12,12 +12,22 @@ all 2048 logits) for the same ids, and reports:
   flips         positions where llama.cpp's top-1 differs from the exact top-1
   max_flip_margin  the largest exact top-1 margin (top1 - top2) among the flips: top-1 agrees
                 wherever the margin exceeds it
+  mean_kl, max_kl  KL(llama.cpp || exact) of the softmax distributions, nats, over positions
 With --duet BIN, the same numbers for llama.cpp against duet's reference forward pass
 (`duet eval`, fp32) on the same ids: the `vs_duet` entry of each variant.
 usage: python3 measure_noise.py [--duet BIN] [OUT.json]   (after npm ci in tools/llamacpp-oracle)
+
+K-quants (issue 19): python3 measure_noise.py --kquant --duet BIN [OUT.json]. There is no float64
+reference for a K file, so each fortune-f16.gguf -> `duet quantize --type q4_k_m|q5_k_m|q6_k` file
+is compared with llama.cpp on its own F32 expansion (`duet quantize K.gguf --type f32`: exactly
+the same weights, which llama.cpp multiplies in F32 without quantising the activations, so the
+difference is the K path's activation quantisation (Q8_K) plus F16-KV noise that both share):
+the same statistics, per type, on the same six teacher-forced sequences, and `vs_duet` (duet's
+reference forward on the K file against llama.cpp on it).
 """
 
 import json
+import math
 import os
 import struct
 import subprocess
@@ -79,8 +89,18 @@ def top2(row):
     return a, row[a] - b
 
 
+def kl(p_logits, q_logits):
+    """KL(P || Q) of the softmax distributions of two logit rows, in nats"""
+    mp, mq = max(p_logits), max(q_logits)
+    lp = mp + math.log(sum(math.exp(x - mp) for x in p_logits))
+    lq = mq + math.log(sum(math.exp(x - mq) for x in q_logits))
+    return sum(math.exp(a - lp) * ((a - lp) - (b - lq)) for a, b in zip(p_logits, q_logits))
+
+
 def compare(pairs):
-    """pairs: (text, pos, reference row, llama.cpp row) -> the statistics of the docstring"""
+    """pairs: (text, pos, reference row, llama.cpp row) -> the statistics of the docstring, and
+    mean_kl: the mean over positions of KL(llama.cpp || reference)"""
+    kls = [kl(lc, ex) for _, _, ex, lc in pairs]
     worst = worst_c = 0.0
     flips, max_flip_margin, positions = [], 0.0, 0
     min_margin = float("inf")
@@ -98,7 +118,8 @@ def compare(pairs):
                           "exact_margin": em})
             max_flip_margin = max(max_flip_margin, em)
     return {"positions": positions, "max_abs_diff": worst, "max_abs_diff_centered": worst_c,
-            "flips": flips, "max_flip_margin": max_flip_margin, "min_exact_margin": min_margin}
+            "flips": flips, "max_flip_margin": max_flip_margin, "min_exact_margin": min_margin,
+            "mean_kl": sum(kls) / len(kls), "max_kl": max(kls)}
 
 
 def measure(variant, duet):
@@ -118,8 +139,46 @@ def measure(variant, duet):
     return out
 
 
+def measure_kquant(typ, duet, tmp):
+    seqs, _ = exact_rows("f16")
+    kfile = os.path.join(tmp, f"fortune-{typ}.gguf")
+    f32 = os.path.join(tmp, f"fortune-{typ}-f32.gguf")
+    subprocess.run([duet, "quantize", os.path.join(FORTUNE, "fortune-f16.gguf"), kfile, "--type",
+                    typ], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([duet, "quantize", kfile, f32, "--type", "f32"], check=True,
+                   stdout=subprocess.DEVNULL)
+    vs_exact, vs_duet = [], []
+    for seq in seqs:
+        ex_rows = llamacpp_rows(f32, seq["ids"])
+        lc_rows = llamacpp_rows(kfile, seq["ids"])
+        du_rows = duet_rows(duet, kfile, seq["ids"])
+        for pos, (ex, lc) in enumerate(zip(ex_rows, lc_rows)):
+            vs_exact.append((seq["text"], pos, ex, lc))
+            vs_duet.append((seq["text"], pos, du_rows[pos], lc))
+    scale = max(max(abs(x) for x in ex) for _, _, ex, _ in vs_exact)
+    return {"variant": typ, "logit_scale": scale, **compare(vs_exact),
+            "vs_duet": compare(vs_duet)}
+
+
+def main_kquant(argv):
+    duet = os.path.abspath(argv[argv.index("--duet") + 1])
+    rest = [a for i, a in enumerate(argv) if a not in ("--kquant", "--duet") and
+            (i == 0 or argv[i - 1] != "--duet")]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = [measure_kquant(t, duet, tmp) for t in ("q4_k_m", "q5_k_m", "q6_k")]
+    text = json.dumps({"about": "llama.cpp on duet-quantized K files of tiny-fortune vs llama.cpp "
+                                "on their exact F32 expansions; made by measure_noise.py --kquant",
+                       "results": out}, indent=1)
+    if rest:
+        with open(rest[0], "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
 def main():
     argv = sys.argv[1:]
+    if "--kquant" in argv:
+        return main_kquant(argv)
     duet = None
     if argv[:1] == ["--duet"]:
         duet, argv = os.path.abspath(argv[1]), argv[2:]
