@@ -18,35 +18,13 @@
 #include "core/forward.h"
 #include "core/model.h"
 #include "llamacpp_data.h"
+#include "tests/support/llamacpp_kl.h"
 #include "tests/support/llamacpp_tolerance.h"
 
 namespace duet {
 namespace {
 
 namespace fs = std::filesystem;
-
-// KL(P || Q) in nats from llama.cpp's top-k (P's top logits and exact logsumexp) and duet's full
-// row: the top-k terms plus the remaining mass as one bucket, a lower bound by the log-sum
-// inequality, exact when the top-k holds all of P's mass (it holds > 99% here).
-double kl_topk(const nlohmann::json& p, const float* row, size_t n_vocab) {
-  double m = row[0];
-  for (size_t i = 1; i < n_vocab; ++i) m = std::max(m, double(row[i]));
-  double s = 0;
-  for (size_t i = 0; i < n_vocab; ++i) s += std::exp(double(row[i]) - m);
-  const double lse_q = m + std::log(s), lse_p = p.at("logsumexp").get<double>();
-  const auto ids = p.at("top_ids").get<std::vector<size_t>>();
-  const auto logits = p.at("top_logits").get<std::vector<double>>();
-  double kl = 0, p_top = 0, q_top = 0;
-  for (size_t k = 0; k < ids.size(); ++k) {
-    const double lp = logits[k] - lse_p, lq = row[ids[k]] - lse_q;
-    kl += std::exp(lp) * (lp - lq);
-    p_top += std::exp(lp);
-    q_top += std::exp(lq);
-  }
-  const double p_tail = 1 - p_top, q_tail = 1 - q_top;
-  if (p_tail > 1e-12 && q_tail > 1e-12) kl += p_tail * std::log(p_tail / q_tail);
-  return kl;
-}
 
 TEST(LlamacppKQuant, ReferenceForwardAgreesWithLlamacppOnQuantizedKFiles) {
   const auto dir = fs::path(::testing::TempDir()) / ("duet-kquant-" + std::to_string(::getpid()));
@@ -82,7 +60,7 @@ TEST(LlamacppKQuant, ReferenceForwardAgreesWithLlamacppOnQuantizedKFiles) {
         EXPECT_TRUE(same) << "position " << p.at("pos") << ": duet " << top1 << ", llama.cpp "
                           << p.at("top_ids").at(0) << " (margin " << p.at("margin") << ")";
       }
-      const double kl = kl_topk(p, row, n_vocab);
+      const double kl = test_support::kl_topk(p, row, n_vocab);
       kl_sum += kl;
       kl_max = std::max(kl_max, kl);
     }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "core/run_dir.h"
 #include "core/solver.h"
 #include "services/frontend/program_engine.h"
+#include "tests/core/llamacpp_data.h"
 #include "tests/support/arch_models.h"
 #include "tests/support/llamacpp_agreement.h"
 #include "tests/support/teacher_forced.h"
@@ -177,6 +179,56 @@ TEST_F(PlansOverServices, EveryPlanMatchesLlamacppTeacherForced) {
       EXPECT_EQ(a.agree, a.clear) << a.flipped;
     }
   }
+}
+
+// The same on K-quant files (issue 19): tiny-fortune quantised by `duet quantize` to Q4_K_M,
+// Q5_K_M and Q6_K (regenerated as tests/data/llamacpp/models.json records them), every plan's
+// top-1 equal to llama.cpp's on the same file wherever its margin exceeds its own noise.
+TEST_F(PlansOverServices, EveryPlanMatchesLlamacppTeacherForcedOnKQuantFiles) {
+  const auto dir =
+      std::filesystem::path(::testing::TempDir()) / ("duet-kq-plans-" + std::to_string(getpid()));
+  const auto models = testdata::regenerate_mkmodel_files(dir);
+  // The device services map models from their --model's directory only: restart them there.
+  for (const auto& m : models.at("models"))
+    if (m.contains("quantize_args"))
+      service_model_ = (dir / m.at("file").get<std::string>()).string();
+  start("gpu");
+  start("npu");
+  std::map<std::string, double> noise_kl;  // type -> llama.cpp's mean KL against the exact pass
+  const auto noise = testdata::load_json(testdata::llamacpp_dir() + "noise-kquant-fortune.json");
+  for (const auto& r : noise.at("results"))
+    noise_kl[r.at("variant").get<std::string>()] = r.at("mean_kl").get<double>();
+  uint32_t id_base = 4000;
+  int files = 0;
+  for (const auto& m : models.at("models")) {
+    const std::string name = m.at("name");
+    if (!m.contains("quantize_args") || !name.starts_with("fortune-")) continue;
+    const std::string path = (dir / m.at("file").get<std::string>()).string();
+    const auto answer = testdata::load_json(testdata::llamacpp_dir() + "logits-" + name + ".json");
+    ASSERT_EQ(answer.at("model_sha256"), m.at("sha256")) << name;
+    const std::vector<std::pair<std::string, std::function<Plan(uint32_t)>>> plans = {
+        {"gpu-only", nullptr},
+        {"npu-only", nullptr},
+        {"tensor", [path](uint32_t b) { return tensor_plan_for_path(path, b); }},
+    };
+    for (const auto& [plan, plan_for] : plans) {
+      SCOPED_TRACE(name + " " + plan);
+      auto e = engine_for(path, plan, plan_for, id_base);
+      id_base += 100;
+      const auto a = test_support::llamacpp_teacher_forced(*e, answer, 1);
+      const double bound = 2 * noise_kl.at(m.at("type").get<std::string>());
+      std::printf(
+          "%s, plan %s: top-1 equal to llama.cpp's at %d of %d clear positions, mean "
+          "KL(llama.cpp || duet) %.3g nats over %d positions (bound %.3g)\n",
+          name.c_str(), plan.c_str(), a.agree, a.clear, a.mean_kl(), a.positions, bound);
+      EXPECT_GE(a.clear, 5);
+      EXPECT_LE(a.mean_kl(), bound);
+      EXPECT_EQ(a.agree, a.clear) << a.flipped;
+    }
+    ++files;
+  }
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(files, 3);  // q4_k_m, q5_k_m, q6_k
 }
 
 // HeteroInfer's other two NPU baselines as plans: prompts of lengths with no standard NPU graph

@@ -5,12 +5,14 @@
 // its activation quantisation cannot move (tests/support/llamacpp_tolerance.h), the engine's
 // top-1 must be llama.cpp's. Header-only.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "services/frontend/engine.h"
+#include "tests/support/llamacpp_kl.h"
 #include "tests/support/llamacpp_tolerance.h"
 #include "tests/support/teacher_forced.h"
 
@@ -20,6 +22,9 @@ struct LlamacppAgreement {
   int clear = 0;        // positions where llama.cpp's margin exceeds llamacpp_clear_margin
   int agree = 0;        // of those, where the engine's top-1 is llama.cpp's
   std::string flipped;  // one line per disagreement
+  double kl_sum = 0;    // KL(llama.cpp || engine) summed over every checked position
+  int positions = 0;
+  double mean_kl() const { return positions ? kl_sum / positions : 0; }
 };
 
 inline LlamacppAgreement llamacpp_teacher_forced(frontend::Engine& e, const nlohmann::json& answer,
@@ -30,6 +35,8 @@ inline LlamacppAgreement llamacpp_teacher_forced(frontend::Engine& e, const nloh
   LlamacppAgreement a;
   auto check = [&](const std::vector<float>& logits, size_t pos) {
     const auto& p = answer.at("positions").at(pos);
+    a.kl_sum += kl_topk(p, logits.data(), static_cast<size_t>(V));
+    ++a.positions;
     if (p.at("margin").get<double>() <= clear_margin) return;
     ++a.clear;
     const auto ours = std::max_element(logits.begin(), logits.begin() + V) - logits.begin();
