@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 19: llama3.2-1b (mkmodel, random weights, the shape's real dims) as Q4_K_M, Q4_0 and Q8_0,
+# through the full stack (`duet stack up --plan gpu-only`, stack_bench --stack) next to llama.cpp
+# (bench/llamacpp, node-llama-cpp's prebuilt CPU build) on the same file and threads, in turn:
+# prefill tok/s of 54- and 296-token prompts, decode tok/s after 64- and 512-token prompts.
+# One JSON line per run into bench/kquant/results.jsonl.
+# env: TYPES ("q4_k_m q4_0 q8_0"), ROUNDS (1), GEN (32), THREADS (nproc), BIN (build/bin)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin=${BIN:-build/bin}
+threads=${THREADS:-$(nproc)}
+gen=${GEN:-32}
+out=bench/kquant/results.jsonl
+mkdir -p build-bench/models
+[ -d bench/llamacpp/node_modules/node-llama-cpp ] || bench/llamacpp/setup.sh >/dev/null
+stack=kqbench$$
+trap '"$bin/duet" stack down --stack $stack >/dev/null 2>&1 || true' EXIT
+for type in ${TYPES:-q4_k_m q4_0 q8_0}; do
+  model=build-bench/models/llama3.2-1b-$type.gguf
+  [ -f "$model" ] || "$bin/duet" mkmodel --shape llama3.2-1b --type "$type" --ctx 1024 --out "$model" >&2
+  for round in $(seq "${ROUNDS:-1}"); do
+    "$bin/duet" stack up --stack $stack --model "$model" --plan gpu-only --timeout 300 >&2
+    # Untimed: the first requests build the engine and let gpu_svc measure its queues per shape.
+    for warm in 54 296 512; do
+      "$bin/stack_bench" --stack $stack --plan gpu-only --model "$model" --prompt $warm --gen 4 \
+        --ignore-eos >/dev/null 2>&1 || true
+    done
+    for prompt in 54 296 64 512; do
+      emit() {  # engine, result JSON
+        echo "{\"type\":\"$type\",\"round\":$round,\"prompt\":$prompt,\"gen\":$gen,\"engine\":\"$1\",\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"result\":$2}" | tee -a "$out"
+      }
+      r=$("$bin/stack_bench" --stack $stack --plan gpu-only --model "$model" --prompt $prompt \
+            --gen "$gen" --ignore-eos 2>/dev/null | tail -n 1) && emit duet "$r"
+      r=$(node bench/llamacpp/llamacpp_bench.mjs "$model" $prompt "$gen" "$threads" 1024 \
+            2>/dev/null | tail -n 1) && emit llama.cpp "$r"
+    done
+    "$bin/duet" stack down --stack $stack >&2
+  done
+done
