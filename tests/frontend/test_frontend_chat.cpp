@@ -92,6 +92,46 @@ TEST_F(FrontendTest, ASessionTurnPrefillsOnlyTheTextAfterTheLastReply) {
   c->close_session(77);
 }
 
+// A session that outgrows the context (issue 20): duet does not shift the context (llama.cpp's
+// context shift drops the oldest turns behind the model's back); the turn that would not fit is
+// refused with out_of_range naming the session, what it holds and the context, before anything
+// runs. The session keeps what it had: a shorter turn still fits and continues it, and closing it
+// frees its positions for a new one.
+TEST_F(FrontendTest, ASessionThatOutgrowsTheContextGetsAClearErrorAndKeepsItsTurns) {
+  FrontendOptions options;
+  options.max_context = 64;
+  start(options);
+  auto c = connect();
+  client::GenerateRequest turn = chat_request({{"user", "A fool and his money"}}, 8);
+  turn.session = 78;
+  turn.ignore_eos = true;
+  const client::GenerateResult first = c->generate(turn);
+  EXPECT_EQ(first.ids.size(), 8u);
+  turn.messages = {{"user", "are soon parted, said the wise old man to the young fool"}};
+  turn.max_tokens = 40;
+  try {
+    c->generate(turn);
+    FAIL() << "a turn past the context was served";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::out_of_range);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("session 78 holds"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("more than the context of 64"), std::string::npos) << msg;
+  }
+  turn.messages = {{"user", "why"}};
+  turn.max_tokens = 4;
+  const client::GenerateResult shorter = c->generate(turn);
+  EXPECT_EQ(shorter.ids.size(), 4u);
+  EXPECT_GT(shorter.stats.prompt_tokens, 0u);
+  EXPECT_LT(shorter.stats.prompt_tokens, 20u) << "the session's earlier turns were prefilled again";
+  c->close_session(78);
+  turn.session = 79;
+  turn.messages = {{"user", "are soon parted, said the wise old man to the young fool"}};
+  turn.max_tokens = 8;
+  EXPECT_EQ(c->generate(turn).ids.size(), 8u) << "a new session after the old one closed";
+  c->close_session(79);
+}
+
 TEST_F(FrontendTest, BadTemplatesAndRolesAreErrorsAndTheFrontendKeepsServing) {
   start();
   auto c = connect();
