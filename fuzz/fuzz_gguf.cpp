@@ -29,5 +29,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)model;
   } catch (const duet::Error&) {
   }
+  std::remove(path.c_str());  // one input at a time: nothing stays in /tmp after the run
   return 0;
 }

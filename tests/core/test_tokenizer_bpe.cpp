@@ -2,6 +2,7 @@
 // the long-word path, special and user-defined tokens, invalid UTF-8, exact-byte decoding and
 // streaming, the bad-file errors, and `duet tokenize` on a vocab-only GGUF.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -64,9 +65,25 @@ HandVocab base_vocab() {
   return v;
 }
 
+// The vocabs these tests write live in one directory per process, removed at exit (ctest runs
+// test binaries side by side, and nothing may be left in /tmp).
+const std::filesystem::path& vocab_dir() {
+  struct Dir {
+    std::filesystem::path path =
+        std::filesystem::path(::testing::TempDir()) / ("duet-bpe-" + std::to_string(::getpid()));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
 std::string write_vocab(const HandVocab& v, const std::string& name,
                         void (*extra)(GgufWriter&) = nullptr) {
-  const std::string path = ::testing::TempDir() + "duet-bpe-" + name + ".gguf";
+  const std::string path = (vocab_dir() / (name + ".gguf")).string();
   GgufWriter w;
   w.set_string("general.architecture", "llama");
   w.set_string("tokenizer.ggml.model", "gpt2");
