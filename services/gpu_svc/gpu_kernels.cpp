@@ -375,8 +375,10 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
     return launch("matmul_i8", nullptr, 1, none, nullptr);
   }
   const int bits = a.role ? int8_act_bits(*a.role) : int8_act_bits();
-  // The weights' zero point as a shift: Q4_0 nibbles are w + 8, Q8_0 bytes w + 128 (the XOR).
-  quantize_int8_input(arena, a, bits, a.wtype == DType::Q4_0 ? 3 : 7);
+  // The weights' zero point as a shift: Q4_0 nibbles are w + 8, Q8_0 bytes w + 128 (the XOR);
+  // K types have none (their mins are applied per sub-block in the kernel).
+  const uint32_t zp_shift = a.wtype == DType::Q4_0 ? 3 : a.wtype == DType::Q8_0 ? 7 : 0;
+  quantize_int8_input(arena, a, bits, zp_shift);
 
   // 8-token tiles measured best of 8, 12 and 16 (bench/gpu/RESULTS.md).
   constexpr size_t kRowsPerItem = kTiledRows;  // matmul_int8.cl: a work-item is a 16-row group

@@ -179,14 +179,13 @@ class GpuKernels {
                   const size_t* local);
   cl_event gemv_gpu(cl_mem arena, const MatmulArgs& a);
   cl_event matmul_cpu(cl_mem arena, const MatmulArgs& a);   // CPU devices (PoCL)
-  cl_event matmul_int8(cl_mem arena, const MatmulArgs& a);  // their integer path
+  cl_event matmul_int8(cl_mem arena, const MatmulArgs& a);  // their (and K types') integer path
   // The integer path's first launch: the input rows' quantised blocks into int8_tiles_ (unless
   // they are there already), for weights whose zero point is 1 << zp_shift.
   void quantize_int8_input(cl_mem arena, const MatmulArgs& a, int bits, uint32_t zp_shift);
   // K-quant weights (Q4_K, Q5_K, Q6_K; gpu_kernels_kq.cpp): the integer path on CPU devices
   // (matmul_kq_cpu.cl), else the fp32 kernels of matmul_kq_gpu.cl.
   cl_event matmul_kq(cl_mem arena, const MatmulArgs& a);
-  cl_event matmul_kq_int8(cl_mem arena, const MatmulArgs& a);
   bool int8_kernels_available();
   ClDevice& dev_;
   bool coop_gemv_;

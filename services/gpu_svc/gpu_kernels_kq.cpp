@@ -35,7 +35,8 @@ cl_event GpuKernels::matmul_kq(cl_mem arena, const MatmulArgs& a) {
     throw Error(Errc::invalid_argument, std::string("gpu_svc: ") +
                                             std::string(dtype_name(a.wtype)) +
                                             " weights have no packed layout");
-  if (int8_matmul_) return matmul_kq_int8(arena, a);  // from the tiled copy when a.tiled is set
+  // The integer path is matmul_int8's, K kernels by name (matmul_kq_cpu.cl); tiled when a.tiled.
+  if (int8_matmul_) return matmul_int8(arena, a);
   forget_quantized_input();  // the float kernels do not track their outputs
   const uint32_t n = a.tokens.count();
   const size_t rows = a.row_end > a.row_begin ? a.row_end - a.row_begin : 0;
@@ -56,36 +57,6 @@ cl_event GpuKernels::matmul_kq(cl_mem arena, const MatmulArgs& a) {
   const size_t row_group = dev_.info().type == "gpu" ? 64 : 16;
   const size_t global[2] = {round_up(rows, row_group), (n + 7) / 8};
   const size_t local[2] = {row_group, 1};
-  return launch(name.c_str(), k, 2, global, local);
-}
-
-// As matmul_int8: the quantised input (shared with the Q4_0/Q8_0 kernels' when the zero point
-// matches: K types have none), then 16 rows x 1 or 8 tokens per work-item, from the tiled copy
-// (tiled_weights.h) or the file's layout.
-cl_event GpuKernels::matmul_kq_int8(cl_mem arena, const MatmulArgs& a) {
-  const uint32_t n = a.tokens.count();
-  if (n == 0 || a.row_end <= a.row_begin) {
-    const size_t none[1] = {0};
-    return launch("matmul_i8", nullptr, 1, none, nullptr);
-  }
-  const int bits = a.role ? int8_act_bits(*a.role) : int8_act_bits();
-  quantize_int8_input(arena, a, bits, 0);
-  constexpr size_t kRowsPerItem = 16;
-  const size_t tokens_per_item = n == 1 ? 1 : kInt8TileTokens;
-  const std::string name = std::string("matmul_i8_") + kernel_type_suffix(a.wtype) + "_t" +
-                           std::to_string(tokens_per_item) + (int8_vnni_ ? "_vnni" : "_portable") +
-                           "_a" + std::to_string(bits) + (a.tiled ? "_tiled" : "_file");
-  cl_kernel k = dev_.kernel(name);
-  set_args(k, a.tiled ? a.tiled : a.w, cl_ulong{a.tiled ? 0 : a.w_off}, cl_uint{a.k}, arena,
-           cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
-           cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
-           cl_int{a.rows_from_table ? 1 : 0}, int8_tiles_);
-  constexpr size_t kGroup = 4;  // as matmul_int8: 64 rows per PoCL work-group
-  // Tiled: the 16-row groups from the one holding row_begin; the file's layout: from row_begin.
-  const size_t first_row = a.tiled ? a.row_begin / kRowsPerItem * kRowsPerItem : a.row_begin;
-  const size_t items = (a.row_end - first_row + kRowsPerItem - 1) / kRowsPerItem;
-  const size_t global[2] = {round_up(items, kGroup), (n + tokens_per_item - 1) / tokens_per_item};
-  const size_t local[2] = {kGroup, 1};
   return launch(name.c_str(), k, 2, global, local);
 }
 
