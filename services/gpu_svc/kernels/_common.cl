@@ -45,11 +45,14 @@ inline float sum16(float16 v) {
   return c.x + c.y;
 }
 
-// KV page layout: page p at pages_offset + p * page_bytes, [layer][k|v][page_tokens][kv_dim] f32; position p of sequence s is
-// row p % page_tokens of page page_table[s][p / page_tokens].
+// KV page layout: page p at pages_offset + p * page_bytes, [layer][k|v][page_tokens][kv_dim] of
+// value_bytes each (4: f32, 2: f16, kv_f16.cl); position p of sequence s is row p % page_tokens of
+// page page_table[s][p / page_tokens].
 inline ulong kv_row_offset(global const int* page_table, uint pt_stride, int seq, int pos, ulong pages_offset,
-                           ulong page_bytes, uint page_tokens, uint kv_dim, uint layer, uint which) {
+                           ulong page_bytes, uint page_tokens, uint kv_dim, uint layer, uint which,
+                           uint value_bytes) {
   const int page = page_table[(ulong)seq * pt_stride + (uint)pos / page_tokens];
   const uint row = (uint)pos % page_tokens;
-  return pages_offset + (ulong)page * page_bytes + (((ulong)layer * 2 + which) * page_tokens + row) * kv_dim * 4;
+  return pages_offset + (ulong)page * page_bytes +
+         (((ulong)layer * 2 + which) * page_tokens + row) * kv_dim * value_bytes;
 }

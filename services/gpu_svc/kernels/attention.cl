@@ -20,7 +20,7 @@ kernel void attention(global const uchar* arena, ulong q_off, uint q_stride, ulo
   float running_max = -INFINITY;
   float running_sum = 0.0f;
   for (int p = 0; p <= pos; ++p) {
-    const ulong k_at = kv_row_offset(page_table, pt_stride, seq, p, pages_offset, page_bytes, page_tokens, kv_dim, layer, 0);
+    const ulong k_at = kv_row_offset(page_table, pt_stride, seq, p, pages_offset, page_bytes, page_tokens, kv_dim, layer, 0, 4);
     global const float* k = (global const float*)(kv + k_at) + kv_head * head_dim;
     global const float* v = k + (ulong)page_tokens * kv_dim;  // the V rows follow the page's K rows
     float score = 0.0f;
@@ -112,7 +112,7 @@ kernel void attention_cpu(global const uchar* arena, ulong q_off, uint q_stride,
       if (j < n) {
         k[j] = (global const float*)(kv + kv_row_offset(page_table, pt_stride, seq, c + j,
                                                          pages_offset, page_bytes, page_tokens,
-                                                         kv_dim, layer, 0)) +
+                                                         kv_dim, layer, 0, 4)) +
                kv_head * head_dim;
         d[j] = qv[0] * vload16(0, k[j]);
 #pragma unroll

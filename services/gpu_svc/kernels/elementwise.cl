@@ -120,8 +120,8 @@ kernel void kv_write(global const uchar* arena, ulong k_off, uint k_stride, ulon
   global const int* page_table = (global const int*)(arena + pt_off);
   const int pos = tok[4 * t + TOK_POS];
   const int seq = tok[4 * t + TOK_SEQ];
-  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens, kv_dim, layer, 0);
-  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens, kv_dim, layer, 1);
+  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens, kv_dim, layer, 0, 4);
+  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens, kv_dim, layer, 1, 4);
   ((global float*)(kv + k_dst))[i] = ((global const float*)(arena + k_off))[(ulong)t * k_stride + i];
   ((global float*)(kv + v_dst))[i] = ((global const float*)(arena + v_off))[(ulong)t * v_stride + i];
 }

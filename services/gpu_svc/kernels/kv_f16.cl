@@ -4,17 +4,6 @@
 // every computation in float, like the reference interpreter (core/program_interpreter.cpp).
 // Same arguments; the runner passes each layer's own region (pages_offset, page_bytes, layer 0).
 
-// KV row offset for 2-byte values: page p at pages_offset + p * page_bytes,
-// [k|v][page_tokens][kv_dim].
-inline ulong kv_row_offset_f16(global const int* page_table, uint pt_stride, int seq, int pos,
-                               ulong pages_offset, ulong page_bytes, uint page_tokens, uint kv_dim,
-                               uint layer, uint which) {
-  const int page = page_table[(ulong)seq * pt_stride + (uint)pos / page_tokens];
-  const uint row = (uint)pos % page_tokens;
-  return pages_offset + (ulong)page * page_bytes +
-         (((ulong)layer * 2 + which) * page_tokens + row) * kv_dim * 2;
-}
-
 kernel void kv_write_f16(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
                          uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
                          uint page_tokens, uint kv_dim, uint layer, ulong tok_off, ulong pt_off,
@@ -25,10 +14,10 @@ kernel void kv_write_f16(global const uchar* arena, ulong k_off, uint k_stride, 
   global const int* page_table = (global const int*)(arena + pt_off);
   const int pos = tok[4 * t + TOK_POS];
   const int seq = tok[4 * t + TOK_SEQ];
-  const ulong k_dst = kv_row_offset_f16(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
-                                        page_tokens, kv_dim, layer, 0);
-  const ulong v_dst = kv_row_offset_f16(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
-                                        page_tokens, kv_dim, layer, 1);
+  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
+                                    page_tokens, kv_dim, layer, 0, 2);
+  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
+                                    page_tokens, kv_dim, layer, 1, 2);
   vstore_half_rte(((global const float*)(arena + k_off))[(ulong)t * k_stride + i], i,
                   (global half*)(kv + k_dst));
   vstore_half_rte(((global const float*)(arena + v_off))[(ulong)t * v_stride + i], i,
@@ -53,8 +42,8 @@ kernel void attention_f16(global const uchar* arena, ulong q_off, uint q_stride,
   float running_max = -INFINITY;
   float running_sum = 0.0f;
   for (int p = 0; p <= pos; ++p) {
-    const ulong k_at = kv_row_offset_f16(page_table, pt_stride, seq, p, pages_offset, page_bytes,
-                                         page_tokens, kv_dim, layer, 0);
+    const ulong k_at = kv_row_offset(page_table, pt_stride, seq, p, pages_offset, page_bytes,
+                                     page_tokens, kv_dim, layer, 0, 2);
     global const half* k = (global const half*)(kv + k_at) + kv_head * head_dim;
     global const half* v = k + (ulong)page_tokens * kv_dim;  // V rows follow the page's K rows
     float score = 0.0f;
@@ -106,10 +95,10 @@ kernel void attention_cpu_f16(global const uchar* arena, ulong q_off, uint q_str
       d[j] = (float16)(0.0f);
       k[j] = 0;
       if (j < n) {
-        k[j] = (global const half*)(kv + kv_row_offset_f16(page_table, pt_stride, seq, c + j,
-                                                           pages_offset, page_bytes, page_tokens,
-                                                           kv_dim, layer, 0)) +
-               kv_head * head_dim;
+        k[j] =
+            (global const half*)(kv + kv_row_offset(page_table, pt_stride, seq, c + j, pages_offset,
+                                                    page_bytes, page_tokens, kv_dim, layer, 0, 2)) +
+            kv_head * head_dim;
         d[j] = qv[0] * vload_half16(0, k[j]);
 #pragma unroll
         for (uint v = 1; v < ATTN_CPU_VECS; ++v)

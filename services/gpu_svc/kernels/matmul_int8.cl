@@ -290,13 +290,14 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
 // y[t][r] for 16 rows x MMI_T tokens per work-item (MMI_T = 1 or MMI_TILE: an item's tokens lie
 // in one tile of the quantised input). With rows_from_table, token t writes y row
 // tok[t].logits_row (nothing for -1), as matmul.cl's kernels. Only rows in [row_begin, row_end)
-// are written.
-#define DEFINE_MATMUL_INT8(NAME, MMI_T, ISA, BITS, LAYOUT)                                         \
+// are written. ITEM names the family of per-item bodies (ITEM##_file / ITEM##_tiled: MMI_ITEM here,
+// KQ_ITEM in matmul_kq_cpu.cl), each declaring r0, out_row and acc.
+#define DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, ISA, BITS, LAYOUT)                                   \
   MMI_TARGET_##ISA void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(           \
       global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \
       uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, int rows_from_table,  \
       global const uchar* q, uint item_rows, uint item_tokens) {                                   \
-    MMI_ITEM_##LAYOUT(NAME, MMI_T, ISA, BITS) global float* y = (global float*)(arena + y_off);    \
+    ITEM##_##LAYOUT(NAME, MMI_T, ISA, BITS) global float* y = (global float*)(arena + y_off);      \
     _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
       if (out_row[i] < 0) continue;                                                                \
       global float* yr = y + (ulong)out_row[i] * y_stride + r0;                                    \
@@ -320,18 +321,18 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
         w, w_off, k, arena, y_off, y_stride, row_begin, row_end, t_begin, t_end, tok_off,          \
         rows_from_table, q, get_global_id(0), get_global_id(1));                                   \
   }
-#define DEFINE_MATMUL_INT8_ALL(NAME, MMI_T, LAYOUT)                                                \
-  DEFINE_MATMUL_INT8(NAME, MMI_T, portable, 8, LAYOUT)                                             \
-  DEFINE_MATMUL_INT8(NAME, MMI_T, vnni, 8, LAYOUT)                                                 \
-  DEFINE_MATMUL_INT8(NAME, MMI_T, portable, 16, LAYOUT)                                            \
-  DEFINE_MATMUL_INT8(NAME, MMI_T, vnni, 16, LAYOUT)
-DEFINE_MATMUL_INT8_ALL(q4_0, 1, file)
-DEFINE_MATMUL_INT8_ALL(q4_0, 8, file)  // MMI_TILE
-DEFINE_MATMUL_INT8_ALL(q8_0, 1, file)
-DEFINE_MATMUL_INT8_ALL(q8_0, 8, file)
-DEFINE_MATMUL_INT8_ALL(q4_0, 1, tiled)
-DEFINE_MATMUL_INT8_ALL(q4_0, 8, tiled)
-DEFINE_MATMUL_INT8_ALL(q8_0, 1, tiled)
-DEFINE_MATMUL_INT8_ALL(q8_0, 8, tiled)
+#define DEFINE_MATMUL_INT8_ALL(ITEM, NAME, MMI_T, LAYOUT)                                          \
+  DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, portable, 8, LAYOUT)                                       \
+  DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, vnni, 8, LAYOUT)                                           \
+  DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, portable, 16, LAYOUT)                                      \
+  DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, vnni, 16, LAYOUT)
+DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 1, file)
+DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 8, file)  // MMI_TILE
+DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q8_0, 1, file)
+DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q8_0, 8, file)
+DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 1, tiled)
+DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 8, tiled)
+DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q8_0, 1, tiled)
+DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q8_0, 8, tiled)
 
 #endif  // __x86_64__ && __clang__

@@ -230,53 +230,18 @@ __attribute__((always_inline)) inline void kq_scales_q6_k(global const uchar* wb
     KQ_SUPER_##NAME(MMI_T, ISA, BITS, 16u, 1)                                                      \
   }
 
-// y[t][r] for 16 rows x MMI_T tokens per work-item, as matmul_int8.cl's kernels (MMI_T = 1 or
-// MMI_TILE; rows_from_table: Logits rows; only rows in [row_begin, row_end) are written).
-#define DEFINE_MATMUL_KQ(NAME, MMI_T, ISA, BITS, LAYOUT)                                           \
-  MMI_TARGET_##ISA void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(           \
-      global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \
-      uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, int rows_from_table,  \
-      global const uchar* q, uint item_rows, uint item_tokens) {                                   \
-    KQ_ITEM_##LAYOUT(NAME, MMI_T, ISA, BITS) global float* y = (global float*)(arena + y_off);     \
-    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
-      if (out_row[i] < 0) continue;                                                                \
-      global float* yr = y + (ulong)out_row[i] * y_stride + r0;                                    \
-      if (r0 >= row_begin && r0 + 16 <= row_end) {                                                 \
-        vstore16(__builtin_shufflevector(acc[i], acc[i], 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, \
-                                         7, 11, 15),                                               \
-                 0, yr);                                                                           \
-      } else {                                                                                     \
-        _Pragma("unroll") for (uint L = 0; L < 16; ++L) {                                          \
-          const uint r = r0 + MMI_ROW_OF_LANE(L);                                                  \
-          if (r >= row_begin && r < row_end) yr[MMI_ROW_OF_LANE(L)] = acc[i][L];                   \
-        }                                                                                          \
-      }                                                                                            \
-    }                                                                                              \
-  }                                                                                                \
-  kernel void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT(                            \
-      global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \
-      uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, int rows_from_table,  \
-      global const uchar* q) {                                                                     \
-    matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(                               \
-        w, w_off, k, arena, y_off, y_stride, row_begin, row_end, t_begin, t_end, tok_off,          \
-        rows_from_table, q, get_global_id(0), get_global_id(1));                                   \
-  }
-#define DEFINE_MATMUL_KQ_ALL(NAME, MMI_T, LAYOUT)   \
-  DEFINE_MATMUL_KQ(NAME, MMI_T, portable, 8, LAYOUT)  \
-  DEFINE_MATMUL_KQ(NAME, MMI_T, vnni, 8, LAYOUT)      \
-  DEFINE_MATMUL_KQ(NAME, MMI_T, portable, 16, LAYOUT) \
-  DEFINE_MATMUL_KQ(NAME, MMI_T, vnni, 16, LAYOUT)
-DEFINE_MATMUL_KQ_ALL(q4_k, 1, file)
-DEFINE_MATMUL_KQ_ALL(q4_k, 8, file)  // MMI_TILE
-DEFINE_MATMUL_KQ_ALL(q5_k, 1, file)
-DEFINE_MATMUL_KQ_ALL(q5_k, 8, file)
-DEFINE_MATMUL_KQ_ALL(q6_k, 1, file)
-DEFINE_MATMUL_KQ_ALL(q6_k, 8, file)
-DEFINE_MATMUL_KQ_ALL(q4_k, 1, tiled)
-DEFINE_MATMUL_KQ_ALL(q4_k, 8, tiled)
-DEFINE_MATMUL_KQ_ALL(q5_k, 1, tiled)
-DEFINE_MATMUL_KQ_ALL(q5_k, 8, tiled)
-DEFINE_MATMUL_KQ_ALL(q6_k, 1, tiled)
-DEFINE_MATMUL_KQ_ALL(q6_k, 8, tiled)
+// The kernels: matmul_int8.cl's DEFINE_MATMUL_INT8 over the KQ_ITEM bodies above.
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q4_k, 1, file)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q4_k, 8, file)  // MMI_TILE
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q5_k, 1, file)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q5_k, 8, file)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q6_k, 1, file)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q6_k, 8, file)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q4_k, 1, tiled)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q4_k, 8, tiled)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q5_k, 1, tiled)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q5_k, 8, tiled)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q6_k, 1, tiled)
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q6_k, 8, tiled)
 
 #endif  // __x86_64__ && __clang__
