@@ -1,10 +1,10 @@
 #include "core/service.h"
 
+#include "core/log_file.h"
 #include "core/model_access.h"
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -53,7 +53,7 @@ ServiceLoop::ServiceLoop(ServiceOptions options) : options_(std::move(options)) 
   socket_path_ = control_socket_path(run_dir_, options_.id);
 
   std::vector<spdlog::sink_ptr> sinks;
-  sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_path(run_dir_, name())));
+  sinks.push_back(make_log_file_sink(run_dir_, name()));
   if (options_.log_to_stderr)
     sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
   logger_ = std::make_shared<spdlog::logger>(std::string(name()), sinks.begin(), sinks.end());

@@ -1,6 +1,5 @@
 // duet-supervisor: runs one stack in the foreground (`duet stack up` daemonises it). See
 // deploy/supervisor/supervisor.h.
-#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +9,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/log_file.h"
 #include "core/run_dir.h"
 #include "core/stack_record.h"
 #include "deploy/supervisor/supervisor.h"
@@ -78,8 +78,7 @@ int main(int argc, char** argv) {
     }
 
     std::vector<spdlog::sink_ptr> sinks;
-    sinks.push_back(
-        std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_path(o.run_dir, "supervisor")));
+    sinks.push_back(make_log_file_sink(o.run_dir, "supervisor"));
     if (o.ready_fd < 0) sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
     auto log = std::make_shared<spdlog::logger>("supervisor", sinks.begin(), sinks.end());
     log->set_pattern("%Y-%m-%d %H:%M:%S.%e [%n %P] %l: %v");
