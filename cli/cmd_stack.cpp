@@ -245,6 +245,7 @@ std::optional<std::string> read_ready_line(int fd, std::chrono::seconds timeout,
 // pool. Returns the line `up` prints about it.
 std::string plan_kv(const StackArgs& a, const std::string& model) {
   const char* env_budget = std::getenv("DUET_KV_MEMORY");
+  const bool default_budget = a.kv_memory.empty() && !(env_budget && *env_budget);
   const uint64_t budget = !a.kv_memory.empty()        ? parse_memory_size(a.kv_memory)
                           : env_budget && *env_budget ? parse_memory_size(env_budget)
                                                       : default_kv_memory_bytes();
@@ -269,7 +270,12 @@ std::string plan_kv(const StackArgs& a, const std::string& model) {
     request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
     kv = plan_kv_pool(request);
   } catch (const Error& e) {
-    throw Error(e.code(), "cannot start stack " + a.stack + ": " + e.what());
+    // The default budget is capped by /dev/shm's free space: name the real shortage.
+    const std::string shm_note = default_budget && budget >= shm_free_bytes()
+                                     ? " (the default budget is /dev/shm's free space, " +
+                                           format_bytes(budget) + ": free or enlarge /dev/shm)"
+                                     : "";
+    throw Error(e.code(), "cannot start stack " + a.stack + ": " + e.what() + shm_note);
   }
   const uint64_t shm_free = shm_free_bytes();
   if (kv.pool_bytes > shm_free)

@@ -7,6 +7,7 @@
 // npu-only:online-prepare, npu-only:pipe, layer, or reference (core ReferenceForward in this
 // process). Eval requests may name any other plan; its engine is made on first use
 // (services/frontend/stack_engines.h).
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -80,6 +81,10 @@ int main(int argc, char** argv) {
         config.max_seqs = options.max_running;
         config.kv_type = parse_kv_type(env_or("DUET_KV_TYPE", "f16"));
         const bool two_lanes = plan != "reference" && env_or("DUET_AGENT", "on") != "off";
+        // An engine for another plan (`eval --plan`) serves checks, not the stack's traffic: a
+        // pool of two full sequences, not a second copy of the whole budget, which /dev/shm (the
+        // default budget's cap) could not hold.
+        uint32_t other_plan_kv_pages = 0;
         if (plan != "reference") {
           // The KV pool by memory (core/kv_budget.h): `duet stack up` planned it already and
           // passes its budget in bytes, so a restarted frontend makes the same pool; run on its
@@ -95,6 +100,7 @@ int main(int argc, char** argv) {
           const KvPoolPlan kv = plan_kv_pool(request);
           config.max_ctx = static_cast<int>(kv.ctx);
           config.kv_pages = kv.n_pages;
+          other_plan_kv_pages = std::min(kv.n_pages, 2 * kv.pages_per_seq);
           options.max_context = static_cast<int>(kv.ctx);
           loop.log().info("KV pool: {} of {} from a budget of {}", kv.summary(),
                           dtype_name(config.kv_type), format_bytes(kv.budget_bytes));
@@ -102,8 +108,11 @@ int main(int argc, char** argv) {
         // Requests waiting beyond the running batch; one more is refused (Errc::busy) rather
         // than queued without bound. A long offered trace (agent_bench --max-queue) needs more.
         options.max_queue = env_int("DUET_MAX_QUEUE", 64, 0, 1 << 20);
-        options.make_engine = [config, instance = 1u](const std::string& p) mutable {
-          return frontend::make_stack_engine(config, p, instance++);
+        options.make_engine = [config, other_plan_kv_pages,
+                               instance = 1u](const std::string& p) mutable {
+          frontend::StackEngineConfig other = config;
+          other.kv_pages = other_plan_kv_pages;
+          return frontend::make_stack_engine(other, p, instance++);
         };
         // Agent.xpu (issue 9): proactive requests run on an engine of their own whose steps a
         // reactive arrival preempts. DUET_AGENT=off serves every request on the one engine.
