@@ -3,14 +3,19 @@
 // reason, and no request ever left without an answer.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -226,6 +231,58 @@ TEST_F(KvPoolStack, GpuSvcF16KvLogitsStayWithinTheGateOfTheFp32Reference) {
       worst, to_f16_reference);
   EXPECT_LT(worst, kGate);
   EXPECT_GT(worst, 0.0f);
+}
+
+// kill -9 of gpu_svc, then of npu_svc, while a ~4000-token prompt prefills (issue 20): the
+// supervisor restarts each, the step in flight is run again, the request ends with the tokens of
+// an undisturbed run, and no KV page is left held.
+TEST_F(KvPoolStack, ServicesKilledDuringALongPrefillLeaveTheTokensAndNoPageHeld) {
+  const std::string model = long_context_model();
+  CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 64M");
+  ASSERT_EQ(up.rc, 0) << up.out;
+  const std::vector<std::string> words = {"alpha", "beta",  "gamma", "delta", "river",
+                                          "stone", "cloud", "music", "paper", "light"};
+  std::string prompt;
+  for (int i = 0; i < 1500; ++i) prompt += words[(i * 3 + i / 7) % 10] + " ";
+  const std::string file = (dir_ / "prompt.txt").string();
+  std::ofstream(file) << prompt;
+  const std::string gen =
+      "generate --stack " + id_ + " --max-tokens 8 --ignore-eos --json \"$(cat " + file + ")\"";
+  auto run = [&] {
+    CliResult r = run_duet(gen, "timeout 120");
+    EXPECT_EQ(r.rc, 0) << r.out.substr(0, 2000);
+    return nlohmann::json::parse(r.out, nullptr, false);
+  };
+  ASSERT_FALSE(run().is_discarded());  // builds the engine and its programs
+  const nlohmann::json undisturbed = run();
+  ASSERT_FALSE(undisturbed.is_discarded());
+  ASSERT_GE(undisturbed["stats"]["prompt_tokens"].get<int>(), 3500);
+  const double ttft_ms = undisturbed["stats"]["ttft_ms"].get<double>();
+  std::printf("[ kv ] %d-token prompt: TTFT %.0f ms undisturbed\n",
+              undisturbed["stats"]["prompt_tokens"].get<int>(), ttft_ms);
+
+  for (const std::string service : {"gpu_svc", "npu_svc"}) {
+    SCOPED_TRACE(service);
+    auto result = std::async(std::launch::async, run);
+    // A third of the way into the prefill.
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(ttft_ms / 3) + 50));
+    int pid = 0;
+    if (auto s = test_support::stack_status(run_dir_))
+      for (const auto& svc : (*s)["services"])
+        if (svc["name"] == service) pid = svc["pid"].get<int>();
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    const nlohmann::json disturbed = result.get();
+    ASSERT_FALSE(disturbed.is_discarded());
+    EXPECT_EQ(disturbed["ids"], undisturbed["ids"]);
+    EXPECT_GE(disturbed["stats"]["restarts_seen"].get<int>(), 1)
+        << "the kill did not land inside the request: " << disturbed["stats"].dump();
+    std::printf("[ kv ] %s killed during prefill: TTFT %.0f ms, tokens identical\n",
+                service.c_str(), disturbed["stats"]["ttft_ms"].get<double>());
+  }
+  const nlohmann::json engine = frontend_status()["frontend"]["engine"];
+  EXPECT_EQ(engine["kv_pages_used"], 0) << "pages leaked: " << engine.dump();
+  EXPECT_EQ(engine["open_sequences"], 0) << engine.dump();
 }
 
 }  // namespace
