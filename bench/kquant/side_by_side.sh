@@ -4,7 +4,9 @@
 # (bench/llamacpp, node-llama-cpp's prebuilt CPU build) on the same file and threads, in turn:
 # prefill tok/s of 54- and 296-token prompts, decode tok/s after 64- and 512-token prompts.
 # One JSON line per run into bench/kquant/results.jsonl.
-# env: TYPES ("q4_k_m q4_0 q8_0"), ROUNDS (1), GEN (32), THREADS (nproc), BIN (build/bin)
+# The model has Llama 3's real 128256-token vocabulary (tests/data/vocab/llama3.gguf), so the
+# output projection is the real one (a quarter of the 1B's weights); VOCAB=0 for the small one.
+# env: TYPES ("q4_k_m q4_0 q8_0"), ROUNDS (1), GEN (32), THREADS (nproc), BIN (build/bin), VOCAB
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${BIN:-build/bin}
@@ -15,9 +17,12 @@ mkdir -p build-bench/models
 [ -d bench/llamacpp/node_modules/node-llama-cpp ] || bench/llamacpp/setup.sh >/dev/null
 stack=kqbench$$
 trap '"$bin/duet" stack down --stack $stack >/dev/null 2>&1 || true' EXIT
+vocab=${VOCAB:-tests/data/vocab/llama3.gguf}
+vocab_tag=$([ "$vocab" = 0 ] && echo small || basename "$vocab" .gguf)
 for type in ${TYPES:-q4_k_m q4_0 q8_0}; do
-  model=build-bench/models/llama3.2-1b-$type.gguf
-  [ -f "$model" ] || "$bin/duet" mkmodel --shape llama3.2-1b --type "$type" --ctx 1024 --out "$model" >&2
+  model=build-bench/models/llama3.2-1b-$type-$vocab_tag.gguf
+  [ -f "$model" ] || "$bin/duet" mkmodel --shape llama3.2-1b --type "$type" --vocab "$vocab" \
+    --ctx 1024 --out "$model" >&2
   for round in $(seq "${ROUNDS:-1}"); do
     "$bin/duet" stack up --stack $stack --model "$model" --plan gpu-only --timeout 300 >&2
     # Untimed: the first requests build the engine and let gpu_svc measure its queues per shape.
@@ -27,7 +32,7 @@ for type in ${TYPES:-q4_k_m q4_0 q8_0}; do
     done
     for prompt in 54 296 64 512; do
       emit() {  # engine, result JSON
-        echo "{\"type\":\"$type\",\"round\":$round,\"prompt\":$prompt,\"gen\":$gen,\"engine\":\"$1\",\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"result\":$2}" | tee -a "$out"
+        echo "{\"type\":\"$type\",\"vocab\":\"$vocab_tag\",\"round\":$round,\"prompt\":$prompt,\"gen\":$gen,\"engine\":\"$1\",\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"result\":$2}" | tee -a "$out"
       }
       r=$("$bin/stack_bench" --stack $stack --plan gpu-only --model "$model" --prompt $prompt \
             --gen "$gen" --ignore-eos 2>/dev/null | tail -n 1) && emit duet "$r"

@@ -18,9 +18,14 @@ plans_1b=${PLANS_1B:-"gpu-only npu-only layer tensor"}  # reference (fp32 oracle
 # Table 4 mixes 54/374, 296/340, 1787/5, scaled to the 512-position context and to 2 shared cores.
 mixes_tiny=${MIXES_TINY:-"54/32 296/32 448/4"}
 mixes_1b=${MIXES_1B:-"54/8 296/8"}
-model_1b=build-bench/models/llama3.2-1b-q4_0.gguf
+# The 1B is the file people download: Q4_K_M with Llama 3's real vocabulary (TYPE_1B, VOCAB_1B;
+# results before 2026-11-25 12:00 UTC were Q4_0 with the small synthetic vocabulary).
+type_1b=${TYPE_1B:-q4_k_m}
+vocab_1b=${VOCAB_1B:-tests/data/vocab/llama3.gguf}
+model_1b=build-bench/models/llama3.2-1b-$type_1b-$(basename "$vocab_1b" .gguf).gguf
 export DUET_MAX_CTX=512
-[ -f "$model_1b" ] || "$bin/duet" mkmodel --shape llama3.2-1b --type q4_0 --ctx 512 --out "$model_1b"
+[ -f "$model_1b" ] || "$bin/duet" mkmodel --shape llama3.2-1b --type "$type_1b" --vocab "$vocab_1b" \
+  --ctx 512 --out "$model_1b"
 if [ -z "${SKIP_LLAMACPP:-}" ] && [ ! -d bench/llamacpp/node_modules/node-llama-cpp ]; then
   bench/llamacpp/setup.sh
 fi
