@@ -86,45 +86,20 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
   *ws = mmi_fp16_to_float((h[0] << 16) >> 16) * convert_float16(sc);
   *wm = mmi_fp16_to_float(h[0] >> 16) * convert_float16(m);
 }
-// Sub-block j's quants of the 16 rows as unsigned-byte lane vectors u[g] (weights 4g..4g+3).
-__attribute__((always_inline)) inline void kq_quants_q4_k(global const uchar* wb, ulong row_bytes,
-                                                          uint n_rows, int tiled, uint j, int16* u) {
-  int16 t[8];
-  kq_v8(wb, row_bytes, n_rows, 16 + 32 * (j / 2), tiled, t);
-  const uint s = 4 * (j & 1);
-#pragma unroll
-  for (uint g = 0; g < 8; ++g) u[g] = (t[g] >> s) & 0x0F0F0F0F;
-}
-__attribute__((always_inline)) inline void kq_quants_q5_k(global const uchar* wb, ulong row_bytes,
-                                                          uint n_rows, int tiled, uint j, int16* u) {
-  int16 t[8], hb[8];
-  kq_v8(wb, row_bytes, n_rows, 48 + 32 * (j / 2), tiled, t);
-  kq_v8(wb, row_bytes, n_rows, 16, tiled, hb);
-  const uint s = 4 * (j & 1);
-#pragma unroll
-  for (uint g = 0; g < 8; ++g) u[g] = ((t[g] >> s) & 0x0F0F0F0F) | (((hb[g] >> j) & 0x01010101) << 4);
-}
-// Q6_K chunk c's quants (0..63, before the -32) of the 16 rows.
-__attribute__((always_inline)) inline void kq_quants_q6_k(global const uchar* wb, ulong row_bytes,
-                                                          uint n_rows, int tiled, uint c, int16* u) {
-  int16 lo[8], hb[8];
-  const uint h = c / 4, cc = c % 4;
-  kq_v8(wb, row_bytes, n_rows, 64 * h + 32 * (cc & 1), tiled, lo);
-  kq_v8(wb, row_bytes, n_rows, 128 + 32 * h, tiled, hb);
-  const uint s = 4 * (cc >> 1);
-#pragma unroll
-  for (uint g = 0; g < 8; ++g)
-    u[g] = ((lo[g] >> s) & 0x0F0F0F0F) | (((hb[g] >> (2 * cc)) & 0x03030303) << 4);
-}
-// Q6_K chunk c's two scales d sc_2c and d sc_2c+1 per lane.
-__attribute__((always_inline)) inline void kq_scales_q6_k(global const uchar* wb, ulong row_bytes,
-                                                          uint n_rows, int tiled, uint c,
-                                                          float16* s0, float16* s1) {
-  const float16 d = mmi_fp16_to_float(kq_s16(wb, row_bytes, n_rows, 208, tiled));
-  const int16 sc = kq_s16(wb, row_bytes, n_rows, 192 + 2 * c, tiled);
-  *s0 = d * convert_float16((sc << 24) >> 24);
-  *s1 = d * convert_float16((sc << 16) >> 24);
-}
+// Sub-block quants of the 16 rows as unsigned-byte lane vectors u[g] (weights 4g..4g+3), from
+// lane vectors loaded once and shared: Q4_K's sub-blocks 2p and 2p+1 are the low and high nibbles
+// of the same 32 bytes t (Q5_K: with bit j of the 32 qh bytes hb, loaded once per super-block).
+#define KQ_QS_AT_q4_k 16
+#define KQ_QS_AT_q5_k 48
+#define KQ_SUPER_LOAD_q4_k(N_ROWS, TILED)
+#define KQ_SUPER_LOAD_q5_k(N_ROWS, TILED) \
+  int16 hb[8];                             \
+  kq_v8(wb, row_bytes, N_ROWS, 16, TILED, hb);
+#define KQ_QUANTS_q4_k(j) \
+  _Pragma("unroll") for (uint g = 0; g < 8; ++g) u[g] = (t[g] >> (4 * ((j) & 1))) & 0x0F0F0F0F;
+#define KQ_QUANTS_q5_k(j)                                               \
+  _Pragma("unroll") for (uint g = 0; g < 8; ++g) u[g] =                 \
+      ((t[g] >> (4 * ((j) & 1))) & 0x0F0F0F0F) | (((hb[g] >> (j)) & 0x01010101) << 4);
 
 // The int dots of the tokens' activation block (group, slots slot0..) with u[g] for g in
 // [G0, G1), starting from INIT (in the low plane's dot for 16 bits, as matmul_int8.cl).
@@ -148,22 +123,28 @@ __attribute__((always_inline)) inline void kq_scales_q6_k(global const uchar* wb
 #define KQ_NEG_SUM(i, BITS) ((global const int*)(group + (BITS == 16 ? MMI_SUMS1 : MMI_SUMS0)))[slot0 + i]
 #define KQ_NEG_HALF(i) ((global const int*)(group + MMI_HALF_SUMS))[slot0 + i]
 
-// Q4_K/Q5_K: the 8 sub-blocks of super-block sb.
-#define KQ_SUPER_SCALED(NAME, MMI_T, ISA, BITS, N_ROWS, TILED)                                            \
+// Q4_K/Q5_K: the 8 sub-blocks of super-block sb, the quant bytes of each pair loaded once.
+#define KQ_SUPER_SCALED(NAME, MMI_T, ISA, BITS, N_ROWS, TILED)                                    \
   {                                                                                                \
     int16 h[4];                                                                                    \
     kq_v4(wb, row_bytes, N_ROWS, 0, TILED, h);                                                     \
-    for (uint j = 0; j < 8; ++j) {                                                                 \
-      float16 ws, wm;                                                                              \
-      kq_scale_min(h, j, &ws, &wm);                                                                \
-      int16 u[8];                                                                                  \
-      kq_quants_##NAME(wb, row_bytes, N_ROWS, TILED, j, u);                                        \
-      global const uchar* group = groups + (ulong)(sb * 8 + j) * MMI_GROUP_BYTES;                  \
-      KQ_DOTS(MMI_T, ISA, BITS, 0, 8, 0)                                                           \
-      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                         \
-        const float dx = KQ_DX(i);                                                                 \
-        acc[i] = fma(convert_float16(KQ_INT(i, BITS)), ws * dx, acc[i]);                           \
-        acc[i] = fma((float16)((float)KQ_NEG_SUM(i, BITS)), wm * dx, acc[i]);                      \
+    KQ_SUPER_LOAD_##NAME(N_ROWS, TILED)                                                            \
+    for (uint p = 0; p < 4; ++p) {                                                                 \
+      int16 t[8];                                                                                  \
+      kq_v8(wb, row_bytes, N_ROWS, KQ_QS_AT_##NAME + 32 * p, TILED, t);                            \
+      _Pragma("unroll") for (uint odd = 0; odd < 2; ++odd) {                                       \
+        const uint j = 2 * p + odd;                                                                \
+        float16 ws, wm;                                                                            \
+        kq_scale_min(h, j, &ws, &wm);                                                              \
+        int16 u[8];                                                                                \
+        KQ_QUANTS_##NAME(j)                                                                        \
+        global const uchar* group = groups + (ulong)(sb * 8 + j) * MMI_GROUP_BYTES;                \
+        KQ_DOTS(MMI_T, ISA, BITS, 0, 8, 0)                                                         \
+        _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                       \
+          const float dx = KQ_DX(i);                                                               \
+          acc[i] = fma(convert_float16(KQ_INT(i, BITS)), ws * dx, acc[i]);                         \
+          acc[i] = fma((float16)((float)KQ_NEG_SUM(i, BITS)), wm * dx, acc[i]);                    \
+        }                                                                                          \
       }                                                                                            \
     }                                                                                              \
   }
@@ -172,23 +153,40 @@ __attribute__((always_inline)) inline void kq_scales_q6_k(global const uchar* wb
 #define KQ_SUPER_q5_k(MMI_T, ISA, BITS, N_ROWS, TILED) \
   KQ_SUPER_SCALED(q5_k, MMI_T, ISA, BITS, N_ROWS, TILED)
 // Q6_K: the 8 chunks of super-block sb, each two halves of 16 with their own scale; the zero
-// point 32 as -32 times the half's activation quant sum, the dot's starting value.
-#define KQ_SUPER_q6_k(MMI_T, ISA, BITS, N_ROWS, TILED)                                                    \
-  for (uint c = 0; c < 8; ++c) {                                                                   \
-    float16 s0, s1;                                                                                \
-    kq_scales_q6_k(wb, row_bytes, N_ROWS, TILED, c, &s0, &s1);                                         \
-    int16 u[8];                                                                                    \
-    kq_quants_q6_k(wb, row_bytes, N_ROWS, TILED, c, u);                                            \
-    global const uchar* group = groups + (ulong)(sb * 8 + c) * MMI_GROUP_BYTES;                    \
-    {                                                                                              \
-      KQ_DOTS(MMI_T, ISA, BITS, 0, 4, KQ_NEG_HALF(i) << 5)                                         \
-      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                                  \
-          fma(convert_float16(KQ_INT(i, BITS)), s0 * KQ_DX(i), acc[i]);                            \
-    }                                                                                              \
-    {                                                                                              \
-      KQ_DOTS(MMI_T, ISA, BITS, 4, 8, (KQ_NEG_SUM(i, BITS) - KQ_NEG_HALF(i)) << 5)                 \
-      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                                  \
-          fma(convert_float16(KQ_INT(i, BITS)), s1 * KQ_DX(i), acc[i]);                           \
+// point 32 as -32 times the half's activation quant sum, the dot's starting value. d and the 16
+// scales are read once per super-block; the four chunks of a 128-weight half share its 32 qh
+// bytes and two 32-byte ql runs (low nibbles: chunks 0, 1; high: 2, 3), each loaded once.
+#define KQ_SUPER_q6_k(MMI_T, ISA, BITS, N_ROWS, TILED)                                            \
+  {                                                                                                \
+    const float16 d6 = mmi_fp16_to_float(kq_s16(wb, row_bytes, N_ROWS, 208, TILED));               \
+    int16 sc[4];                                                                                   \
+    kq_v4(wb, row_bytes, N_ROWS, 192, TILED, sc);                                                  \
+    for (uint h6 = 0; h6 < 2; ++h6) {                                                        \
+      int16 lo0[8], lo1[8], hb[8];                                                                 \
+      kq_v8(wb, row_bytes, N_ROWS, 64 * h6, TILED, lo0);                                         \
+      kq_v8(wb, row_bytes, N_ROWS, 64 * h6 + 32, TILED, lo1);                                    \
+      kq_v8(wb, row_bytes, N_ROWS, 128 + 32 * h6, TILED, hb);                                    \
+      _Pragma("unroll") for (uint cc = 0; cc < 4; ++cc) {                                          \
+        const uint c = 4 * h6 + cc;                                                              \
+        const int16 sw = sc[c / 2] >> (16 * (c % 2));                                              \
+        const float16 s0 = d6 * convert_float16((sw << 24) >> 24);                                 \
+        const float16 s1 = d6 * convert_float16((sw << 16) >> 24);                                 \
+        int16 u[8];                                                                                \
+        _Pragma("unroll") for (uint g = 0; g < 8; ++g) u[g] =                                      \
+            (((cc & 1 ? lo1[g] : lo0[g]) >> (4 * (cc >> 1))) & 0x0F0F0F0F) |                       \
+            (((hb[g] >> (2 * cc)) & 0x03030303) << 4);                                             \
+        global const uchar* group = groups + (ulong)(sb * 8 + c) * MMI_GROUP_BYTES;                \
+        {                                                                                          \
+          KQ_DOTS(MMI_T, ISA, BITS, 0, 4, KQ_NEG_HALF(i) << 5)                                     \
+          _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                              \
+              fma(convert_float16(KQ_INT(i, BITS)), s0 * KQ_DX(i), acc[i]);                        \
+        }                                                                                          \
+        {                                                                                          \
+          KQ_DOTS(MMI_T, ISA, BITS, 4, 8, (KQ_NEG_SUM(i, BITS) - KQ_NEG_HALF(i)) << 5)             \
+          _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                              \
+              fma(convert_float16(KQ_INT(i, BITS)), s1 * KQ_DX(i), acc[i]);                        \
+        }                                                                                          \
+      }                                                                                            \
     }                                                                                              \
   }
 
