@@ -24,6 +24,10 @@ for type in ${TYPES:-q4_k_m q4_0 q8_0}; do
   [ -f "$model" ] || "$bin/duet" mkmodel --shape llama3.2-1b --type "$type" --vocab "$vocab" \
     --ctx 1024 --out "$model" >&2
   for round in $(seq "${ROUNDS:-1}"); do
+    # The decode limit of this machine now: read GB/s with the same threads, and the file's
+    # weight bytes per token (bench/kquant/read_bandwidth.cpp).
+    r=$("$bin/read_bandwidth_bench" --threads "$threads" --model "$model") &&
+      echo "{\"type\":\"$type\",\"vocab\":\"$vocab_tag\",\"round\":$round,\"engine\":\"bandwidth\",\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"result\":$r}" | tee -a "$out"
     "$bin/duet" stack up --stack $stack --model "$model" --plan gpu-only --timeout 300 >&2
     # Untimed: the first requests build the engine and let gpu_svc measure its queues per shape.
     for warm in 54 296 512; do
