@@ -47,6 +47,17 @@ class KvPoolStack : public ::testing::Test {
     EXPECT_EQ(r.rc, 0) << r.out;
     return path;
   }
+  // A prompt of n_words plain words (about 2.8 tokens each) in a file; returns the shell
+  // expression that reads it as one argument.
+  std::string long_prompt_arg(int n_words) {
+    const std::vector<std::string> words = {"alpha", "beta",  "gamma", "delta", "river",
+                                            "stone", "cloud", "music", "paper", "light"};
+    std::string prompt;
+    for (int i = 0; i < n_words; ++i) prompt += words[(i * 7 + i / 10) % 10] + " ";
+    const std::string file = (dir_ / "prompt.txt").string();
+    std::ofstream(file) << prompt;
+    return "\"$(cat " + file + ")\"";
+  }
   nlohmann::json frontend_status() {
     CliResult r = run_duet("status --stack " + id_ + " --json");
     EXPECT_EQ(r.rc, 0) << r.out;
@@ -86,14 +97,8 @@ TEST_F(KvPoolStack, SixteenThousandTokenPromptGeneratesThroughTheStack) {
   const std::string model = long_context_model();
   CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 64M");
   ASSERT_EQ(up.rc, 0) << up.out;
-  const std::vector<std::string> words = {"alpha", "beta",  "gamma", "delta", "river",
-                                          "stone", "cloud", "music", "paper", "light"};
-  std::string prompt;
-  for (int i = 0; i < 6000; ++i) prompt += words[(i * 7 + i / 10) % 10] + " ";
-  const std::string file = (dir_ / "prompt.txt").string();
-  std::ofstream(file) << prompt;
   CliResult gen = run_duet(
-      "generate --stack " + id_ + " --max-tokens 4 --ignore-eos --json \"$(cat " + file + ")\"",
+      "generate --stack " + id_ + " --max-tokens 4 --ignore-eos --json " + long_prompt_arg(6000),
       "timeout 150");
   ASSERT_EQ(gen.rc, 0) << gen.out.substr(0, 2000);
   const nlohmann::json j = nlohmann::json::parse(gen.out, nullptr, false);
@@ -240,14 +245,8 @@ TEST_F(KvPoolStack, ServicesKilledDuringALongPrefillLeaveTheTokensAndNoPageHeld)
   const std::string model = long_context_model();
   CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 64M");
   ASSERT_EQ(up.rc, 0) << up.out;
-  const std::vector<std::string> words = {"alpha", "beta",  "gamma", "delta", "river",
-                                          "stone", "cloud", "music", "paper", "light"};
-  std::string prompt;
-  for (int i = 0; i < 1500; ++i) prompt += words[(i * 3 + i / 7) % 10] + " ";
-  const std::string file = (dir_ / "prompt.txt").string();
-  std::ofstream(file) << prompt;
   const std::string gen =
-      "generate --stack " + id_ + " --max-tokens 8 --ignore-eos --json \"$(cat " + file + ")\"";
+      "generate --stack " + id_ + " --max-tokens 8 --ignore-eos --json " + long_prompt_arg(1500);
   auto run = [&] {
     CliResult r = run_duet(gen, "timeout 120");
     EXPECT_EQ(r.rc, 0) << r.out.substr(0, 2000);
