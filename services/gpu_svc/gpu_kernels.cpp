@@ -576,12 +576,19 @@ cl_event GpuKernels::kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, u
   return launch(name.c_str(), k, 2, global, nullptr);
 }
 
-uint32_t GpuKernels::attention_chunk_keys(uint32_t n_keys) {
+uint32_t GpuKernels::attention_chunk_keys(uint32_t n_keys) const {
   const uint32_t per = ((n_keys + kAttnMaxChunks - 1) / kAttnMaxChunks + 15) & ~15u;
-  return std::max(per, kAttnMinChunkKeys);
+  return std::max(per, attn_min_chunk_keys_);
 }
 
-uint32_t GpuKernels::attention_chunks(uint32_t n_keys) {
+void GpuKernels::set_attention_min_chunk_keys(uint32_t keys) {
+  if (keys == 0 || keys % 16 != 0)
+    throw Error(Errc::invalid_argument, "gpu_svc: a least attention chunk of " +
+                                            std::to_string(keys) + " keys (a multiple of 16)");
+  attn_min_chunk_keys_ = keys;
+}
+
+uint32_t GpuKernels::attention_chunks(uint32_t n_keys) const {
   const uint32_t per = attention_chunk_keys(n_keys);
   return (n_keys + per - 1) / per;
 }
@@ -632,7 +639,7 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
              cl_uint{kv_units(kv)}, cl_uint{kv.layer}, cl_ulong{tok_off},
              cl_ulong{kv.page_table_off}, cl_uint{kv.page_table_cols}, cl_uint{n_heads},
              cl_uint{n_kv_heads}, cl_uint{head_dim}, cl_float{scale}, cl_uint{b}, attn_partials_,
-             cl_uint{kAttnMinChunkKeys}, cl_uint{kAttnMaxChunks});
+             cl_uint{attn_min_chunk_keys_}, cl_uint{kAttnMaxChunks});
     const size_t global[3] = {n_heads, count, chunks};
     last = launch(split.c_str(), k, 3, global, nullptr);
     if (first && !*first) {
@@ -644,7 +651,7 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
       cl_kernel m = dev_.kernel("attention_merge");
       set_args(m, arena, cl_ulong{out_off}, cl_uint{out_stride}, cl_ulong{tok_off},
                cl_uint{n_heads}, cl_uint{head_dim}, cl_uint{b}, attn_partials_,
-               cl_uint{kAttnMinChunkKeys}, cl_uint{kAttnMaxChunks});
+               cl_uint{attn_min_chunk_keys_}, cl_uint{kAttnMaxChunks});
       const size_t merge_global[2] = {n_heads, count};
       last = launch("attention_merge", m, 2, merge_global, nullptr);
     }

@@ -174,10 +174,12 @@ class GpuKernels {
   // the numbers.
   static constexpr uint32_t kAttnMinChunkKeys = 256;
   static constexpr uint32_t kAttnMaxChunks = 64;
-  static uint32_t attention_chunk_keys(uint32_t n_keys);
+  uint32_t attention_chunk_keys(uint32_t n_keys) const;
+  uint32_t attention_chunks(uint32_t n_keys) const;
+  // Another least chunk size (a multiple of 16; bench/longctx/attention_bench measures them).
+  void set_attention_min_chunk_keys(uint32_t keys);
   // The portable kernels (what GPUs run) instead of the CPU devices' vectorised ones: tests.
   void set_portable_attention(bool on) { portable_attention_ = on; }
-  static uint32_t attention_chunks(uint32_t n_keys);
   // The partials' scratch is at most this big; larger steps run in batches of tokens.
   static constexpr size_t kAttnScratchBytes = size_t{16} << 20;
 
@@ -215,6 +217,7 @@ class GpuKernels {
   bool int8_matmul_ = false, int8_vnni_ = false;
   bool attention_cpu_available_ = false;  // a CPU device whose compiler built attention_split_cpu_*
   bool portable_attention_ = false;
+  uint32_t attn_min_chunk_keys_ = kAttnMinChunkKeys;
   cl_mem attn_partials_ = nullptr;  // attention's per-chunk partials (reserve_attention)
   size_t attn_partials_bytes_ = 0;
   std::array<int, kMatmulRoles> int8_act_bits_ = default_int8_act_bits();

@@ -140,7 +140,7 @@ class GpuAttentionTest : public ::testing::TestWithParam<Case> {
     for (size_t i = 0; i < want.size(); ++i)
       worst = std::max(worst, std::fabs(arena.at<float>(out_off)[i] - want[i]));
     EXPECT_LT(worst, 2e-5f) << "first_pos=" << first_pos << " n=" << n
-                            << " chunks of the last: " << GpuKernels::attention_chunks(ctx);
+                            << " chunks of the last: " << k.attention_chunks(ctx);
   }
 };
 
@@ -149,7 +149,7 @@ TEST_P(GpuAttentionTest, DecodeMatchesReferenceAtEveryChunkingLength) {
 }
 
 TEST_P(GpuAttentionTest, DecodePastTheLargestChunkCountMatchesReference) {
-  ASSERT_EQ(GpuKernels::attention_chunks(20000), GpuKernels::kAttnMaxChunks - 1);
+  ASSERT_EQ(k.attention_chunks(20000), GpuKernels::kAttnMaxChunks - 1);
   check_step(19999, 1);
 }
 
