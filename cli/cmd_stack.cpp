@@ -49,7 +49,7 @@ struct StackArgs {
   std::string http;          // [ADDR:]PORT: also run http_svc there
   std::string api_key_file;  // http_svc's bearer key
   std::string kv_memory;     // the KV pool's budget (core/kv_budget.h); empty: the default
-  std::string kv_type;       // f16 (default) or f32
+  std::string kv_type;       // f16 (default), f32 or q8_0
   int timeout_s = 30;
   int max_restarts = 5;
   int restart_window_ms = 10000;
@@ -268,6 +268,7 @@ std::string plan_kv(const StackArgs& a, const std::string& model) {
     KvPoolRequest request =
         kv_pool_request(LlamaModel::load(model)->hp(), max_ctx, kStackMaxRunning, sharers, budget);
     request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
+    request.values_per_block = static_cast<uint32_t>(dtype_block_elems(kv_type));
     kv = plan_kv_pool(request);
   } catch (const Error& e) {
     // The default budget is capped by /dev/shm's free space: name the real shortage.
@@ -521,8 +522,9 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
                  "memory for the KV page pool, e.g. 2G or 512M (default: a quarter of the "
                  "memory available; env DUET_KV_MEMORY)");
   up->add_option("--kv-type", args->kv_type,
-                 "KV cache values: f16 (default, as llama.cpp) or f32 (env DUET_KV_TYPE)")
-      ->check(CLI::IsMember({"f16", "f32"}));
+                 "KV cache values: f16 (default, as llama.cpp), f32 or q8_0 (ggml's blocks of 32, "
+                 "34/32 bytes a value; env DUET_KV_TYPE)")
+      ->check(CLI::IsMember({"f16", "f32", "q8_0"}));
   up->add_option("--timeout", args->timeout_s, "seconds to wait for healthy")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/fp16.h"
+#include "core/quant.h"
 
 namespace duet {
 
@@ -14,6 +15,16 @@ ReferenceForward::ReferenceForward(const LlamaModel& m, int n_ctx)
   const size_t kv = static_cast<size_t>(n_ctx_) * hp.n_head_kv * hp.head_dim;
   k_cache_.assign(hp.n_layer, std::vector<float>(kv));
   v_cache_.assign(hp.n_layer, std::vector<float>(kv));
+}
+
+void ReferenceForward::set_kv_type(DType type) {
+  if (type != DType::F32 && type != DType::F16 && type != DType::Q8_0)
+    throw Error(Errc::invalid_argument, "reference: KV values of type " +
+                                            std::string(dtype_name(type)) + " (f32, f16 or q8_0)");
+  if (type == DType::Q8_0 && m_.hp().head_dim % kQK != 0)
+    throw Error(Errc::invalid_argument, "reference: q8_0 KV needs head_dim a multiple of 32, not " +
+                                            std::to_string(m_.hp().head_dim));
+  kv_type_ = type;
 }
 
 std::vector<float> ReferenceForward::forward(std::span<const int32_t> tokens, bool all_logits) {
@@ -55,10 +66,15 @@ std::vector<float> ReferenceForward::forward(std::span<const int32_t> tokens, bo
     }
     ops::rope(q_.data(), n, hp.n_head, hp.head_dim, positions.data(), rope);
     ops::rope(k_rows, n, hp.n_head_kv, hp.head_dim, positions.data(), rope);
-    if (kv_f16_)
+    if (kv_type_ != DType::F32) {
+      std::vector<uint8_t>& stored = kv_stored_;
+      stored.resize(dtype_row_bytes(kv_type_, kv_dim));
       for (float* rows : {k_rows, v_rows})
-        for (int64_t i = 0; i < int64_t{n} * kv_dim; ++i)
-          rows[i] = fp16_to_fp32(fp32_to_fp16(rows[i]));
+        for (int64_t t = 0; t < n; ++t) {
+          quantize_row(kv_type_, rows + t * kv_dim, stored.data(), kv_dim);
+          dequantize_row(kv_type_, stored.data(), rows + t * kv_dim, kv_dim);
+        }
+    }
     ops::attention(q_.data(), k_cache_[l].data(), v_cache_[l].data(), n, positions.data(),
                    hp.n_head, hp.n_head_kv, hp.head_dim, att_.data());
     ops::matmul(w.wo, att_.data(), n, proj_.data());

@@ -20,20 +20,22 @@ class ReferenceForward {
   // Forgets positions >= n_past (their KV rows are overwritten by the next forward).
   void truncate(int n_past) { pos_ = n_past < pos_ ? (n_past < 0 ? 0 : n_past) : pos_; }
   int position() const { return pos_; }
-  // KV rows rounded to f16 as they are stored (what a stack's f16 KV pages hold: the reference
-  // plan of a stack follows its --kv-type). Off by default: the oracle is fp32.
-  void set_kv_f16(bool on) { kv_f16_ = on; }
+  // KV rows rounded to f16 or q8_0 as they are stored (what a stack's KV pages hold: the
+  // reference plan of a stack follows its --kv-type). F32 by default: the oracle is fp32.
+  void set_kv_type(DType type);
+  void set_kv_f16(bool on) { set_kv_type(on ? DType::F16 : DType::F32); }
   int n_ctx() const { return n_ctx_; }
 
  private:
   const LlamaModel& m_;
   int n_ctx_;
   int pos_ = 0;
-  bool kv_f16_ = false;
+  DType kv_type_ = DType::F32;
   // KV cache per layer: [n_ctx][n_head_kv * head_dim], sequence outermost.
   std::vector<std::vector<float>> k_cache_, v_cache_;
   // Activations of the current call, reused between calls.
   std::vector<float> x_, xb_, q_, att_, proj_, gate_, up_;
+  std::vector<uint8_t> kv_stored_;  // one KV row in kv_type_
 };
 
 // Perplexity over ids in consecutive windows of `window` tokens (no overlap, a shorter last

@@ -50,7 +50,8 @@ KvPoolRequest kv_pool_request(const LlamaHparams& hp, int max_ctx, int max_seqs,
 
 KvPoolPlan plan_kv_pool(const KvPoolRequest& q) {
   if (q.n_layer <= 0 || q.kv_dim <= 0 || q.model_ctx <= 0 || q.page_tokens == 0 ||
-      q.bytes_per_value == 0 || q.max_seqs <= 0 || q.sharers <= 0)
+      q.bytes_per_value == 0 || q.values_per_block == 0 ||
+      q.kv_dim % static_cast<int>(q.values_per_block) != 0 || q.max_seqs <= 0 || q.sharers <= 0)
     throw Error(Errc::invalid_argument, "KV pool: the model's geometry is empty");
   if (q.max_ctx < 0)
     throw Error(Errc::invalid_argument,
@@ -61,7 +62,7 @@ KvPoolPlan plan_kv_pool(const KvPoolRequest& q) {
   p.ctx = static_cast<uint32_t>(q.max_ctx > 0 ? std::min(q.max_ctx, q.model_ctx) : q.model_ctx);
   p.pages_per_seq = (p.ctx + q.page_tokens - 1) / q.page_tokens;
   p.bytes_per_token = uint64_t{2} * static_cast<uint64_t>(q.n_layer) *
-                      static_cast<uint64_t>(q.kv_dim) * q.bytes_per_value;
+                      static_cast<uint64_t>(q.kv_dim) / q.values_per_block * q.bytes_per_value;
   p.page_bytes = p.bytes_per_token * q.page_tokens;
   const uint64_t layer_page_bytes = p.page_bytes / static_cast<uint64_t>(q.n_layer);
   const uint64_t seq_bytes = uint64_t{p.pages_per_seq} * p.page_bytes;
@@ -125,8 +126,9 @@ uint64_t parse_memory_size(std::string_view text) {
 DType parse_kv_type(std::string_view text) {
   if (text == "f16" || text == "F16") return DType::F16;
   if (text == "f32" || text == "F32") return DType::F32;
+  if (text == "q8_0" || text == "Q8_0") return DType::Q8_0;
   throw Error(Errc::invalid_argument,
-              "KV type '" + std::string(text) + "' is not one of f16 (the default) or f32");
+              "KV type '" + std::string(text) + "' is not one of f16 (the default), f32 or q8_0");
 }
 
 uint64_t available_memory_bytes() {

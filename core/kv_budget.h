@@ -33,14 +33,15 @@ constexpr uint64_t kMaxKvLayerBytes = uint64_t{1} << 30;
 
 struct KvPoolRequest {
   int n_layer = 0;
-  int kv_dim = 0;                // n_head_kv * head_dim
-  int model_ctx = 0;             // the model's trained context
-  int max_ctx = 0;               // positions per sequence asked for (0: the model's)
-  int max_seqs = 16;             // sequences that may be live at once (bounds the pool's use)
-  int sharers = 1;               // engines stepping one pool (the Agent's two lanes)
-  uint32_t page_tokens = 16;     // positions per page
-  uint32_t bytes_per_value = 4;  // 4 (f32)
-  uint64_t budget_bytes = 0;     // the KV memory budget (must be > 0)
+  int kv_dim = 0;                 // n_head_kv * head_dim
+  int model_ctx = 0;              // the model's trained context
+  int max_ctx = 0;                // positions per sequence asked for (0: the model's)
+  int max_seqs = 16;              // sequences that may be live at once (bounds the pool's use)
+  int sharers = 1;                // engines stepping one pool (the Agent's two lanes)
+  uint32_t page_tokens = 16;      // positions per page
+  uint32_t bytes_per_value = 4;   // bytes of a block of values_per_block values: 4 (f32), 2 (f16),
+  uint32_t values_per_block = 1;  // 34 per 32 values (q8_0: dtype_block_bytes / _elems)
+  uint64_t budget_bytes = 0;      // the KV memory budget (must be > 0)
 };
 
 struct KvPoolPlan {
@@ -49,7 +50,7 @@ struct KvPoolPlan {
   uint32_t n_pages = 0;          // pages in the pool
   uint32_t pages_per_seq = 0;    // pages a sequence of ctx positions holds
   uint64_t page_bytes = 0;       // one page: every layer's K and V of page_tokens positions
-  uint64_t bytes_per_token = 0;  // 2 x layers x kv_dim x bytes_per_value
+  uint64_t bytes_per_token = 0;  // 2 x layers x kv_dim / values_per_block x bytes_per_value
   uint64_t pool_bytes = 0;       // n_pages * page_bytes (the allocator's header comes on top)
   uint64_t budget_bytes = 0;     // what was asked
   std::string summary() const;   // "8192 pages of 16 tokens (1.0 GiB, 65536 B/token) ..."
@@ -68,7 +69,8 @@ KvPoolRequest kv_pool_request(const LlamaHparams& hp, int max_ctx, int max_seqs,
 uint64_t parse_memory_size(std::string_view text);
 std::string format_bytes(uint64_t bytes);  // "5.8 GiB"
 
-// `--kv-type` / DUET_KV_TYPE: "f16" (the default: llama.cpp's cache type, half of f32's bytes with
+// `--kv-type` / DUET_KV_TYPE: "q8_0" (ggml's blocks of 32 along the head dim: 34/32 bytes a
+// value), "f16" (the default: llama.cpp's cache type, half of f32's bytes with
 // the f16 accuracy gate in tests) or "f32". Error(invalid_argument) naming anything else.
 DType parse_kv_type(std::string_view text);
 

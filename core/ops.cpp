@@ -225,6 +225,14 @@ void attention(const float* q, const float* k_cache, const float* v_cache, int n
       });
 }
 
+void gather_rows(DType type, const std::function<const void*(int64_t)>& row, int64_t n,
+                 int64_t cols, float* out) {
+  require(n >= 0 && cols > 0, "gather_rows", "bad shape");
+  pool()->parallel_for(n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dequantize_row(type, row(i), out + i * cols, cols);
+  });
+}
+
 void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   pool()->parallel_for(n, 1 << 14, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {

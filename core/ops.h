@@ -10,6 +10,7 @@
 //   KV cache     per layer: k[n_ctx][n_kv_heads * head_dim], v likewise (sequence outermost,
 //                Transformer-Lite's sub-tensor layout: a step writes its rows in place)
 #include <cstdint>
+#include <functional>
 
 #include "core/dtype.h"
 
@@ -70,6 +71,11 @@ void add_bias(float* x, const float* bias, int n_tokens, int64_t dim);
 // out[t] has n_heads*head_dim values.
 void attention(const float* q, const float* k_cache, const float* v_cache, int n_tokens,
                const int32_t* positions, int n_heads, int n_kv_heads, int head_dim, float* out);
+
+// out[i][0..cols) = row(i) dequantised from `type`, for i < n, on the pool's threads: KV rows
+// scattered over pages into one contiguous cache for attention.
+void gather_rows(DType type, const std::function<const void*(int64_t)>& row, int64_t n,
+                 int64_t cols, float* out);
 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate or up.
 void swiglu(const float* gate, const float* up, int64_t n, float* out);

@@ -45,16 +45,19 @@ struct KvGeometry {
   uint32_t n_pages = 0;
   uint32_t n_layers = 0;
   uint32_t kv_dim = 0;
-  uint32_t value_bytes = 4;   // 4 (F32) or 2 (F16)
+  uint32_t row_bytes = 0;     // one K or V row: kv_row_bytes of the value type
   uint64_t pages_offset = 0;  // where page 0 starts in the KV segment (after the allocator header)
-  uint64_t layer_page_bytes() const { return uint64_t{2} * page_tokens * kv_dim * value_bytes; }
+  uint64_t layer_page_bytes() const { return uint64_t{2} * page_tokens * row_bytes; }
   uint64_t page_bytes() const { return uint64_t{n_layers} * layer_page_bytes(); }
   uint64_t bytes() const { return pages_offset + page_bytes() * n_pages; }
 };
 
 // The KV layout's arithmetic (schemas/program.fbs KvLayout: layer-major pages). Every runner
 // addresses KV through these.
-uint32_t kv_value_bytes(const fb::KvLayoutT& kv);  // 4 or 2; invalid_argument for other dtypes
+// Bytes of one K or V row of kv_dim values: 4 or 2 per value (F32, F16), 34 per 32 (Q8_0, ggml's
+// blocks along the head dim; kv_dim a multiple of 32). invalid_argument for other types.
+uint32_t kv_row_bytes(DType type, uint32_t kv_dim);
+uint32_t kv_row_bytes(const fb::KvLayoutT& kv);
 uint64_t kv_layer_page_bytes(const fb::KvLayoutT& kv);
 uint64_t kv_layer_stride(const fb::KvLayoutT& kv);  // bytes between two layers' regions
 uint64_t kv_layer_offset(const fb::KvLayoutT& kv, uint32_t layer);  // layer's region, from 0

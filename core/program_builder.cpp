@@ -195,10 +195,14 @@ BuiltPrograms Builder::build() {
   out.kv.n_layers = static_cast<uint32_t>(hp.n_layer);
   out.kv.kv_dim = kv_dim;
   out.kv.pages_offset = spec_.kv_pages_offset;
-  if (spec_.kv_type != DType::F32 && spec_.kv_type != DType::F16)
+  if (spec_.kv_type != DType::F32 && spec_.kv_type != DType::F16 && spec_.kv_type != DType::Q8_0)
     throw Error(Errc::unsupported, "program spec: KV values of type " +
-                                       std::string(dtype_name(spec_.kv_type)) + " (F32 or F16)");
-  out.kv.value_bytes = spec_.kv_type == DType::F16 ? 2 : 4;
+                                       std::string(dtype_name(spec_.kv_type)) +
+                                       " (F32, F16 or Q8_0)");
+  if (spec_.kv_type == DType::Q8_0 && hp.head_dim % kQK != 0)
+    throw Error(Errc::unsupported, "program spec: Q8_0 KV needs head_dim a multiple of 32, not " +
+                                       std::to_string(hp.head_dim));
+  out.kv.row_bytes = kv_row_bytes(spec_.kv_type, kv_dim);
   out.max_pages_per_seq = (max_ctx + spec_.page_tokens - 1) / spec_.page_tokens;
   out.kv.n_pages = spec_.kv_pages ? spec_.kv_pages : out.max_pages_per_seq * spec_.max_seqs;
 

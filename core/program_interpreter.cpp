@@ -9,6 +9,7 @@
 #include "core/fp16.h"
 #include "core/ops.h"
 #include "core/program.h"
+#include "core/quant.h"
 
 namespace duet {
 namespace {
@@ -201,16 +202,26 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
   }
 }
 
-uint32_t kv_value_bytes(const fb::KvLayoutT& kv) {
-  if (kv.dtype == fb::DTypeCode::F32) return 4;
-  if (kv.dtype == fb::DTypeCode::F16) return 2;
+uint32_t kv_row_bytes(DType type, uint32_t kv_dim) {
+  if (type == DType::F32) return kv_dim * 4;
+  if (type == DType::F16) return kv_dim * 2;
+  if (type == DType::Q8_0) {
+    if (kv_dim % kQK != 0)
+      throw Error(Errc::invalid_argument, "program: Q8_0 KV rows of " + std::to_string(kv_dim) +
+                                              " values (a multiple of 32)");
+    return static_cast<uint32_t>(dtype_row_bytes(DType::Q8_0, kv_dim));
+  }
   throw Error(Errc::invalid_argument, "program: KV values of dtype " +
-                                          std::to_string(static_cast<uint32_t>(kv.dtype)) +
-                                          " (F32 or F16)");
+                                          std::to_string(static_cast<uint32_t>(type)) +
+                                          " (F32, F16 or Q8_0)");
+}
+
+uint32_t kv_row_bytes(const fb::KvLayoutT& kv) {
+  return kv_row_bytes(static_cast<DType>(kv.dtype), kv.kv_dim);
 }
 
 uint64_t kv_layer_page_bytes(const fb::KvLayoutT& kv) {
-  return uint64_t{2} * kv.page_tokens * kv.kv_dim * kv_value_bytes(kv);
+  return uint64_t{2} * kv.page_tokens * kv_row_bytes(kv);
 }
 
 uint64_t kv_layer_stride(const fb::KvLayoutT& kv) {
@@ -224,7 +235,7 @@ uint64_t kv_layer_offset(const fb::KvLayoutT& kv, uint32_t layer) {
 uint64_t kv_row_offset(const fb::KvLayoutT& kv, uint32_t layer, uint32_t which, uint32_t page,
                        uint32_t row) {
   return kv_layer_offset(kv, layer) + uint64_t{page} * kv_layer_page_bytes(kv) +
-         (uint64_t{which} * kv.page_tokens + row) * kv.kv_dim * kv_value_bytes(kv);
+         (uint64_t{which} * kv.page_tokens + row) * kv_row_bytes(kv);
 }
 
 StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory& mem,
@@ -263,23 +274,12 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
                                   static_cast<uint32_t>(page),
                                   static_cast<uint32_t>(pos) % kv.page_tokens);
   };
-  // KV rows hold F32 or F16 values (KvLayout.dtype); activations are F32.
-  const bool kv_f16 = kv.dtype == fb::DTypeCode::F16;
+  // KV rows hold F32, F16 or Q8_0 values (KvLayout.dtype; kv_row_bytes validates it);
+  // activations are F32.
+  const auto kv_type = static_cast<DType>(kv.dtype);
+  kv_row_bytes(kv);
   auto store_row = [&](uint8_t* dst, const float* src) {
-    if (!kv_f16) {
-      std::memcpy(dst, src, size_t{kv.kv_dim} * 4);
-      return;
-    }
-    auto* h = reinterpret_cast<uint16_t*>(dst);
-    for (uint32_t i = 0; i < kv.kv_dim; ++i) h[i] = fp32_to_fp16(src[i]);
-  };
-  auto load_row = [&](float* dst, const uint8_t* src) {
-    if (!kv_f16) {
-      std::memcpy(dst, src, size_t{kv.kv_dim} * 4);
-      return;
-    }
-    const auto* h = reinterpret_cast<const uint16_t*>(src);
-    for (uint32_t i = 0; i < kv.kv_dim; ++i) dst[i] = fp16_to_fp32(h[i]);
+    quantize_row(kv_type, src, dst, kv.kv_dim);
   };
 
   std::vector<float> k_scratch, v_scratch;
@@ -356,20 +356,28 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
         break;
       }
       case fb::OpKind::Attention: {
-        // The reference gathers each token's pages into one contiguous cache (clarity over speed).
+        // The reference gathers a sequence's pages into one contiguous fp32 cache once per run of
+        // the step's tokens of that sequence (on the pool's threads), then runs ops::attention
+        // over the run: the gather is linear in the context, not once per token.
         const uint32_t width = uint32_t{op.n_heads} * op.head_dim;
-        for (int t = 0; t < n; ++t) {
-          const int len = rows[t].pos + 1;
+        for (int t0 = 0; t0 < n;) {
+          int t1 = t0 + 1;
+          int32_t max_pos = rows[t0].pos;
+          for (; t1 < n && rows[t1].seq == rows[t0].seq; ++t1)
+            max_pos = std::max(max_pos, rows[t1].pos);
+          const int64_t len = int64_t{max_pos} + 1;
           k_scratch.resize(size_t(len) * kv.kv_dim);
           v_scratch.resize(size_t(len) * kv.kv_dim);
-          for (int p = 0; p < len; ++p) {
-            load_row(&k_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 0, rows[t].seq, p));
-            load_row(&v_scratch[size_t(p) * kv.kv_dim], kv_row(op.layer, 1, rows[t].seq, p));
-          }
-          const int32_t pos = rows[t].pos;
-          ops::attention(at<float>(mem, *op.in0) + size_t(t) * width, k_scratch.data(),
-                         v_scratch.data(), 1, &pos, op.n_heads, op.n_kv_heads, op.head_dim,
-                         at<float>(mem, *op.out) + size_t(t) * width);
+          const int seq = rows[t0].seq;
+          for (int which = 0; which < 2; ++which)
+            ops::gather_rows(
+                kv_type,
+                [&](int64_t p) { return kv_row(op.layer, which, seq, static_cast<int>(p)); }, len,
+                kv.kv_dim, (which == 0 ? k_scratch : v_scratch).data());
+          ops::attention(at<float>(mem, *op.in0) + size_t(t0) * width, k_scratch.data(),
+                         v_scratch.data(), t1 - t0, positions.data() + t0, op.n_heads,
+                         op.n_kv_heads, op.head_dim, at<float>(mem, *op.out) + size_t(t0) * width);
+          t0 = t1;
         }
         break;
       }

@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
               LlamaModel::load(config.model_path)->hp(), config.max_ctx, config.max_seqs,
               two_lanes ? static_cast<int>(frontend::StackEngineConfig::kKvSharers) : 1, budget);
           request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(config.kv_type));
+          request.values_per_block = static_cast<uint32_t>(dtype_block_elems(config.kv_type));
           const KvPoolPlan kv = plan_kv_pool(request);
           config.max_ctx = static_cast<int>(kv.ctx);
           config.kv_pages = kv.n_pages;

@@ -53,12 +53,14 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
   max_pages_per_seq_ = (max_ctx + options_.page_tokens - 1) / options_.page_tokens;
   const uint32_t n_pages =
       options_.kv_pages ? options_.kv_pages : max_pages_per_seq_ * options_.max_seqs;
-  if (options_.kv_type != DType::F32 && options_.kv_type != DType::F16)
+  if (options_.kv_type != DType::F32 && options_.kv_type != DType::F16 &&
+      options_.kv_type != DType::Q8_0)
     throw Error(Errc::unsupported, "program engine: KV values of type " +
-                                       std::string(dtype_name(options_.kv_type)) + " (f32 or f16)");
+                                       std::string(dtype_name(options_.kv_type)) +
+                                       " (f32, f16 or q8_0)");
   const uint64_t page_bytes =
       uint64_t{static_cast<uint32_t>(hp.n_layer)} * 2 * options_.page_tokens *
-      static_cast<uint64_t>(hp.n_head_kv * hp.head_dim) * dtype_block_bytes(options_.kv_type);
+      kv_row_bytes(options_.kv_type, static_cast<uint32_t>(hp.n_head_kv * hp.head_dim));
 
   // A frontend that crashed left its segments behind: this engine owns those names, so it removes
   // them (services holding the old mappings re-map when the programs are registered again).

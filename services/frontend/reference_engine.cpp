@@ -34,7 +34,7 @@ void ReferenceEngine::open_seq(uint64_t seq_id, int max_positions) {
                                 std::to_string(bytes) + " more needed");
   Seq s;
   s.forward = std::make_unique<ReferenceForward>(model_, max_positions);
-  s.forward->set_kv_f16(options_.kv_f16);
+  s.forward->set_kv_type(options_.kv_type);
   s.max_positions = max_positions;
   s.kv_bytes = bytes;
   seqs_.emplace(seq_id, std::move(s));
@@ -134,7 +134,7 @@ nlohmann::json ReferenceEngine::status() const {
           {"kv_bytes_in_use", kv_bytes_in_use_},
           {"max_kv_bytes", options_.max_kv_bytes},
           {"max_step_tokens", options_.max_step_tokens},
-          {"kv_type", options_.kv_f16 ? "F16" : "F32"},
+          {"kv_type", std::string(dtype_name(options_.kv_type))},
           {"steps", steps_},
           {"tokens", tokens_}};
 }

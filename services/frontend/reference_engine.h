@@ -16,8 +16,8 @@ struct ReferenceEngineOptions {
   uint64_t max_kv_bytes = uint64_t{256} << 20;
   // Tokens one step may carry (the frontend chunks longer prefills).
   int max_step_tokens = 128;
-  // KV rows rounded to f16 (a stack's --kv-type f16, its default); false: the fp32 oracle.
-  bool kv_f16 = false;
+  // KV rows rounded to what a stack's --kv-type stores (f16 its default, q8_0); F32: the oracle.
+  DType kv_type = DType::F32;
 };
 
 class ReferenceEngine : public Engine {

@@ -266,7 +266,7 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   auto sources = std::make_shared<PlanSources>();
   if (plan == "reference") {
     ReferenceEngineOptions ro;
-    ro.kv_f16 = c.kv_type == DType::F16;
+    ro.kv_type = c.kv_type;
     auto engine = std::make_unique<ReferenceEngine>(*model, ro);
     return std::make_unique<AnnotatedEngine>(std::move(model), std::move(engine),
                                              std::move(sources));

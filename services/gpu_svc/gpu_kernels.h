@@ -65,7 +65,7 @@ struct KvArgs {
   uint32_t layer = 0;
   uint64_t page_table_off = 0;  // arena offset of int32 [n_seqs][page_table_cols]
   uint32_t page_table_cols = 0;
-  bool f16 = false;  // F16 values (kernels/kv_f16.cl), else F32
+  DType value_type = DType::F32;  // F32, F16 or Q8_0 values (kernels/kv_write.cl)
 };
 
 // Q4_0/Q8_0 and K-quant (Q4_K/Q5_K/Q6_K: matmul_kq_cpu.cl, gpu_kernels_kq.cpp) matmuls on
@@ -156,9 +156,32 @@ class GpuKernels {
   cl_event matmul(cl_mem arena, const MatmulArgs& a);
   cl_event kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, uint64_t v_off,
                     uint32_t v_stride, const KvArgs& kv, uint64_t tok_off, TokenRange t);
+  // Causal GQA attention, split over the context (kernels/attention.cl): the split kernel, then
+  // the merge where a token has more than one chunk, by batches of tokens whose partials fit the
+  // scratch (reserve_attention). max_keys: the step's largest position + 1 (sizes the launch).
+  // *first (if given) gets the first kernel's event, retained, for the op's timing.
   cl_event attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, uint64_t out_off,
                      uint32_t out_stride, const KvArgs& kv, uint64_t tok_off, uint32_t n_heads,
-                     uint32_t n_kv_heads, uint32_t head_dim, TokenRange t);
+                     uint32_t n_kv_heads, uint32_t head_dim, TokenRange t, uint32_t max_keys,
+                     cl_event* first = nullptr);
+  // The partials' scratch for attention of this shape and up to max_tokens tokens a step, made
+  // once when a program is registered (grown, never shrunk): no allocation in a step.
+  void reserve_attention(uint32_t n_heads, uint32_t head_dim, uint32_t max_tokens);
+  // How the context is split (attn_chunk_keys in attention.cl): a token with n_keys keys has
+  // chunks of attention_chunk_keys(n_keys) keys: at least kAttnMinChunkKeys, at most
+  // kAttnMaxChunks chunks, a multiple of 16. A function of the position alone, so a token's bits
+  // do not depend on the step around it. bench/longctx/RESULTS.md has the measurements behind
+  // the numbers.
+  static constexpr uint32_t kAttnMinChunkKeys = 256;
+  static constexpr uint32_t kAttnMaxChunks = 64;
+  uint32_t attention_chunk_keys(uint32_t n_keys) const;
+  uint32_t attention_chunks(uint32_t n_keys) const;
+  // Another least chunk size (a multiple of 16; bench/longctx/attention_bench measures them).
+  void set_attention_min_chunk_keys(uint32_t keys);
+  // The portable kernels (what GPUs run) instead of the CPU devices' vectorised ones: tests.
+  void set_portable_attention(bool on) { portable_attention_ = on; }
+  // The partials' scratch is at most this big; larger steps run in batches of tokens.
+  static constexpr size_t kAttnScratchBytes = size_t{16} << 20;
 
   // dst = src, 64 bytes per work-item (bytes a multiple of 64): bench/gpu's bandwidth yardstick.
   cl_event copy(cl_mem src, cl_mem dst, size_t bytes);
@@ -192,7 +215,11 @@ class GpuKernels {
   size_t cpu_group_multiple_ = 0;  // a CPU device's preferred group multiple; 0 elsewhere (launch)
   std::string gemv_variant_;       // "": by shape
   bool int8_matmul_ = false, int8_vnni_ = false;
-  bool attention_cpu_available_ = false;  // a CPU device whose compiler built attention_cpu
+  bool attention_cpu_available_ = false;  // a CPU device whose compiler built attention_split_cpu_*
+  bool portable_attention_ = false;
+  uint32_t attn_min_chunk_keys_ = kAttnMinChunkKeys;
+  cl_mem attn_partials_ = nullptr;  // attention's per-chunk partials (reserve_attention)
+  size_t attn_partials_bytes_ = 0;
   std::array<int, kMatmulRoles> int8_act_bits_ = default_int8_act_bits();
   static std::array<int, kMatmulRoles> default_int8_act_bits();
   // The quantised input of the running matmul, by 8-token tiles (one at a time: the queue is in

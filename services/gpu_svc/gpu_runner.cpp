@@ -165,6 +165,9 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
         if (op.in0->cols() != uint32_t{op.n_heads} * op.head_dim ||
             op.out->cols() != op.in0->cols())
           fail("Q/output width != n_heads * head_dim");
+        if (program.kv->dtype == fb::DTypeCode::Q8_0 && op.head_dim % 32 != 0)
+          fail("Q8_0 KV needs head_dim a multiple of 32, not " + std::to_string(op.head_dim));
+        kernels_.reserve_attention(op.n_heads, op.head_dim, program.max_tokens);
         p->uses_kv = true;
         break;
       default:
@@ -245,7 +248,7 @@ cl_event GpuRunner::read_back_output(const Program& p, const fb::OpT& op, const 
                kv_row_offset(kvl, static_cast<uint32_t>(op.layer), which,
                              static_cast<uint32_t>(page), static_cast<uint32_t>(row)) -
                    piece.base,
-               uint64_t{kvl.kv_dim} * kv_value_bytes(kvl));
+               kv_row_bytes(kvl));
       }
       break;
     case fb::OpKind::Rope:
@@ -502,7 +505,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
         case fb::OpKind::Attention:
           last = kernels_.attention(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
                                     op.out->cols(), kv, tok, op.n_heads, op.n_kv_heads, op.head_dim,
-                                    all);
+                                    all, context, &first);
           break;
         case fb::OpKind::SwiGlu:
           last = kernels_.swiglu(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
@@ -515,7 +518,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
                            op.in1->cols(), op.out->offset(), op.out->cols(), op.out->cols(), all);
           break;
       }
-      first = last;
+      if (!first) first = last;
       op_events.emplace_back(first, last);
       if (preemptible) check_cl(clFlush(q), "clFlush");  // start it before the host checks again
       // Copies mode: host memory is where the other device and the frontend look, so bring back

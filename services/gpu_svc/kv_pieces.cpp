@@ -73,7 +73,7 @@ KvArgs KvPieces::args(const fb::KvLayoutT& kv, uint32_t layer, uint64_t page_tab
   a.layer = 0;  // the offsets above are the layer's own
   a.page_table_off = page_table_off;
   a.page_table_cols = page_table_cols;
-  a.f16 = kv.dtype == fb::DTypeCode::F16;
+  a.value_type = static_cast<DType>(kv.dtype);
   return a;
 }
 

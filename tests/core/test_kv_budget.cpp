@@ -34,6 +34,18 @@ TEST(KvBudget, PagesComeFromTheBudgetNotFromSequencesTimesContext) {
   EXPECT_LE(p.pool_bytes, uint64_t{6} << 30);
 }
 
+// q8_0 counts its real bytes: 34 per block of 32 values (an f16 scale and 32 int8).
+TEST(KvBudget, Q8_0CountsThirtyFourBytesPerThirtyTwoValues) {
+  KvPoolRequest r = llama32_1b(uint64_t{6} << 30, 34);
+  r.values_per_block = 32;
+  const KvPoolPlan p = plan_kv_pool(r);
+  EXPECT_EQ(p.bytes_per_token, 2u * 16 * 512 / 32 * 34);  // 17408: 53% of f16's 32768
+  EXPECT_EQ(p.n_pages, (uint64_t{6} << 30) / p.page_bytes);
+  EXPECT_EQ(parse_kv_type("q8_0"), DType::Q8_0);
+  r.kv_dim = 500;  // not whole blocks
+  EXPECT_THROW(plan_kv_pool(r), Error);
+}
+
 TEST(KvBudget, SmallModelsTakeNoMoreThanTheirSequencesCanUse) {
   KvPoolRequest r;
   r.n_layer = 6;

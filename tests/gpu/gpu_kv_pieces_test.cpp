@@ -27,7 +27,7 @@ fb::KvLayoutT layout(fb::DTypeCode dtype) {
 }
 
 TEST(KvPieces, LayersGroupUnderTheLargestBufferAndAddressTheLayoutsBytes) {
-  for (fb::DTypeCode dtype : {fb::DTypeCode::F16, fb::DTypeCode::F32}) {
+  for (fb::DTypeCode dtype : {fb::DTypeCode::F16, fb::DTypeCode::F32, fb::DTypeCode::Q8_0}) {
     const fb::KvLayoutT kv = layout(dtype);
     const uint64_t total = kv_layer_offset(kv, kv.n_layers);
     std::vector<uint8_t> seg(total);
@@ -51,13 +51,12 @@ TEST(KvPieces, LayersGroupUnderTheLargestBufferAndAddressTheLayoutsBytes) {
             const KvPiece& p = pieces.of_layer(layer);
             EXPECT_EQ(a.kv, p.mem);
             EXPECT_EQ(a.layer, 0u);
-            EXPECT_EQ(a.f16, dtype == fb::DTypeCode::F16);
-            // What kernels/kv_f16.cl and _common.cl compute, relative to the buffer.
-            const uint64_t in_buffer =
-                a.pages_offset + uint64_t{page} * a.page_bytes +
-                (uint64_t{which} * a.page_tokens + row) * a.kv_dim * kv_value_bytes(kv);
+            EXPECT_EQ(a.value_type, static_cast<DType>(dtype));
+            // What kernels/kv_write.cl and _common.cl compute, relative to the buffer.
+            const uint64_t in_buffer = a.pages_offset + uint64_t{page} * a.page_bytes +
+                                       (uint64_t{which} * a.page_tokens + row) * kv_row_bytes(kv);
             EXPECT_EQ(p.base + in_buffer, kv_row_offset(kv, layer, which, page, row));
-            EXPECT_LT(in_buffer + uint64_t{kv.kv_dim} * kv_value_bytes(kv), p.bytes + 1);
+            EXPECT_LT(in_buffer + kv_row_bytes(kv), p.bytes + 1);
           }
   }
 }

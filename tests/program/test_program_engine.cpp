@@ -28,7 +28,8 @@ int32_t argmax(const float* v, int n) {
 
 std::unique_ptr<ProgramEngine> make_engine(const std::string& stack, const std::string& variant,
                                            std::function<Plan(uint32_t)> plan_for,
-                                           std::string plan_name, DType kv_type = DType::F16) {
+                                           std::string plan_name, DType kv_type = DType::F16,
+                                           uint32_t max_ctx = 128) {
   ProgramEngineOptions o;
   o.kv_type = kv_type;
   o.model_path = tiny_fortune_path(variant);
@@ -37,7 +38,7 @@ std::unique_ptr<ProgramEngine> make_engine(const std::string& stack, const std::
   o.plan_for = std::move(plan_for);
   o.buckets = {4, 32};
   o.max_seqs = 4;
-  o.max_ctx = 128;
+  o.max_ctx = max_ctx;
   return std::make_unique<ProgramEngine>(o, LlamaModel::load(o.model_path),
                                          make_interpreter_link("gpu"),
                                          make_interpreter_link("npu"));
@@ -183,16 +184,24 @@ TEST(ProgramEngine, ReservedPagesArePromisedAndNeverTakenByOthers) {
 
 // Largest |logit - reference logit| over a greedy run (prompt, then n_new decode steps), the
 // reference being the fp32 oracle fed the same tokens.
-float max_logit_error(Engine& e, const LlamaModel& m, const std::vector<int32_t>& prompt,
-                      int n_new) {
-  ReferenceForward ref(m, 128);
+float max_logit_error(Engine& e, const LlamaModel& m, const std::vector<int32_t>& prompt, int n_new,
+                      int ctx = 128, DType ref_kv_type = DType::F32,
+                      int* argmax_differs = nullptr) {
+  ReferenceForward ref(m, ctx);
+  ref.set_kv_type(ref_kv_type);
   const int V = m.hp().n_vocab;
-  e.open_seq(1, 128);
+  e.open_seq(1, ctx);
   std::vector<float> got = e.step({{1, prompt, 0, true}}, nullptr);
   std::vector<float> want = ref.forward(prompt, false);
   float worst = 0;
   for (int k = 0;; ++k) {
     for (int i = 0; i < V; ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+    if (argmax_differs && argmax(got.data(), V) != argmax(want.data(), V)) {
+      ++*argmax_differs;
+      std::printf("[ kv ] greedy token differs at position %zu: the oracle's margin %.5f\n",
+                  prompt.size() + k - 1,
+                  want[argmax(want.data(), V)] - want[argmax(got.data(), V)]);
+    }
     if (k == n_new) break;
     const int32_t tok = argmax(want.data(), V);
     got = e.step({{1, {tok}, static_cast<int32_t>(prompt.size()) + k, true}}, nullptr);
@@ -222,13 +231,76 @@ TEST(ProgramEngine, F16KvPagesStayWithinTheGateOfTheFp32Reference) {
   EXPECT_GT(err16, 0.0f) << "f16 pages changed nothing: are they really f16?";
 }
 
-// KV bytes per token = 2 (K and V) x layers x kv_dim x 2 bytes at f16; twice that at f32.
+// The q8_0 KV gate (issue 20): ggml's 32-value blocks along the head dim (8-bit values, an f16
+// scale per block) move tiny-fortune's logits more than f16 does. Measured over 60 positions:
+// max |logit - fp32 oracle| 0.376 (f16: 0.011), and the oracle's greedy token differs at 1 of 41
+// positions, where the oracle's own top-2 margin is 0.016 (printed). The gate, 0.5 and at most one
+// such flip, is that error with headroom; a wrong scale or block layout moves logits by whole
+// units. The pages' exactness is checked separately: against the oracle rounding its K/V rows
+// through q8_0 the same way, the error is float reassociation (measured 0.000000).
+TEST(ProgramEngine, Q8_0KvPagesStayWithinTheirGateOfTheFp32Reference) {
+  constexpr float kGate = 0.5f;
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 19; ++i) prompt.push_back(100 + 37 * i);
+  auto q8 = make_engine(unique_stack("q"), "q8_0", nullptr, "gpu-only", DType::Q8_0);
+  auto f16 = make_engine(unique_stack("r"), "q8_0", nullptr, "gpu-only", DType::F16);
+  int q8_argmax_differs = 0;
+  const float err_q8 = max_logit_error(*q8, *m, prompt, 40, 128, DType::F32, &q8_argmax_differs);
+  const float err16 = max_logit_error(*f16, *m, prompt, 40);
+  // The same pages against the oracle with its K/V rows rounded through q8_0 as stored: the
+  // interpreter reads what it wrote, no more error than float reassociation.
+  const float err_same_rounding = max_logit_error(*q8, *m, prompt, 40, 128, DType::Q8_0);
+  std::printf(
+      "[ kv ] max |logit - fp32 oracle| over 60 positions: q8_0 pages %.5f (greedy token differs "
+      "at %d), f16 %.5f; q8_0 pages vs the oracle rounding K/V to q8_0: %.6f\n",
+      err_q8, q8_argmax_differs, err16, err_same_rounding);
+  EXPECT_LT(err_q8, kGate);
+  EXPECT_LE(q8_argmax_differs, 1);  // measured: 1 of 41, a near tie of the oracle (printed)
+  EXPECT_LT(err_same_rounding, 1e-3f);
+  EXPECT_GT(err_q8, err16) << "q8_0 pages as exact as f16: are they really q8_0?";
+}
+
+// A prompt of 500 tokens (the interpreter gathers a sequence's pages once per step) and decode
+// steps at positions 500..510 give the oracle's logits within the f16 gate.
+TEST(ProgramEngine, LongPromptAndDecodeStayWithinTheF16GateOfTheReference) {
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 499; ++i) prompt.push_back(100 + (37 * i) % 900);
+  auto e = make_engine(unique_stack("l"), "q8_0", nullptr, "gpu-only", DType::F16, 512);
+  ReferenceForward ref(*m, 512);
+  const int V = m->hp().n_vocab;
+  e->open_seq(1, 512);
+  std::vector<float> got;
+  for (size_t at = 0; at < prompt.size(); at += 32) {  // steps of the largest bucket
+    const size_t end = std::min(prompt.size(), at + 32);
+    got = e->step({{1, std::vector<int32_t>(prompt.begin() + at, prompt.begin() + end),
+                    static_cast<int32_t>(at), end == prompt.size()}},
+                  nullptr);
+  }
+  std::vector<float> want = ref.forward(prompt, false);
+  float err = 0;
+  for (int k = 0;; ++k) {
+    for (int i = 0; i < V; ++i) err = std::max(err, std::abs(got[i] - want[i]));
+    if (k == 10) break;
+    const int32_t tok = argmax(want.data(), V);
+    got = e->step({{1, {tok}, static_cast<int32_t>(prompt.size()) + k, true}}, nullptr);
+    want = ref.forward(std::vector<int32_t>{tok}, false);
+  }
+  e->close_seq(1);
+  std::printf("[ kv ] 500-token prompt: max |logit - fp32 oracle| %.5f\n", err);
+  EXPECT_LT(err, 0.02f);
+}
+
+// KV bytes per token = 2 (K and V) x layers x kv_dim x 2 bytes at f16; twice that at f32; 34/32
+// bytes a value at q8_0.
 TEST(ProgramEngine, KvBytesPerTokenAreTwoTimesLayersTimesKvDimTimesTheValueSize) {
   auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   const uint64_t kv_dim = uint64_t(m->hp().n_head_kv) * m->hp().head_dim;
   const uint64_t per_token_f16 = 2 * uint64_t(m->hp().n_layer) * kv_dim * 2;
   for (const auto& [type, bytes] :
-       {std::pair{DType::F16, per_token_f16}, std::pair{DType::F32, 2 * per_token_f16}}) {
+       {std::pair{DType::F16, per_token_f16}, std::pair{DType::F32, 2 * per_token_f16},
+        std::pair{DType::Q8_0, 2 * uint64_t(m->hp().n_layer) * kv_dim * 34 / 32}}) {
     auto e = make_engine(unique_stack("f"), "q8_0", nullptr, "gpu-only", type);
     const nlohmann::json s = e->status();
     EXPECT_EQ(s["kv_page_bytes"].get<uint64_t>() / s["kv_page_tokens"].get<uint64_t>(), bytes)

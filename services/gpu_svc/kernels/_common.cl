@@ -45,9 +45,10 @@ inline float sum16(float16 v) {
   return c.x + c.y;
 }
 
-// KV page layout: page p at pages_offset + p * page_bytes, [layer][k|v][page_tokens][kv_dim] of
-// value_bytes each (4: f32, 2: f16, kv_f16.cl); position p of sequence s is row p % page_tokens of
-// page page_table[s][p / page_tokens].
+// KV page layout: page p at pages_offset + p * page_bytes, [layer][k|v][page_tokens][kv_dim]
+// values; a row is kv_dim units of value_bytes (4: f32, 2: f16) or, for q8_0, kv_dim / 32 units
+// (blocks) of 34 bytes (kv_write.cl, attention.cl). Position p of sequence s is row
+// p % page_tokens of page page_table[s][p / page_tokens].
 inline ulong kv_row_offset(global const int* page_table, uint pt_stride, int seq, int pos, ulong pages_offset,
                            ulong page_bytes, uint page_tokens, uint kv_dim, uint layer, uint which,
                            uint value_bytes) {

@@ -1,54 +1,169 @@
-// Causal GQA attention over the KV pages: one work-item per (head, token), a single pass with
-// an online softmax (running max and sum), so scores need no scratch of context length.
+// Causal GQA attention over the KV pages, split over the context (flash-decoding): a token's keys
+// go in chunks, one work-item per (head, token, chunk) computes its chunk's running max, sum and
+// weighted V (an online softmax, so no score scratch of context length and no T x T matrix), and
+// attention_merge combines a token's chunks into its output. A decode step of one token at a
+// long context thus runs n_heads x chunks work-items instead of n_heads.
+//
+// Chunking is a function of the token's position alone (attn_chunk_keys; the host mirrors it in
+// gpu_kernels.cpp): at least min_keys keys a chunk, at most max_chunks chunks, a multiple of 16.
+// So a token's output bits do not depend on the other tokens of the step. A token with one chunk
+// writes its output directly and the merge skips it. Partials are [token][head][chunk] x
+// (head_dim values, max, sum) floats in a scratch buffer gpu_svc allocates once.
+//
+// Every KV value type has its kernels, made by the macros below from one body: rows are units of
+// KV_UNIT_BYTES (a value for F32/F16, a 32-value block for Q8_0) and kv_load1/kv_load16 read a
+// head's slice of a row in float.
 #ifndef ATTN_MAX_HEAD_DIM
 #define ATTN_MAX_HEAD_DIM 256
 #endif
-kernel void attention(global const uchar* arena, ulong q_off, uint q_stride, ulong out_off, uint out_stride,
-                      global const uchar* kv, ulong pages_offset, ulong page_bytes, uint page_tokens, uint kv_dim, uint layer,
-                      ulong tok_off, ulong pt_off, uint pt_stride,
-                      uint n_heads, uint n_kv_heads, uint head_dim, float scale, uint t_begin) {
-  const uint h = get_global_id(0);
-  const uint t = t_begin + get_global_id(1);
-  global const int* tok = (global const int*)(arena + tok_off);
-  global const int* page_table = (global const int*)(arena + pt_off);
-  const int pos = tok[4 * t + TOK_POS];
-  const int seq = tok[4 * t + TOK_SEQ];
-  const uint kv_head = h / (n_heads / n_kv_heads);
-  global const float* q = (global const float*)(arena + q_off) + (ulong)t * q_stride + h * head_dim;
-  float acc[ATTN_MAX_HEAD_DIM];
-  for (uint d = 0; d < head_dim; ++d) acc[d] = 0.0f;
-  float running_max = -INFINITY;
-  float running_sum = 0.0f;
-  for (int p = 0; p <= pos; ++p) {
-    const ulong k_at = kv_row_offset(page_table, pt_stride, seq, p, pages_offset, page_bytes, page_tokens, kv_dim, layer, 0, 4);
-    global const float* k = (global const float*)(kv + k_at) + kv_head * head_dim;
-    global const float* v = k + (ulong)page_tokens * kv_dim;  // the V rows follow the page's K rows
-    float score = 0.0f;
-    for (uint d = 0; d < head_dim; ++d) score += q[d] * k[d];
-    score *= scale;
-    const float new_max = fmax(running_max, score);
-    const float correction = exp(running_max - new_max);
-    const float weight = exp(score - new_max);
-    running_sum = running_sum * correction + weight;
-    for (uint d = 0; d < head_dim; ++d) acc[d] = acc[d] * correction + weight * v[d];
-    running_max = new_max;
-  }
-  global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride + h * head_dim;
-  const float inv = 1.0f / running_sum;
-  for (uint d = 0; d < head_dim; ++d) out[d] = acc[d] * inv;
+
+inline uint attn_chunk_keys(uint n_keys, uint min_keys, uint max_chunks) {
+  const uint per = ((n_keys + max_chunks - 1) / max_chunks + 15) & ~15u;
+  return max(per, min_keys);
 }
 
-// The same for CPU devices (head_dim a multiple of 16, at most 16 * ATTN_CPU_VECS), built by
-// clang only (PoCL; vector subscripts and __builtin_shufflevector): q, the
-// accumulator and each K/V row as float16 vectors (one work-item runs as SIMD code there), the
-// unrolled loops guarded so that the vectors stay in registers. Keys go in chunks of 16
-// positions (0..15, 16..31, ...: fixed by the position alone, so a token's output does not
-// depend on the other tokens of the step): the 16 scores' horizontal sums as one transposed
-// reduction, the online softmax's max and rescale once per chunk and one vector exp for the
-// chunk's weights (per key, the scalar exps and their serial dependency cost more than the dots).
+#define KV_UNIT_BYTES_f32 4
+#define KV_UNIT_VALUES_f32 1
+#define KV_UNIT_BYTES_f16 2
+#define KV_UNIT_VALUES_f16 1
+#define KV_UNIT_BYTES_q8_0 BLOCK_BYTES_q8_0
+#define KV_UNIT_VALUES_q8_0 QK
+
+inline float kv_load1_f32(global const uchar* r, uint i) {
+  return ((global const float*)r)[i];
+}
+inline float kv_load1_f16(global const uchar* r, uint i) {
+  return vload_half(i, (global const half*)r);
+}
+inline float kv_load1_q8_0(global const uchar* r, uint i) {
+  global const uchar* b = r + (i / QK) * BLOCK_BYTES_q8_0;
+  return vload_half(0, (global const half*)b) * (float)((global const char*)(b + 2))[i % QK];
+}
+inline float16 kv_load16_f32(global const uchar* r, uint v) {
+  return vload16(v, (global const float*)r);
+}
+inline float16 kv_load16_f16(global const uchar* r, uint v) {
+  return vload_half16(v, (global const half*)r);
+}
+inline float16 kv_load16_q8_0(global const uchar* r, uint v) {
+  global const uchar* b = r + (v / 2) * BLOCK_BYTES_q8_0;
+  return convert_float16(vload16(v & 1, (global const char*)(b + 2))) *
+         vload_half(0, (global const half*)b);
+}
+
+// The arguments every split kernel takes (kv_units: units per row, kv_dim / KV_UNIT_VALUES), and
+// what each work-item works out from them: its token, chunk and key range [k_begin, k_end), and
+// the byte offsets of its K head slice and of V rows from K rows. Returns early past the token's
+// chunks.
+#define ATTN_SPLIT_ARGS                                                                          \
+  global const uchar *arena, ulong q_off, uint q_stride, ulong out_off, uint out_stride,        \
+      global const uchar *kv, ulong pages_offset, ulong page_bytes, uint page_tokens,           \
+      uint kv_units, uint layer, ulong tok_off, ulong pt_off, uint pt_stride, uint n_heads,     \
+      uint n_kv_heads, uint head_dim, float scale, uint t_begin, global float *partials,        \
+      uint min_keys, uint max_chunks
+#define ATTN_SPLIT_PROLOGUE(T)                                                                   \
+  const uint h = get_global_id(0);                                                               \
+  const uint tl = get_global_id(1);                                                              \
+  const uint c = get_global_id(2);                                                               \
+  const uint t = t_begin + tl;                                                                   \
+  global const int* tok = (global const int*)(arena + tok_off);                                  \
+  global const int* page_table = (global const int*)(arena + pt_off);                           \
+  const int pos = tok[4 * t + TOK_POS];                                                          \
+  const int seq = tok[4 * t + TOK_SEQ];                                                          \
+  const uint n_keys = (uint)pos + 1;                                                             \
+  const uint per = attn_chunk_keys(n_keys, min_keys, max_chunks);                                \
+  const uint n_chunks = (n_keys + per - 1) / per;                                                \
+  if (c >= n_chunks) return;                                                                     \
+  const int k_begin = (int)(c * per);                                                            \
+  const int k_end = (int)min(n_keys, (c + 1) * per);                                             \
+  const ulong head_off =                                                                         \
+      (ulong)(h / (n_heads / n_kv_heads)) * head_dim / KV_UNIT_VALUES_##T * KV_UNIT_BYTES_##T;   \
+  const ulong v_rows = (ulong)page_tokens * kv_units * KV_UNIT_BYTES_##T;                        \
+  global const float* q = (global const float*)(arena + q_off) + (ulong)t * q_stride + h * head_dim; \
+  global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride + h * head_dim;   \
+  global float* part =                                                                           \
+      partials + (((ulong)tl * n_heads + h) * max_chunks + c) * (head_dim + 2);
+#define ATTN_KEY_ROW(T, p)                                                                       \
+  (kv + kv_row_offset(page_table, pt_stride, seq, (p), pages_offset, page_bytes, page_tokens,   \
+                      kv_units, layer, 0, KV_UNIT_BYTES_##T) +                                   \
+   head_off)
+
+// The portable kernel (GPUs): scalar loops over head_dim, the accumulator in private memory.
+#define DEFINE_ATTENTION_SPLIT(T)                                                                \
+  kernel void attention_split_##T(ATTN_SPLIT_ARGS) {                                             \
+    ATTN_SPLIT_PROLOGUE(T)                                                                       \
+    float acc[ATTN_MAX_HEAD_DIM];                                                                \
+    for (uint d = 0; d < head_dim; ++d) acc[d] = 0.0f;                                           \
+    float running_max = -INFINITY;                                                               \
+    float running_sum = 0.0f;                                                                    \
+    for (int p = k_begin; p < k_end; ++p) {                                                      \
+      global const uchar* k = ATTN_KEY_ROW(T, p);                                                \
+      global const uchar* v = k + v_rows;                                                        \
+      float score = 0.0f;                                                                        \
+      for (uint d = 0; d < head_dim; ++d) score += q[d] * kv_load1_##T(k, d);                    \
+      score *= scale;                                                                            \
+      const float new_max = fmax(running_max, score);                                            \
+      const float correction = exp(running_max - new_max);                                       \
+      const float weight = exp(score - new_max);                                                 \
+      running_sum = running_sum * correction + weight;                                           \
+      for (uint d = 0; d < head_dim; ++d)                                                        \
+        acc[d] = acc[d] * correction + weight * kv_load1_##T(v, d);                              \
+      running_max = new_max;                                                                     \
+    }                                                                                            \
+    if (n_chunks == 1) {                                                                         \
+      const float inv = 1.0f / running_sum;                                                      \
+      for (uint d = 0; d < head_dim; ++d) out[d] = acc[d] * inv;                                 \
+    } else {                                                                                     \
+      for (uint d = 0; d < head_dim; ++d) part[d] = acc[d];                                      \
+      part[head_dim] = running_max;                                                              \
+      part[head_dim + 1] = running_sum;                                                          \
+    }                                                                                            \
+  }
+DEFINE_ATTENTION_SPLIT(f32)
+DEFINE_ATTENTION_SPLIT(f16)
+DEFINE_ATTENTION_SPLIT(q8_0)
+
+// A token's chunks into its output, one work-item per (head, token): the chunks' sums and
+// weighted V rescaled to the largest chunk max, in chunk order.
+kernel void attention_merge(global const uchar* arena, ulong out_off, uint out_stride,
+                            ulong tok_off, uint n_heads, uint head_dim, uint t_begin,
+                            global const float* partials, uint min_keys, uint max_chunks) {
+  const uint h = get_global_id(0);
+  const uint tl = get_global_id(1);
+  const uint t = t_begin + tl;
+  global const int* tok = (global const int*)(arena + tok_off);
+  const uint n_keys = (uint)tok[4 * t + TOK_POS] + 1;
+  const uint per = attn_chunk_keys(n_keys, min_keys, max_chunks);
+  const uint n_chunks = (n_keys + per - 1) / per;
+  if (n_chunks == 1) return;  // written by the split kernel
+  const uint stride = head_dim + 2;
+  global const float* part = partials + ((ulong)tl * n_heads + h) * max_chunks * stride;
+  float m = -INFINITY;
+  for (uint c = 0; c < n_chunks; ++c) m = fmax(m, part[c * stride + head_dim]);
+  global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride + h * head_dim;
+  for (uint d = 0; d < head_dim; ++d) out[d] = 0.0f;
+  float sum = 0.0f;
+  for (uint c = 0; c < n_chunks; ++c) {
+    global const float* pc = part + c * stride;
+    const float w = exp(pc[head_dim] - m);
+    sum += w * pc[head_dim + 1];
+    for (uint d = 0; d < head_dim; ++d) out[d] += w * pc[d];
+  }
+  const float inv = 1.0f / sum;
+  for (uint d = 0; d < head_dim; ++d) out[d] *= inv;
+}
+
+// The same split for CPU devices (head_dim a multiple of 16, at most 16 * ATTN_CPU_VECS), built
+// by clang only (PoCL; vector subscripts and __builtin_shufflevector): q, the accumulator and
+// each K/V row as float16 vectors (one work-item runs as SIMD code there), the unrolled loops
+// guarded so that the vectors stay in registers. A chunk's keys go 16 at a time (chunks start at
+// multiples of 16): the 16 scores' horizontal sums as one transposed reduction, the online
+// softmax's max and rescale once per 16 keys and one vector exp for their weights (per key, the
+// scalar exps and their serial dependency cost more than the dots). The work-groups run a
+// (token, chunk)'s heads together, so the heads sharing a KV head read its rows from cache.
 #if defined(__clang__)
 #define ATTN_CPU_VECS 8
-#define ATTN_CHUNK 16
+#define ATTN_KEYS 16
 
 inline float max16(float16 v) {
   const float8 a = fmax(v.lo, v.hi);
@@ -78,70 +193,58 @@ inline float16 attn_hsum16x16(const float16* d) {
   return ATTN_PAIR(g[0], g[1], ATTN_H4A, ATTN_H4B);
 }
 
-kernel void attention_cpu(global const uchar* arena, ulong q_off, uint q_stride, ulong out_off,
-                          uint out_stride, global const uchar* kv, ulong pages_offset,
-                          ulong page_bytes, uint page_tokens, uint kv_dim, uint layer, ulong tok_off,
-                          ulong pt_off, uint pt_stride, uint n_heads, uint n_kv_heads, uint head_dim,
-                          float scale, uint t_begin) {
-  const uint h = get_global_id(0);
-  const uint t = t_begin + get_global_id(1);
-  global const int* tok = (global const int*)(arena + tok_off);
-  global const int* page_table = (global const int*)(arena + pt_off);
-  const int pos = tok[4 * t + TOK_POS];
-  const int seq = tok[4 * t + TOK_SEQ];
-  const uint kv_head = h / (n_heads / n_kv_heads);
-  const uint nv = head_dim / 16;
-  global const float* q = (global const float*)(arena + q_off) + (ulong)t * q_stride + h * head_dim;
-  float16 qv[ATTN_CPU_VECS], acc[ATTN_CPU_VECS];
-#pragma unroll
-  for (uint v = 0; v < ATTN_CPU_VECS; ++v) {
-    qv[v] = v < nv ? vload16(v, q) : (float16)(0.0f);
-    acc[v] = (float16)(0.0f);
+#define DEFINE_ATTENTION_SPLIT_CPU(T)                                                            \
+  kernel void attention_split_cpu_##T(ATTN_SPLIT_ARGS) {                                         \
+    ATTN_SPLIT_PROLOGUE(T)                                                                       \
+    const uint nv = head_dim / 16;                                                               \
+    float16 qv[ATTN_CPU_VECS], acc[ATTN_CPU_VECS];                                               \
+    _Pragma("unroll") for (uint v = 0; v < ATTN_CPU_VECS; ++v) {                                 \
+      qv[v] = v < nv ? vload16(v, q) : (float16)(0.0f);                                          \
+      acc[v] = (float16)(0.0f);                                                                  \
+    }                                                                                            \
+    float running_max = -INFINITY;                                                               \
+    float running_sum = 0.0f;                                                                    \
+    for (int b = k_begin; b < k_end; b += ATTN_KEYS) {                                           \
+      const int n = min(ATTN_KEYS, k_end - b);                                                   \
+      global const uchar* k[ATTN_KEYS];                                                          \
+      float16 d[ATTN_KEYS];                                                                      \
+      _Pragma("unroll") for (int j = 0; j < ATTN_KEYS; ++j) {                                    \
+        d[j] = (float16)(0.0f);                                                                  \
+        k[j] = 0;                                                                                \
+        if (j < n) {                                                                             \
+          k[j] = ATTN_KEY_ROW(T, b + j);                                                         \
+          d[j] = qv[0] * kv_load16_##T(k[j], 0);                                                 \
+          _Pragma("unroll") for (uint v = 1; v < ATTN_CPU_VECS; ++v) if (v < nv) d[j] =          \
+              fma(qv[v], kv_load16_##T(k[j], v), d[j]);                                          \
+        }                                                                                        \
+      }                                                                                          \
+      const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);          \
+      const float16 scores =                                                                     \
+          select((float16)(-INFINITY), attn_hsum16x16(d) * scale, lane < n);                     \
+      const float new_max = fmax(running_max, max16(scores));                                    \
+      const float correction = exp(running_max - new_max);                                      \
+      const float16 w = exp(scores - new_max); /* 0 past the last key */                         \
+      running_sum = running_sum * correction + sum16(w);                                         \
+      _Pragma("unroll") for (uint v = 0; v < ATTN_CPU_VECS; ++v) if (v < nv) acc[v] *=           \
+          correction;                                                                            \
+      _Pragma("unroll") for (int j = 0; j < ATTN_KEYS; ++j) if (j < n) {                         \
+        _Pragma("unroll") for (uint v = 0; v < ATTN_CPU_VECS; ++v) if (v < nv) acc[v] =          \
+            fma((float16)(w[j]), kv_load16_##T(k[j] + v_rows, v), acc[v]);                       \
+      }                                                                                          \
+      running_max = new_max;                                                                     \
+    }                                                                                            \
+    if (n_chunks == 1) {                                                                         \
+      const float inv = 1.0f / running_sum;                                                      \
+      _Pragma("unroll") for (uint v = 0; v < ATTN_CPU_VECS; ++v) if (v < nv)                     \
+          vstore16(acc[v] * inv, v, out);                                                        \
+    } else {                                                                                     \
+      _Pragma("unroll") for (uint v = 0; v < ATTN_CPU_VECS; ++v) if (v < nv)                     \
+          vstore16(acc[v], v, part);                                                             \
+      part[head_dim] = running_max;                                                              \
+      part[head_dim + 1] = running_sum;                                                          \
+    }                                                                                            \
   }
-  const ulong v_rows = (ulong)page_tokens * kv_dim;  // the V rows follow the page's K rows
-  float running_max = -INFINITY;
-  float running_sum = 0.0f;
-  for (int c = 0; c <= pos; c += ATTN_CHUNK) {
-    const int n = min(ATTN_CHUNK, pos + 1 - c);
-    global const float* k[ATTN_CHUNK];
-    float16 d[ATTN_CHUNK];
-#pragma unroll
-    for (int j = 0; j < ATTN_CHUNK; ++j) {
-      d[j] = (float16)(0.0f);
-      k[j] = 0;
-      if (j < n) {
-        k[j] = (global const float*)(kv + kv_row_offset(page_table, pt_stride, seq, c + j,
-                                                         pages_offset, page_bytes, page_tokens,
-                                                         kv_dim, layer, 0, 4)) +
-               kv_head * head_dim;
-        d[j] = qv[0] * vload16(0, k[j]);
-#pragma unroll
-        for (uint v = 1; v < ATTN_CPU_VECS; ++v)
-          if (v < nv) d[j] = fma(qv[v], vload16(v, k[j]), d[j]);
-      }
-    }
-    const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const float16 scores = select((float16)(-INFINITY), attn_hsum16x16(d) * scale, lane < n);
-    const float new_max = fmax(running_max, max16(scores));
-    const float correction = exp(running_max - new_max);
-    const float16 w = exp(scores - new_max);  // 0 past the chunk's last key
-    running_sum = running_sum * correction + sum16(w);
-#pragma unroll
-    for (uint v = 0; v < ATTN_CPU_VECS; ++v)
-      if (v < nv) acc[v] *= correction;
-#pragma unroll
-    for (int j = 0; j < ATTN_CHUNK; ++j)
-      if (j < n) {
-#pragma unroll
-        for (uint v = 0; v < ATTN_CPU_VECS; ++v)
-          if (v < nv) acc[v] = fma((float16)(w[j]), vload16(v, k[j] + v_rows), acc[v]);
-      }
-    running_max = new_max;
-  }
-  global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride + h * head_dim;
-  const float inv = 1.0f / running_sum;
-#pragma unroll
-  for (uint v = 0; v < ATTN_CPU_VECS; ++v)
-    if (v < nv) vstore16(acc[v] * inv, v, out);
-}
+DEFINE_ATTENTION_SPLIT_CPU(f32)
+DEFINE_ATTENTION_SPLIT_CPU(f16)
+DEFINE_ATTENTION_SPLIT_CPU(q8_0)
 #endif  // __clang__

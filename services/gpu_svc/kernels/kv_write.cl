@@ -1,0 +1,61 @@
+// KV writes of the value types other than F32 (kv_write in elementwise.cl). Every computation
+// is in float, like the reference interpreter (core/program_interpreter.cpp); the runner passes
+// each layer's own region (pages_offset, page_bytes, layer 0). Rows are addressed in units
+// (kv_row_offset): a value for F16, a 32-value block for Q8_0.
+
+// F16 (issue 20: half the bytes of F32, as llama.cpp stores its cache): vstore_half_rte is core
+// OpenCL, no cl_khr_fp16 needed. One work-item per value of a token's K and V rows.
+kernel void kv_write_f16(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
+                         uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
+                         uint page_tokens, uint kv_dim, uint layer, ulong tok_off, ulong pt_off,
+                         uint pt_stride, uint t_begin) {
+  const uint i = get_global_id(0);
+  const uint t = t_begin + get_global_id(1);
+  global const int* tok = (global const int*)(arena + tok_off);
+  global const int* page_table = (global const int*)(arena + pt_off);
+  const int pos = tok[4 * t + TOK_POS];
+  const int seq = tok[4 * t + TOK_SEQ];
+  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
+                                    page_tokens, kv_dim, layer, 0, 2);
+  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
+                                    page_tokens, kv_dim, layer, 1, 2);
+  vstore_half_rte(((global const float*)(arena + k_off))[(ulong)t * k_stride + i], i,
+                  (global half*)(kv + k_dst));
+  vstore_half_rte(((global const float*)(arena + v_off))[(ulong)t * v_stride + i], i,
+                  (global half*)(kv + v_dst));
+}
+
+// One 32-value block as ggml's quantize_row_q8_0_ref makes it: d = amax / 127 stored as f16
+// (round to nearest even), then 32 int8 values round(x / d) (half away from zero, C's roundf).
+inline void store_block_q8_0(global const float* x, global uchar* dst) {
+  float amax = 0.0f;
+  for (uint j = 0; j < QK; ++j) amax = fmax(amax, fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  vstore_half_rte(d, 0, (global half*)dst);
+  global char* q = (global char*)(dst + 2);
+  for (uint j = 0; j < QK; ++j) q[j] = (char)round(x[j] * id);
+}
+
+// Q8_0 (`--kv-type q8_0`, llama.cpp's cache type of that name): rows of kv_dim / 32 blocks of 34
+// bytes along the head dimension (head_dim is a multiple of 32, so no block spans two heads).
+// One work-item per block of a token's K and V rows; kv_blocks = kv_dim / 32.
+kernel void kv_write_q8_0(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
+                          uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
+                          uint page_tokens, uint kv_blocks, uint layer, ulong tok_off,
+                          ulong pt_off, uint pt_stride, uint t_begin) {
+  const uint b = get_global_id(0);
+  const uint t = t_begin + get_global_id(1);
+  global const int* tok = (global const int*)(arena + tok_off);
+  global const int* page_table = (global const int*)(arena + pt_off);
+  const int pos = tok[4 * t + TOK_POS];
+  const int seq = tok[4 * t + TOK_SEQ];
+  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
+                                    page_tokens, kv_blocks, layer, 0, BLOCK_BYTES_q8_0);
+  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
+                                    page_tokens, kv_blocks, layer, 1, BLOCK_BYTES_q8_0);
+  store_block_q8_0((global const float*)(arena + k_off) + (ulong)t * k_stride + b * QK,
+                   kv + k_dst + (ulong)b * BLOCK_BYTES_q8_0);
+  store_block_q8_0((global const float*)(arena + v_off) + (ulong)t * v_stride + b * QK,
+                   kv + v_dst + (ulong)b * BLOCK_BYTES_q8_0);
+}

@@ -1,0 +1,220 @@
+// KV writes and the split (flash-decoding) attention of gpu_svc against ops::attention over the
+// same K/V gathered into one contiguous cache, through scattered pages, for every KV value type
+// (F32, F16, Q8_0), both kernel families (CPU-vectorised and portable) and the lengths where the
+// chunking changes: 1, 15, 16, 17 keys, the first split (257), 1000+, past the largest chunk
+// count (20000 keys), and a prefill larger than the partials' scratch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/ops.h"
+#include "core/quant.h"
+#include "services/gpu_svc/gpu_kernels.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace duet::gpu {
+namespace {
+
+using testing::HostBuffer;
+using testing::random_floats;
+using testing::run;
+
+constexpr uint32_t kHeads = 4, kKvHeads = 2, kHeadDim = 64, kKvDim = kKvHeads * kHeadDim,
+                   kQDim = kHeads * kHeadDim;
+constexpr uint32_t kPageTokens = 16, kLayers = 2, kLayer = 1;
+constexpr uint64_t kPagesOffset = 256;
+
+uint32_t row_bytes(DType t) {
+  return static_cast<uint32_t>(dtype_row_bytes(t, kKvDim));
+}
+
+// The pages of two sequences in a scrambled order, so contiguous addressing reads wrong rows.
+struct Pages {
+  Pages(ClDevice& dev, DType type, uint32_t ctx)
+      : type(type),
+        cols((ctx + kPageTokens - 1) / kPageTokens),
+        n_pages(2 * cols),
+        page_bytes(uint64_t{kLayers} * 2 * kPageTokens * row_bytes(type)),
+        buf(dev, kPagesOffset + n_pages * page_bytes) {}
+  int32_t page(const int32_t* table, uint32_t seq, uint32_t pos) const {
+    return table[seq * cols + pos / kPageTokens];
+  }
+  void fill_table(int32_t* table) const {
+    for (uint32_t i = 0; i < n_pages; ++i)
+      table[i] = static_cast<int32_t>((uint64_t{i} * 7919 + 3) % n_pages);
+  }
+  uint64_t row(const int32_t* table, uint32_t seq, uint32_t pos, uint32_t which) const {
+    return kPagesOffset + uint64_t(page(table, seq, pos)) * page_bytes +
+           ((kLayer * 2 + which) * kPageTokens + pos % kPageTokens) * row_bytes(type);
+  }
+  KvArgs args(uint64_t pt) const {
+    return KvArgs{buf.mem(), kPagesOffset, page_bytes, kPageTokens, kKvDim, kLayer, pt, cols, type};
+  }
+  DType type;
+  uint32_t cols, n_pages;
+  uint64_t page_bytes;
+  HostBuffer buf;
+};
+
+// What a KV page holds for these values: stored in `type` and read back.
+std::vector<float> stored(DType type, const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  std::vector<uint8_t> row(row_bytes(type));
+  for (size_t r = 0; r < x.size() / kKvDim; ++r) {
+    quantize_row(type, &x[r * kKvDim], row.data(), kKvDim);
+    dequantize_row(type, row.data(), &out[r * kKvDim], kKvDim);
+  }
+  return out;
+}
+
+struct Case {
+  DType type;
+  bool portable;
+};
+
+class GpuAttentionTest : public ::testing::TestWithParam<Case> {
+ protected:
+  ClDevice& dev = shared_device();
+  GpuKernels k{dev};
+  void SetUp() override { k.set_portable_attention(GetParam().portable); }
+
+  // A step of n tokens of sequence 0 at positions first_pos.. whose earlier K/V are in the pages:
+  // kv_write, then attention; checks the pages and the output against the reference.
+  void check_step(int32_t first_pos, uint32_t n) {
+    const DType type = GetParam().type;
+    const uint32_t ctx = static_cast<uint32_t>(first_pos) + n;
+    Pages pages(dev, type, ctx);
+    const uint64_t tok = 0, pt = uint64_t{n} * 16, q_off = pt + uint64_t{pages.n_pages} * 4,
+                   k_off = q_off + uint64_t{n} * kQDim * 4,
+                   v_off = k_off + uint64_t{n} * kKvDim * 4,
+                   out_off = v_off + uint64_t{n} * kKvDim * 4;
+    HostBuffer arena(dev, out_off + uint64_t{n} * kQDim * 4);
+    auto* rows = arena.at<int32_t>(tok);
+    for (uint32_t t = 0; t < n; ++t) {
+      rows[4 * t + 0] = 0;
+      rows[4 * t + 1] = first_pos + static_cast<int32_t>(t);
+      rows[4 * t + 2] = 0;
+      rows[4 * t + 3] = -1;
+    }
+    pages.fill_table(arena.at<int32_t>(pt));
+    const auto k_all = random_floats(size_t{ctx} * kKvDim, ctx + 1),
+               v_all = random_floats(size_t{ctx} * kKvDim, ctx + 2);
+    for (uint32_t p = 0; p < static_cast<uint32_t>(first_pos); ++p) {
+      quantize_row(type, &k_all[size_t{p} * kKvDim],
+                   pages.buf.at(pages.row(arena.at<int32_t>(pt), 0, p, 0)), kKvDim);
+      quantize_row(type, &v_all[size_t{p} * kKvDim],
+                   pages.buf.at(pages.row(arena.at<int32_t>(pt), 0, p, 1)), kKvDim);
+    }
+    std::memcpy(arena.at(k_off), &k_all[size_t(first_pos) * kKvDim], size_t{n} * kKvDim * 4);
+    std::memcpy(arena.at(v_off), &v_all[size_t(first_pos) * kKvDim], size_t{n} * kKvDim * 4);
+    const auto q = random_floats(size_t{n} * kQDim, n + 5);
+    std::memcpy(arena.at(q_off), q.data(), q.size() * 4);
+    arena.upload();
+    pages.buf.upload();
+    const KvArgs kv = pages.args(pt);
+    run(k.kv_write(arena.mem(), k_off, kKvDim, v_off, kKvDim, kv, tok, {0, n}));
+    run(k.attention(arena.mem(), q_off, kQDim, out_off, kQDim, kv, tok, kHeads, kKvHeads, kHeadDim,
+                    {0, n}, ctx));
+    arena.download();
+    pages.buf.download();
+    // The pages hold this step's rows as the reference stores them.
+    std::vector<uint8_t> want_row(row_bytes(type));
+    for (uint32_t p = static_cast<uint32_t>(first_pos); p < ctx; ++p)
+      for (uint32_t which = 0; which < 2; ++which) {
+        quantize_row(type, &(which ? v_all : k_all)[size_t{p} * kKvDim], want_row.data(), kKvDim);
+        ASSERT_EQ(std::memcmp(pages.buf.at(pages.row(arena.at<int32_t>(pt), 0, p, which)),
+                              want_row.data(), want_row.size()),
+                  0)
+            << (which ? "V" : "K") << " at " << p;
+      }
+    std::vector<int32_t> pos(n);
+    for (uint32_t t = 0; t < n; ++t) pos[t] = first_pos + static_cast<int32_t>(t);
+    std::vector<float> want(size_t{n} * kQDim);
+    ops::attention(q.data(), stored(type, k_all).data(), stored(type, v_all).data(),
+                   static_cast<int>(n), pos.data(), kHeads, kKvHeads, kHeadDim, want.data());
+    float worst = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, std::fabs(arena.at<float>(out_off)[i] - want[i]));
+    EXPECT_LT(worst, 2e-5f) << "first_pos=" << first_pos << " n=" << n
+                            << " chunks of the last: " << k.attention_chunks(ctx);
+  }
+};
+
+TEST_P(GpuAttentionTest, DecodeMatchesReferenceAtEveryChunkingLength) {
+  for (int32_t len : {1, 15, 16, 17, 256, 257, 1000, 1037}) check_step(len - 1, 1);
+}
+
+TEST_P(GpuAttentionTest, DecodePastTheLargestChunkCountMatchesReference) {
+  ASSERT_EQ(k.attention_chunks(20000), GpuKernels::kAttnMaxChunks - 1);
+  check_step(19999, 1);
+}
+
+TEST_P(GpuAttentionTest, PrefillMatchesReference) {
+  check_step(0, 33);
+  check_step(240, 40);  // tokens with one and with two chunks in one step
+}
+
+// More tokens than the partials' scratch holds at once: the launches go by batches.
+TEST_P(GpuAttentionTest, PrefillLargerThanTheScratchMatchesReference) {
+  const size_t per_token = size_t{kHeads} * GpuKernels::kAttnMaxChunks * (kHeadDim + 2) * 4;
+  const uint32_t n = static_cast<uint32_t>(GpuKernels::kAttnScratchBytes / per_token) + 40;
+  check_step(300, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, GpuAttentionTest,
+                         ::testing::Values(Case{DType::F32, false}, Case{DType::F16, false},
+                                           Case{DType::Q8_0, false}, Case{DType::F32, true},
+                                           Case{DType::F16, true}, Case{DType::Q8_0, true}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(dtype_name(i.param.type)) +
+                                  (i.param.portable ? "_portable" : "_cpu");
+                         });
+
+// A token's output bits depend on its position alone: the same decode token alone in a step and
+// behind another sequence's prefill of 31 tokens.
+TEST(GpuAttention, ATokensBitsDoNotDependOnTheOtherTokensOfTheStep) {
+  ClDevice& dev = shared_device();
+  GpuKernels k{dev};
+  const DType type = DType::F16;
+  const uint32_t ctx = 1200, n = 32;
+  Pages pages(dev, type, ctx);
+  const uint64_t tok = 0, pt = 1024, q_off = pt + uint64_t{pages.n_pages} * 4,
+                 out_off = q_off + uint64_t{n} * kQDim * 4;
+  HostBuffer arena(dev, out_off + uint64_t{n} * kQDim * 4);
+  pages.fill_table(arena.at<int32_t>(pt));
+  const auto kv_values = random_floats(size_t{ctx} * kKvDim, 9);
+  for (uint32_t seq = 0; seq < 2; ++seq)
+    for (uint32_t p = 0; p < ctx; ++p)
+      for (uint32_t which = 0; which < 2; ++which)
+        quantize_row(type, &kv_values[size_t{p} * kKvDim],
+                     pages.buf.at(pages.row(arena.at<int32_t>(pt), seq, p, which)), kKvDim);
+  const auto q = random_floats(size_t{n} * kQDim, 10);
+  std::memcpy(arena.at(q_off), q.data(), q.size() * 4);
+  auto* rows = arena.at<int32_t>(tok);
+  // Step 1: sequence 1 at positions 0..30, then sequence 0 at 1199 (its q row is the last).
+  for (uint32_t t = 0; t < n; ++t) {
+    rows[4 * t + 1] = t + 1 < n ? static_cast<int32_t>(t) : static_cast<int32_t>(ctx - 1);
+    rows[4 * t + 2] = t + 1 < n ? 1 : 0;
+  }
+  arena.upload();
+  pages.buf.upload();
+  run(k.attention(arena.mem(), q_off, kQDim, out_off, kQDim, pages.args(pt), tok, kHeads, kKvHeads,
+                  kHeadDim, {0, n}, ctx));
+  arena.download();
+  std::vector<float> batched(arena.at<float>(out_off) + size_t{n - 1} * kQDim,
+                             arena.at<float>(out_off) + size_t{n} * kQDim);
+  // Step 2: that token alone.
+  run(k.attention(arena.mem(), q_off, kQDim, out_off, kQDim, pages.args(pt), tok, kHeads, kKvHeads,
+                  kHeadDim, {n - 1, n}, ctx));
+  arena.download();
+  EXPECT_EQ(std::memcmp(batched.data(), arena.at<float>(out_off) + size_t{n - 1} * kQDim,
+                        size_t{kQDim} * 4),
+            0);
+}
+
+}  // namespace
+}  // namespace duet::gpu
