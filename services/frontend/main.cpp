@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
         frontend::FrontendOptions options;
         config.max_seqs = options.max_running;
         config.kv_type = parse_kv_type(env_or("DUET_KV_TYPE", "f16"));
+        const std::string prefix = env_or("DUET_KV_PREFIX", "on");
+        if (prefix != "on" && prefix != "off")
+          throw Error(Errc::invalid_argument,
+                      "DUET_KV_PREFIX=" + prefix + ": on (prefix sharing of KV pages) or off");
+        config.kv_prefix_sharing = prefix == "on";
         const bool two_lanes = plan != "reference" && env_or("DUET_AGENT", "on") != "off";
         if (plan != "reference") {
           // The KV pool by memory (core/kv_budget.h): `duet stack up` planned it already and
