@@ -8,6 +8,35 @@
 
 namespace duet::frontend {
 
+std::shared_ptr<KvPool> KvPool::attach(const std::string& name) {
+  auto pool = std::make_shared<KvPool>();
+  pool->name = name;
+  pool->segment = shm::Segment::open(name);
+  pool->pages.emplace(shm::KvPages::attach(pool->segment));
+  pool->n_pages = pool->pages->n_pages();
+  pool->page_bytes = pool->pages->page_bytes();
+  pool->page_tokens = pool->pages->page_tokens();
+  for (const auto& [hash, page] : pool->pages->published()) pool->index[hash] = page;
+  return pool;
+}
+
+void KvPool::adopt_seq(uint64_t seq_id, int max_positions, int n_past) {
+  if (seqs.count(seq_id))
+    throw Error(Errc::invalid_argument,
+                "adopt_seq: sequence " + std::to_string(seq_id) + " is open");
+  const std::vector<uint32_t> table = pages->pages_of(seq_id);
+  if (n_past < 0 || static_cast<uint64_t>(n_past) > uint64_t{table.size()} * page_tokens)
+    throw Error(Errc::out_of_range, "adopt_seq: sequence " + std::to_string(seq_id) + " holds " +
+                                        std::to_string(table.size()) + " pages, not " +
+                                        std::to_string(n_past) + " positions");
+  Sequence seq{max_positions, n_past};
+  seq.pages = static_cast<uint32_t>(table.size());
+  while (seq.blocks_done < table.size() && pages->hash_of(table[seq.blocks_done]) != 0)
+    ++seq.blocks_done;
+  seq.publishable = int64_t{seq.blocks_done} * page_tokens == n_past;
+  seqs[seq_id] = std::move(seq);
+}
+
 int KvPool::share_prefix(uint64_t seq_id, std::span<const int32_t> prompt) {
   auto it = seqs.find(seq_id);
   if (it == seqs.end())

@@ -74,6 +74,16 @@ struct KvPool {
   // Forgets positions >= n_past of seq_id (truncate_seq): shm::KvPages::truncate plus the
   // sequence's bookkeeping.
   void truncate(uint64_t seq_id, int n_past);
+  // A restarted frontend's pool (issue 22): the existing segment `name` attached (KvPages::attach
+  // validates it) and the prefix index rebuilt from the blocks published in it. No sequence is
+  // open: adopt_seq() re-opens each one the frontend continues, pages->reclaim_except() ends the
+  // rest (their published blocks stay cached).
+  static std::shared_ptr<KvPool> attach(const std::string& name);
+  // Re-opens seq_id as the segment has it (call with mu held): its page table is
+  // pages->pages_of(seq_id) (borrowed chain + own pages), n_past the positions its KV holds.
+  // Its unpublished complete blocks are not published later (their tokens were in the dead
+  // frontend's heap); from a block boundary on it publishes again.
+  void adopt_seq(uint64_t seq_id, int max_positions, int n_past);
   // Error(busy) when seq_id belongs to a parked step (call with mu held).
   void check_not_held(uint64_t seq_id, const char* what) const;
   // Promises seq_id `pages` pages in all (call with mu held): Error(busy) when the free pages,

@@ -153,5 +153,36 @@ TEST(KvPrefixEngine, CachedBlocksCountAsFreeForAdmissionAndAreEvictedWhenNeeded)
   engine->close_seq(6);
 }
 
+// What a restarted frontend (issue 22) finds: the segment alone gives every sequence's page table,
+// borrowed chain included, and the prefix index; adopted sequences go on sharing.
+TEST(KvPrefixEngine, ARestartedFrontendAttachesThePoolWithItsSharingState) {
+  auto engine = make_engine("restart", true);
+  const std::vector<int32_t> prompt = tokens(40, 7);
+  engine->open_seq(1, 128);
+  prefill(*engine, 1, prompt);
+  engine->open_seq(2, 128);
+  ASSERT_EQ(engine->share_prefix(2, prompt), 32);
+  prefill(*engine, 2, prompt, 32);
+
+  std::shared_ptr<KvPool> pool = KvPool::attach(ProgramEngine::kv_name(kStack, "restart"));
+  std::lock_guard lock(pool->mu);
+  EXPECT_EQ(pool->index.size(), 2u);
+  const std::vector<uint32_t> one = pool->pages->pages_of(1), two = pool->pages->pages_of(2);
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(two.size(), 3u);
+  EXPECT_EQ(std::vector<uint32_t>(two.begin(), two.begin() + 2),
+            std::vector<uint32_t>(one.begin(), one.begin() + 2))
+      << "sequence 2's table starts with 1's published blocks";
+  pool->adopt_seq(2, 128, 40);
+  EXPECT_EQ(pool->seqs.at(2).pages, 3u);
+  EXPECT_EQ(pool->seqs.at(2).blocks_done, 2u);
+  EXPECT_EQ(code_of([&] { pool->adopt_seq(3, 128, 20); }), Errc::out_of_range) << "holds nothing";
+  const uint64_t live[] = {2};
+  EXPECT_EQ(pool->pages->reclaim_except(live), 3u);
+  EXPECT_EQ(pool->pages->counts().shared, 2u) << "2 still borrows 1's blocks";
+  pool->seqs.emplace(4, KvPool::Sequence{128, 0});
+  EXPECT_EQ(pool->share_prefix(4, prompt), 32) << "the rebuilt index matches";
+}
+
 }  // namespace
 }  // namespace duet::frontend
