@@ -119,6 +119,12 @@ void KvPool::publish_done(uint64_t seq_id, int n_past) {
         pages->publish(seq_id, page, parent, std::span(seq.tail).first(page_tokens));
     index[hash] = page;
     ++prefix.published;
+    // Evicted blocks leave their entries behind until a lookup trips on them: past twice the
+    // pool's pages, start again from what the segment has published.
+    if (index.size() > 2 * size_t{n_pages}) {
+      index.clear();
+      for (const auto& [h, p] : pages->published()) index[h] = p;
+    }
     seq.tail.erase(seq.tail.begin(), seq.tail.begin() + page_tokens);
     ++seq.blocks_done;
   }

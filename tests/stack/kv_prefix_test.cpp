@@ -194,8 +194,9 @@ TEST_F(KvPrefixStack, ChatSessionsWithOneSystemPromptShareIt) {
   // One user line on stdin, then EOF: the chat ends and closes its session.
   auto chat_sh = [&](const std::string& line) {
     const std::string cmd = "echo '" + line +
-                            "' | timeout 60 '" DUET_BINARY_DIR "/bin/duet' chat --stack " + id_ +
-                            " --system \"$(cat '" + (dir_ / "system").string() + "')\" 2>&1";
+                            "' | timeout 60 '" DUET_BINARY_DIR
+                            "/bin/duet' chat --chat-template chatml --stack " +
+                            id_ + " --system \"$(cat '" + (dir_ / "system").string() + "')\" 2>&1";
     return std::system(cmd.c_str());
   };
   ASSERT_EQ(chat_sh("Tell me a fortune"), 0);
