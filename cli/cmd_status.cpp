@@ -96,6 +96,18 @@ void print_human(const std::string& stack, const nlohmann::json& sup, const nloh
         e.value("kv_pages_total", 0.0), e.value("kv_type", "?").c_str(),
         e.value("kv_page_bytes", 0.0), e.value("kv_pages_promised", 0.0),
         e.value("kv_reserve_refusals", 0.0));
+  // Prefix sharing (issue 20 item 4): cached pages are among the free ones.
+  if (e.contains("kv_prefix")) {
+    const nlohmann::json& p = e["kv_prefix"];
+    std::printf(
+        "  KV prefix sharing %s: %.0f pages shared, %.0f cached; %.0f of %.0f requests hit, "
+        "%.0f blocks (%.0f tokens) not recomputed; %.0f blocks published, %.0f evicted; "
+        "preemptions %.0f\n",
+        e.value("kv_prefix_sharing", false) ? "on" : "off", e.value("kv_pages_shared", 0.0),
+        e.value("kv_pages_cached", 0.0), p.value("hits", 0.0), p.value("lookups", 0.0),
+        p.value("hit_blocks", 0.0), p.value("hit_tokens", 0.0), p.value("published_blocks", 0.0),
+        p.value("evictions", 0.0), e.value("preemptions", 0.0));
+  }
 }
 
 int run_status(const StatusArgs& a) {

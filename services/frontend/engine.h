@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,12 @@ class Engine {
   virtual void reserve_seq(uint64_t /*seq_id*/, int /*positions*/) {}
   // Forgets positions >= n_past of a sequence (a chat turn that rewinds, a stop string).
   virtual void truncate_seq(uint64_t seq_id, int n_past) = 0;
+  // Prefix sharing (issue 20 item 4): a sequence just opened, with nothing in it, takes the KV of
+  // the longest run of whole blocks its prompt starts with that some sequence already computed
+  // (read-only, not recomputed); returns how many positions it now holds: a multiple of the page
+  // size, always less than prompt.size(), 0 when nothing matched or the engine does not share.
+  // The caller's first step then starts at that position. Call before reserve_seq.
+  virtual int share_prefix(uint64_t /*seq_id*/, std::span<const int32_t> /*prompt*/) { return 0; }
   // One step over several sequences (continuous batching). Returns, for each entry with
   // want_logits, n_vocab logits of its last token, entries in order.
   virtual std::vector<float> step(const std::vector<SeqStep>& batch, StepStats* stats) = 0;

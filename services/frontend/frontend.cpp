@@ -608,6 +608,7 @@ nlohmann::json Frontend::status() const {
                        {"session", r->session},
                        {"prompt_tokens", r->prompt_tokens},
                        {"prefilled", r->n_prefilled},
+                       {"shared_prefix_tokens", r->shared_prefix_tokens},
                        {"generated", r->generated.size()},
                        {"age_ms", now - r->arrived_ms}});
   return {{"service", "frontend"},

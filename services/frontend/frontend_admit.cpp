@@ -19,6 +19,12 @@ void Frontend::open_request(Request* r) {
   const int64_t extent =
       int64_t{r->pos} + static_cast<int64_t>(r->prompt.size()) + int64_t{r->max_tokens};
   const int reserve = static_cast<int>(std::min<int64_t>(extent, r->max_positions));
+  // Prefix sharing (issue 20 item 4): a sequence that starts empty borrows the KV of the whole
+  // blocks its prompt shares with what earlier requests computed (a system prompt, a chat's first
+  // turns, an agent's tool schema) and prefills from there. Not for eval: it wants every
+  // position's logits. Borrowed pages count towards the reservation, so it promises less.
+  const bool may_share = r->kind == RequestKind::generate && r->pos == 0 && r->n_prefilled == 0;
+  int shared = 0;
   if (r->session) {
     Session& s = sessions_.at(r->session);
     const bool fresh = !s.open;
@@ -27,6 +33,7 @@ void Frontend::open_request(Request* r) {
       s.open = true;
     }
     try {
+      if (fresh && may_share) shared = engine_->share_prefix(s.seq_id, r->prompt);
       engine_->reserve_seq(s.seq_id, reserve);
     } catch (const Error&) {
       if (fresh) {
@@ -40,12 +47,16 @@ void Frontend::open_request(Request* r) {
     Engine& engine = engine_of(*r);
     engine.open_seq(r->seq_id, r->max_positions);
     try {
+      if (may_share) shared = engine.share_prefix(r->seq_id, r->prompt);
       engine.reserve_seq(r->seq_id, reserve);
     } catch (const Error&) {
       engine.close_seq(r->seq_id);
       throw;
     }
   }
+  r->n_prefilled = static_cast<size_t>(shared);
+  r->pos += shared;
+  r->shared_prefix_tokens = static_cast<uint32_t>(shared);
   r->seq_open = true;
   r->admitted_ms = now_ms();
   // The proactive engine is its worker's while an overlapped step runs: ask the main one then.

@@ -7,14 +7,16 @@
 namespace duet::frontend {
 
 std::shared_ptr<KvPool> KvPool::create(const std::string& name, uint32_t n_pages,
-                                       uint64_t page_bytes) {
+                                       uint64_t page_bytes, uint32_t page_tokens) {
   auto pool = std::make_shared<KvPool>();
   pool->name = name;
   pool->n_pages = n_pages;
   pool->page_bytes = page_bytes;
+  pool->page_tokens = page_tokens;
   // From here on a failure removes the segment again (~KvPool).
-  pool->segment = shm::Segment::create(name, shm::KvPages::bytes_for(n_pages, page_bytes));
-  pool->pages.emplace(shm::KvPages::format(pool->segment, n_pages, page_bytes));
+  pool->segment =
+      shm::Segment::create(name, shm::KvPages::bytes_for(n_pages, page_bytes, page_tokens));
+  pool->pages.emplace(shm::KvPages::format(pool->segment, n_pages, page_bytes, page_tokens));
   return pool;
 }
 
@@ -43,7 +45,7 @@ void KvPool::reserve(uint64_t seq_id, uint32_t want) {
                                         " pages, the whole pool has " + std::to_string(n_pages) +
                                         " (a larger --kv-memory)");
   const uint32_t others = promised_not_taken() - (s.reserved > s.pages ? s.reserved - s.pages : 0);
-  const uint32_t free_now = pages->free_count();
+  const uint32_t free_now = pages->available();  // cached prefix blocks are reclaimed on demand
   // Free pages not promised to others (its own promise is among them) must cover its growth.
   const uint32_t extra = want - s.pages;
   if (want > s.pages && (free_now < others || free_now - others < extra)) {
@@ -57,10 +59,11 @@ void KvPool::reserve(uint64_t seq_id, uint32_t want) {
 }
 
 std::shared_ptr<KvPool> join_kv_pool(KvShare& share, const std::string& name, uint32_t n_pages,
-                                     uint64_t page_bytes) {
+                                     uint64_t page_bytes, uint32_t page_tokens) {
   std::lock_guard lock(share.mu);
   if (std::shared_ptr<KvPool> pool = share.pool.lock()) {
-    if (pool->n_pages != n_pages || pool->page_bytes != page_bytes)
+    if (pool->n_pages != n_pages || pool->page_bytes != page_bytes ||
+        pool->page_tokens != page_tokens)
       throw Error(Errc::invalid_argument,
                   "program engine: the shared KV pool has " + std::to_string(pool->n_pages) +
                       " pages of " + std::to_string(pool->page_bytes) +
@@ -72,7 +75,7 @@ std::shared_ptr<KvPool> join_kv_pool(KvShare& share, const std::string& name, ui
     shm::Segment::open(name).unlink();
   } catch (const Error&) {
   }
-  std::shared_ptr<KvPool> pool = KvPool::create(name, n_pages, page_bytes);
+  std::shared_ptr<KvPool> pool = KvPool::create(name, n_pages, page_bytes, page_tokens);
   share.pool = pool;
   return pool;
 }

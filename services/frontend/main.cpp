@@ -80,6 +80,11 @@ int main(int argc, char** argv) {
         frontend::FrontendOptions options;
         config.max_seqs = options.max_running;
         config.kv_type = parse_kv_type(env_or("DUET_KV_TYPE", "f16"));
+        const std::string prefix = env_or("DUET_KV_PREFIX", "on");
+        if (prefix != "on" && prefix != "off")
+          throw Error(Errc::invalid_argument,
+                      "DUET_KV_PREFIX=" + prefix + ": on (prefix sharing of KV pages) or off");
+        config.kv_prefix_sharing = prefix == "on";
         const bool two_lanes = plan != "reference" && env_or("DUET_AGENT", "on") != "off";
         // An engine for another plan (`eval --plan`) serves checks, not the stack's traffic: a
         // pool of two full sequences, not a second copy of the whole budget, which /dev/shm (the

@@ -300,6 +300,21 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
                  last && s.want_logits ? n_logits++ : -1};
     }
     const std::vector<uint32_t> pages = kv_->pages->pages_of(s.seq_id);
+    // A shared page is read-only for every sharer (prefix sharing): the rows this entry writes
+    // must all be in pages the sequence owns alone. Borrowed blocks are whole and complete, and
+    // blocks are published only once written, so this holds by construction; checked here, where
+    // the write is decided, because a broken page table would corrupt another request's KV.
+    const auto first_page = static_cast<uint32_t>(s.pos0) / options_.page_tokens;
+    const auto last_page = static_cast<uint32_t>(s.pos0 + static_cast<int>(s.tokens.size()) - 1) /
+                           options_.page_tokens;
+    for (uint32_t p = first_page; p <= last_page; ++p)
+      if (p >= pages.size() || !kv_->pages->writable_by(pages[p], s.seq_id))
+        throw Error(Errc::internal,
+                    "sequence " + std::to_string(s.seq_id) + " would write positions " +
+                        std::to_string(s.pos0) + "+ into KV page " +
+                        (p < pages.size() ? std::to_string(pages[p]) : std::string("(none)")) +
+                        ", which it does not own alone (shared or published)");
+    kv_->record_tokens(s.seq_id, s.pos0, s.tokens);
     int32_t* row = tables + i * built.max_pages_per_seq;
     for (uint32_t p = 0; p < built.max_pages_per_seq; ++p)
       row[p] = p < pages.size() ? static_cast<int32_t>(pages[p]) : -1;
@@ -381,6 +396,8 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
       auto it = kv_->seqs.find(seq_id);
       if (it != kv_->seqs.end()) it->second.n_past = n_past;
     }
+    // Its complete blocks are in the KV now: publish them for later prompts to share.
+    for (const auto& [seq_id, n_past] : work.n_past) kv_->publish_done(seq_id, n_past);
   }
   ++steps_;
   phases_.device_us += std::max(gpu_report.measured_us, npu_report.measured_us);
@@ -535,14 +552,29 @@ nlohmann::json ProgramEngine::status() const {
                        {"gpu_ops", b.programs.gpu.ops.size()},
                        {"npu_ops", b.programs.npu.ops.size()}});
   std::lock_guard lock(kv_->mu);
+  const shm::KvPages::Counts counts = kv_->pages->counts();
   return {{"engine", "programs"},
           {"plan", options_.plan_name},
           {"buckets", buckets},
           {"kv_segment", kv_->name},
           {"kv_shared", options_.kv_share != nullptr},
           {"kv_pages_total", kv_->pages->n_pages()},
-          {"kv_pages_free", kv_->pages->free_count()},
-          {"kv_pages_used", kv_->pages->n_pages() - kv_->pages->free_count()},
+          // free: no live sequence holds them (cached prefix blocks among them, reclaimed on
+          // demand); used: held or borrowed by live sequences; shared: borrowed by at least one
+          // sequence besides its writer (issue 20 item 4).
+          {"kv_pages_free", counts.free + counts.cached},
+          {"kv_pages_used", counts.used},
+          {"kv_pages_cached", counts.cached},
+          {"kv_pages_shared", counts.shared},
+          {"kv_prefix_sharing", kv_->sharing},
+          {"kv_prefix",
+           {{"lookups", kv_->prefix.lookups},
+            {"hits", kv_->prefix.hits},
+            {"hit_blocks", kv_->prefix.hit_blocks},
+            {"hit_tokens", kv_->prefix.hit_tokens},
+            {"published_blocks", kv_->prefix.published},
+            {"not_borrowed_promised", kv_->prefix.kept_free},
+            {"evictions", kv_->pages->evictions()}}},
           {"kv_pages_promised", kv_->promised_not_taken()},
           {"kv_reserve_refusals", kv_->reserve_refusals},
           {"kv_page_tokens", options_.page_tokens},

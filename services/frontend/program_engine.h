@@ -81,6 +81,10 @@ struct ProgramEngineOptions {
   // program ids on the services.
   std::string segment_tag;  // appended to the segment names ("arena.<tag>"); letters, digits, _
   uint32_t program_id_base = 0;  // program ids are program_id_base + bucket * 2 + device
+  // Prefix sharing of KV pages (kv_share.h): sequences borrow the published blocks their prompt
+  // starts with. Off: every sequence computes its whole prompt (an engine sharing a pool with
+  // another turns it off for both).
+  bool prefix_sharing = true;
   // Engines of one stack that step each other's sequences (kv_share.h): the first one built
   // makes the pool ("kv.shared", kv_pages pages), the others use it (same geometry, or an
   // error). Null: this engine has a KV segment of its own.
@@ -101,6 +105,7 @@ class ProgramEngine : public Engine {
   void close_seq(uint64_t seq_id) override;
   void reserve_seq(uint64_t seq_id, int positions) override;
   void truncate_seq(uint64_t seq_id, int n_past) override;
+  int share_prefix(uint64_t seq_id, std::span<const int32_t> prompt) override;
   std::vector<float> step(const std::vector<SeqStep>& batch, StepStats* stats) override;
   int max_step_tokens() const override { return static_cast<int>(options_.buckets.back()); }
   nlohmann::json status() const override;

@@ -9,10 +9,18 @@
 namespace duet::frontend {
 
 void ProgramEngine::attach_kv(uint32_t n_pages, uint64_t page_bytes) {
-  kv_ = options_.kv_share
-            ? join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, "shared"), n_pages,
-                           page_bytes)
-            : KvPool::create(kv_name(options_.stack_id, options_.segment_tag), n_pages, page_bytes);
+  kv_ = options_.kv_share ? join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, "shared"),
+                                         n_pages, page_bytes, options_.page_tokens)
+                          : KvPool::create(kv_name(options_.stack_id, options_.segment_tag),
+                                           n_pages, page_bytes, options_.page_tokens);
+  std::lock_guard lock(kv_->mu);
+  kv_->sharing = kv_->sharing && options_.prefix_sharing;
+}
+
+int ProgramEngine::share_prefix(uint64_t seq_id, std::span<const int32_t> prompt) {
+  std::lock_guard lock(kv_->mu);
+  kv_->check_not_held(seq_id, "share_prefix");
+  return kv_->share_prefix(seq_id, prompt);
 }
 
 void ProgramEngine::open_seq(uint64_t seq_id, int max_positions) {
@@ -47,9 +55,7 @@ void ProgramEngine::reserve_seq(uint64_t seq_id, int positions) {
 void ProgramEngine::truncate_seq(uint64_t seq_id, int n_past) {
   std::lock_guard lock(kv_->mu);
   kv_->check_not_held(seq_id, "truncate_seq");
-  auto it = kv_->seqs.find(seq_id);
-  if (it == kv_->seqs.end()) return;
-  it->second.n_past = std::clamp(n_past, 0, it->second.n_past);
+  kv_->truncate(seq_id, n_past);
 }
 
 void ProgramEngine::ensure_pages(uint64_t seq_id, int positions) {
@@ -60,7 +66,7 @@ void ProgramEngine::ensure_pages(uint64_t seq_id, int positions) {
   // A sequence may take only pages nobody else was promised (its own promise is among them).
   const uint32_t own_promise = seq.reserved > seq.pages ? seq.reserved - seq.pages : 0;
   const uint32_t others = kv_->promised_not_taken() - own_promise;
-  if (kv_->pages->free_count() < others + (need - seq.pages))
+  if (kv_->pages->available() < others + (need - seq.pages))
     throw Error(Errc::busy, "KV cache full: sequence " + std::to_string(seq_id) + " needs " +
                                 std::to_string(need - seq.pages) +
                                 " more pages than are free and not promised to others");

@@ -36,10 +36,11 @@ struct Request {
   bool in_parked_step = false;
   int max_positions = 0;  // what open_seq reserved
 
-  std::vector<int32_t> prompt;  // tokens still to be appended before decoding starts
-  size_t n_prefilled = 0;       // of prompt
-  int32_t pos = 0;              // next position of the sequence (tokens in its KV)
-  uint32_t prompt_tokens = 0;   // for Stats: the new tokens of this request
+  std::vector<int32_t> prompt;        // tokens still to be appended before decoding starts
+  size_t n_prefilled = 0;             // of prompt
+  int32_t pos = 0;                    // next position of the sequence (tokens in its KV)
+  uint32_t prompt_tokens = 0;         // for Stats: the new tokens of this request
+  uint32_t shared_prefix_tokens = 0;  // of prompt: borrowed from earlier requests' KV, not computed
 
   // generate
   int max_tokens = 0;

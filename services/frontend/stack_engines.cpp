@@ -36,6 +36,9 @@ class AnnotatedEngine : public Engine {
   void close_seq(uint64_t id) override { inner_->close_seq(id); }
   void reserve_seq(uint64_t id, int n) override { inner_->reserve_seq(id, n); }
   void truncate_seq(uint64_t id, int n) override { inner_->truncate_seq(id, n); }
+  int share_prefix(uint64_t id, std::span<const int32_t> p) override {
+    return inner_->share_prefix(id, p);
+  }
   std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
     return inner_->step(b, s);
   }
@@ -95,6 +98,9 @@ class LazyEngine : public Engine {
   }
   void truncate_seq(uint64_t id, int n) override {
     if (inner_) inner_->truncate_seq(id, n);
+  }
+  int share_prefix(uint64_t id, std::span<const int32_t> p) override {
+    return ready().share_prefix(id, p);
   }
   void reserve_seq(uint64_t id, int n) override { ready().reserve_seq(id, n); }
   std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
@@ -289,6 +295,7 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   const uint32_t sharers = c.kv_share ? StackEngineConfig::kKvSharers : 1;
   o.kv_share = c.kv_share;
   o.kv_type = c.kv_type;
+  o.prefix_sharing = c.kv_prefix_sharing;
   o.kv_pages =
       c.kv_pages ? c.kv_pages : sharers * o.max_seqs * ((ctx + o.page_tokens - 1) / o.page_tokens);
   o.program_id_base =

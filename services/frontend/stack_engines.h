@@ -30,7 +30,8 @@ struct StackEngineConfig {
   // Pages in the KV pool (core/kv_budget.h: sized by the stack's KV memory budget); 0: enough for
   // max_seqs sequences of max_ctx per engine sharing it.
   uint32_t kv_pages = 0;
-  DType kv_type = DType::F16;  // KV values (`stack up --kv-type`)
+  DType kv_type = DType::F16;     // KV values (`stack up --kv-type`)
+  bool kv_prefix_sharing = true;  // prefix sharing of KV pages (env DUET_KV_PREFIX=off: none)
   int solver_timeout_ms = 5000;
   // An engine running gpu-only fallbacks (solver down) is rebuilt, once idle, after this long.
   int replan_after_ms = 5000;

@@ -150,6 +150,13 @@ std::string HttpMetrics::render(const json& frontend, const json& supervisor) co
     sample(out, "duet_kv_pages", "state=\"total\"", total);
     sample(out, "duet_kv_pages", "state=\"free\"", free);
     sample(out, "duet_kv_pages", "state=\"used\"", total - free);
+    // Prefix sharing (issue 20 item 4): cached pages are among the free, shared among the used.
+    sample(out, "duet_kv_pages", "state=\"cached\"", num(frontend, {"engine", "kv_pages_cached"}));
+    sample(out, "duet_kv_pages", "state=\"shared\"", num(frontend, {"engine", "kv_pages_shared"}));
+    header(out, "duet_kv_prefix_hit_tokens_total", "counter",
+           "prompt tokens whose KV was borrowed from earlier requests instead of computed");
+    sample(out, "duet_kv_prefix_hit_tokens_total", "",
+           num(frontend, {"engine", "kv_prefix", "hit_tokens"}));
     header(out, "duet_frontend_mean_ms", "gauge",
            "the frontend's running means over all requests, measured and modelled");
     for (const char* kind : {"measured", "modeled"})

@@ -68,7 +68,11 @@ class AgentServingStack : public ChaosStack {
 };
 
 TEST_F(AgentServingStack, ReactiveArrivalPreemptsProactivePrefillWhichResumesBitIdentical) {
+  // The undisturbed run would publish the prompt's KV and the runs under test borrow it (prefix
+  // sharing, issue 20): this test needs prefills that are computed, so none is shared.
+  ::setenv("DUET_KV_PREFIX", "off", 1);
   up();
+  ::unsetenv("DUET_KV_PREFIX");
   // A long proactive prompt: several prefill steps on the proactive engine (256 tokens each by
   // default, DUET_AGENT_PROACTIVE_STEP_TOKENS).
   const std::vector<int32_t> long_prompt = prompt(448, 1);
@@ -158,7 +162,9 @@ TEST_F(AgentServingStack, ProactiveDecodeRidesInReactiveStepsUnderTheCap) {
   // Carrying needs the five prompts (210 tokens) to take several proactive prefill steps: at the
   // default step size (256) they fit in one and nothing is left to carry.
   ::setenv("DUET_AGENT_PROACTIVE_STEP_TOKENS", "64", 1);
+  ::setenv("DUET_KV_PREFIX", "off", 1);  // the prompts re-sent after their clean runs prefill again
   up();
+  ::unsetenv("DUET_KV_PREFIX");
   ::unsetenv("DUET_AGENT_RIDER_SLACK");
   ::unsetenv("DUET_AGENT_PROACTIVE_CARRY");
   ::unsetenv("DUET_AGENT_PROACTIVE_STEP_TOKENS");
