@@ -18,6 +18,25 @@ std::shared_ptr<KvPool> KvPool::create(const std::string& name, uint32_t n_pages
   return pool;
 }
 
+std::shared_ptr<KvPool> KvPool::attach_existing(const std::string& name, uint32_t n_pages,
+                                                uint64_t page_bytes) {
+  try {
+    auto pool = std::make_shared<KvPool>();
+    pool->segment = shm::Segment::open(name);
+    pool->pages.emplace(shm::KvPages::attach(pool->segment));
+    if (pool->pages->n_pages() != n_pages || pool->pages->page_bytes() != page_bytes) {
+      pool->segment = shm::Segment();  // not ours to remove: the caller makes a fresh one
+      return nullptr;
+    }
+    pool->name = name;
+    pool->n_pages = n_pages;
+    pool->page_bytes = page_bytes;
+    return pool;
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
 void KvPool::check_not_held(uint64_t seq_id, const char* what) const {
   if (held.count(seq_id))
     throw Error(Errc::busy, std::string(what) + ": sequence " + std::to_string(seq_id) +
@@ -57,7 +76,7 @@ void KvPool::reserve(uint64_t seq_id, uint32_t want) {
 }
 
 std::shared_ptr<KvPool> join_kv_pool(KvShare& share, const std::string& name, uint32_t n_pages,
-                                     uint64_t page_bytes) {
+                                     uint64_t page_bytes, bool adopt) {
   std::lock_guard lock(share.mu);
   if (std::shared_ptr<KvPool> pool = share.pool.lock()) {
     if (pool->n_pages != n_pages || pool->page_bytes != page_bytes)
@@ -68,11 +87,17 @@ std::shared_ptr<KvPool> join_kv_pool(KvShare& share, const std::string& name, ui
                       std::to_string(page_bytes));
     return pool;
   }
+  std::shared_ptr<KvPool> pool =
+      adopt ? KvPool::attach_existing(name, n_pages, page_bytes) : nullptr;
+  if (pool) {
+    share.pool = pool;
+    return pool;
+  }
   try {
     shm::Segment::open(name).unlink();
   } catch (const Error&) {
   }
-  std::shared_ptr<KvPool> pool = KvPool::create(name, n_pages, page_bytes);
+  pool = KvPool::create(name, n_pages, page_bytes);
   share.pool = pool;
   return pool;
 }

@@ -34,6 +34,11 @@ struct KvPool {
   // A fresh pool in a new segment `name` (Error if the name exists).
   static std::shared_ptr<KvPool> create(const std::string& name, uint32_t n_pages,
                                         uint64_t page_bytes);
+  // The existing segment `name` when it is a KV pool of n_pages of page_bytes (a restarted
+  // frontend adopting its requests, issue 22: the pages and their owners stay as they are), else
+  // nullptr.
+  static std::shared_ptr<KvPool> attach_existing(const std::string& name, uint32_t n_pages,
+                                                 uint64_t page_bytes);
   // Error(busy) when seq_id belongs to a parked step (call with mu held).
   void check_not_held(uint64_t seq_id, const char* what) const;
   // Promises seq_id `pages` pages in all (call with mu held): Error(busy) when the free pages,
@@ -74,8 +79,8 @@ struct KvShare {
 
 // The share's pool if one lives (its geometry must be n_pages of page_bytes: invalid_argument
 // otherwise), else a new one in segment `name` (a stale segment of that name, left by a frontend
-// that crashed, is removed first).
+// that crashed, is removed first; with `adopt`, one of this geometry is attached instead).
 std::shared_ptr<KvPool> join_kv_pool(KvShare& share, const std::string& name, uint32_t n_pages,
-                                     uint64_t page_bytes);
+                                     uint64_t page_bytes, bool adopt = false);
 
 }  // namespace duet::frontend

@@ -9,10 +9,52 @@
 namespace duet::frontend {
 
 void ProgramEngine::attach_kv(uint32_t n_pages, uint64_t page_bytes) {
-  kv_ = options_.kv_share
-            ? join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, "shared"), n_pages,
-                           page_bytes)
-            : KvPool::create(kv_name(options_.stack_id, options_.segment_tag), n_pages, page_bytes);
+  const bool adopt = options_.adopt_kv && options_.adopt_kv->load();
+  if (options_.kv_share) {
+    kv_ = join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, "shared"), n_pages,
+                       page_bytes, adopt);
+    return;
+  }
+  const std::string name = kv_name(options_.stack_id, options_.segment_tag);
+  if (adopt) kv_ = KvPool::attach_existing(name, n_pages, page_bytes);
+  if (kv_) return;
+  try {
+    shm::Segment::open(name).unlink();
+  } catch (const Error&) {
+  }
+  kv_ = KvPool::create(name, n_pages, page_bytes);
+}
+
+void ProgramEngine::adopt_seq(uint64_t seq_id, int max_positions, int n_past) {
+  if (seq_id == shm::KvPages::kFree)
+    throw Error(Errc::invalid_argument, "sequence id 0 is reserved");
+  if (max_positions <= 0 || static_cast<uint32_t>(max_positions) > options_.max_ctx || n_past < 0 ||
+      n_past > max_positions)
+    throw Error(Errc::out_of_range,
+                "adopt: sequence " + std::to_string(seq_id) + " of " + std::to_string(n_past) +
+                    " of " + std::to_string(max_positions) +
+                    " positions does not fit the context of " + std::to_string(options_.max_ctx));
+  std::lock_guard lock(kv_->mu);
+  if (kv_->seqs.count(seq_id))
+    throw Error(Errc::invalid_argument, "sequence " + std::to_string(seq_id) + " is open");
+  const auto pages = static_cast<uint32_t>(kv_->pages->pages_of(seq_id).size());
+  const uint32_t need =
+      (static_cast<uint32_t>(n_past) + options_.page_tokens - 1) / options_.page_tokens;
+  const uint32_t most =
+      (static_cast<uint32_t>(max_positions) + options_.page_tokens - 1) / options_.page_tokens;
+  if (pages < need || pages > most)
+    throw Error(Errc::bad_format,
+                "adopt: sequence " + std::to_string(seq_id) + " holds " + std::to_string(pages) +
+                    " KV pages; its " + std::to_string(n_past) + " positions need " +
+                    std::to_string(need) + " (at most " + std::to_string(most) + ")");
+  kv_->seqs[seq_id] = KvPool::Sequence{max_positions, n_past, pages, 0};
+}
+
+uint32_t ProgramEngine::reclaim_unadopted() {
+  std::lock_guard lock(kv_->mu);
+  std::vector<uint64_t> live;
+  for (const auto& [id, seq] : kv_->seqs) live.push_back(id);
+  return kv_->pages->reclaim_except(live);
 }
 
 void ProgramEngine::open_seq(uint64_t seq_id, int max_positions) {
