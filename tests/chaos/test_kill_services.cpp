@@ -261,7 +261,7 @@ TEST_F(FrontendKill, AResumeOfAnUnknownRequestIsAClearError) {
 using ChaosRun = ChaosStack;
 
 // Eight clients, random kills of any service. DUET_CHAOS_SECONDS lengthens it (bench/chaos).
-TEST_F(ChaosRun, EveryRequestCompletesRightOrFailsClearly) {
+TEST_F(ChaosRun, EveryRequestCompletesRightUnderKillsOfEveryProcess) {
   const char* env = std::getenv("DUET_CHAOS_SECONDS");
   const int seconds = env ? std::max(1, std::atoi(env)) : 20;
   up();
