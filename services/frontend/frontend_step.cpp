@@ -400,8 +400,10 @@ void Frontend::accept_token(Request& r, int32_t token, double now) {
     finish(r, "length");
     return;
   }
-  if (r.stream) stream_out(r);
+  // Journaled before it is streamed: a token a client has is always in the journal, so a
+  // restarted frontend can resume from whatever the client got.
   journal_progress(r);
+  if (r.stream) stream_out(r);
 }
 
 void Frontend::stream_out(Request& r) {
@@ -464,9 +466,9 @@ void Frontend::finish(Request& r, const std::string& reason) {
     ++(reason == "disconnected" ? metrics_.reaped : metrics_.cancelled);
   } else {
     if (reason != "stop") r.text += r.decoder->flush();
+    journal_progress(r);  // before anything of it goes out (accept_token)
     if (r.stream) stream_out(r);
     if (!r.awaiting_resume) deliver(r, make_done(r));  // else at its Resume (frontend_resume.cpp)
-    journal_progress(r);
     if (reason == "cancelled")
       ++metrics_.cancelled;
     else if (reason == "disconnected")
