@@ -12,6 +12,10 @@
 //   KeepAlive -> nothing; a request with heartbeat_ms is reaped when they stop (its client,
 //                if still listening, gets Error(timeout) saying so)
 //   CloseSession -> Done (finish_reason "closed"); the session's KV is freed
+//   Resume    -> (issue 22, frontend_resume.cpp) for a request this frontend adopted from the
+//                request journal after a restart: the stream from the client's position on
+//                (TokenChunk*, then Done), or an empty TokenChunk as the ack; Error(not_found)
+//                naming the request when it is not known here
 // A client that vanishes is noticed when a send to it fails (ZMQ_ROUTER_MANDATORY: EHOSTUNREACH)
 // or its KeepAlives stop; its requests are cancelled and their KV freed.
 #include <atomic>
