@@ -2,9 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <bit>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <random>
 
 #include "core/messaging.h"
 #include "core/run_dir.h"
@@ -146,6 +151,26 @@ std::chrono::milliseconds left_until(Clock::time_point deadline) {
 Client::Client(std::string endpoint) : endpoint_(std::move(endpoint)) {
   socket_ = std::make_unique<zmq::socket_t>(msg::context(), zmq::socket_type::dealer);
   socket_->set(zmq::sockopt::linger, 0);
+  // A stable identity, so that a restarted frontend that adopted this client's requests finds
+  // the connection again (16 random bytes; ZeroMQ reserves ids that start with a zero byte).
+  std::random_device rd;
+  std::string identity(16, '\0');
+  for (char& ch : identity) ch = static_cast<char>(rd() & 0xFF);
+  identity[0] = static_cast<char>(1 + (static_cast<unsigned char>(identity[0]) % 255));
+  socket_->set(zmq::sockopt::routing_id, zmq::buffer(identity));
+  // Its connect/disconnect events, read between frames (read_monitor): the frontend went away
+  // and came back, so the requests in flight are resumed. Set up before connect so the first
+  // connect is seen too.
+  static std::atomic<uint64_t> monitors{0};
+  const std::string monitor_addr =
+      "inproc://duet-client-monitor-" + std::to_string(getpid()) + "-" + std::to_string(monitors++);
+  if (zmq_socket_monitor(socket_->handle(), monitor_addr.c_str(),
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
+    throw Error(Errc::internal,
+                std::string("client: cannot monitor its socket: ") + zmq_strerror(zmq_errno()));
+  monitor_ = std::make_unique<zmq::socket_t>(msg::context(), zmq::socket_type::pair);
+  monitor_->set(zmq::sockopt::linger, 0);
+  monitor_->connect(monitor_addr);
   // Requests sent before the connection is up wait in the pipe instead of failing (the option
   // must be set before connect: it decides whether the pipe exists before the peer answers).
   socket_->set(zmq::sockopt::immediate, false);
@@ -156,7 +181,94 @@ Client::Client(std::string endpoint) : endpoint_(std::move(endpoint)) {
   socket_->connect(endpoint_);
 }
 
-Client::~Client() = default;
+Client::~Client() {
+  if (socket_) zmq_socket_monitor(socket_->handle(), nullptr, 0);
+}
+
+void Client::read_monitor() {
+  for (;;) {
+    zmq::message_t event;
+    if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return;
+    uint16_t what = 0;
+    if (event.size() >= sizeof what) std::memcpy(&what, event.data(), sizeof what);
+    while (event.more()) {  // the endpoint frame
+      event = zmq::message_t();
+      if (!monitor_->recv(event, zmq::recv_flags::none)) break;
+    }
+    if (what == ZMQ_EVENT_DISCONNECTED) {
+      if (!lost_since_) lost_since_ = Clock::now();
+    } else if (what == ZMQ_EVENT_CONNECTED && lost_since_) {
+      lost_since_.reset();
+      ++reconnects_;
+      resume_all();
+    }
+  }
+}
+
+void Client::resume_all() {
+  for (auto& [id, f] : inflight_) {
+    f.resuming = true;
+    flatbuffers::FlatBufferBuilder fbb;
+    auto body = fbc::CreateResume(fbb, id, f.ids_received, f.text_bytes);
+    send(finish(fbb, id, fbc::ClientBody::Resume, body.Union()));
+    ++resumes_sent_;
+  }
+}
+
+std::optional<Event> Client::track(Event e) {
+  auto it = inflight_.find(e.request_id);
+  if (it == inflight_.end()) return e;
+  InFlight& f = it->second;
+  switch (e.kind) {
+    case Event::Kind::chunk:
+      f.resuming = false;
+      f.ids_received += static_cast<uint32_t>(e.chunk.ids.size());
+      f.text_bytes += e.chunk.text.size();
+      if (e.chunk.ids.empty() && e.chunk.text.empty()) return std::nullopt;  // a Resume's ack
+      return e;
+    case Event::Kind::error:
+      if (f.resuming && e.code == Errc::unavailable) return std::nullopt;  // a KeepAlive's answer
+      if (f.resuming && e.code == Errc::not_found && f.ids_received == 0 && f.text_bytes == 0) {
+        // The restarted frontend never saw it, and nothing of it arrived: sending it again
+        // repeats and loses nothing.
+        f.resuming = false;
+        send(f.generate);
+        return std::nullopt;
+      }
+      inflight_.erase(it);
+      return e;
+    case Event::Kind::done:
+      inflight_.erase(it);
+      return e;
+    default:
+      return e;
+  }
+}
+
+std::optional<Event> Client::expire_lost() {
+  if (!lost_since_ || inflight_.empty() || Clock::now() - *lost_since_ < resume_timeout_)
+    return std::nullopt;
+  Event e;
+  e.kind = Event::Kind::error;
+  e.request_id = inflight_.begin()->first;
+  e.code = Errc::unavailable;
+  e.message = "request " + std::to_string(e.request_id) + ": the frontend at " + endpoint_ +
+              " went away and no frontend came back within " +
+              std::to_string(resume_timeout_.count()) + " ms to resume it";
+  inflight_.erase(inflight_.begin());
+  return e;
+}
+
+std::optional<Event> Client::receive(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    if (auto lost = expire_lost()) return lost;
+    auto frame = recv_frame(left_until(deadline));
+    if (!frame) return expire_lost();
+    if (auto e = track(decode_event(*frame))) return e;
+    if (Clock::now() >= deadline) return std::nullopt;
+  }
+}
 
 void Client::send(const std::vector<uint8_t>& bytes) {
   zmq::message_t m(bytes.data(), bytes.size());
@@ -169,8 +281,11 @@ void Client::send(const std::vector<uint8_t>& bytes) {
 std::optional<std::vector<uint8_t>> Client::recv_frame(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   for (;;) {
-    zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, left_until(deadline));
+    zmq::pollitem_t items[2] = {{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0},
+                                {static_cast<void*>(*monitor_), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 2, left_until(deadline));
+    if (items[1].revents & ZMQ_POLLIN) read_monitor();
+    const auto& item = items[0];
     if (item.revents & ZMQ_POLLIN) {
       zmq::message_t frame;
       if (socket_->recv(frame, zmq::recv_flags::dontwait)) {
@@ -197,13 +312,20 @@ uint64_t Client::submit(const GenerateRequest& r) {
   for (const auto& m : r.messages)
     messages.push_back(fbc::CreateChatMessageDirect(fbb, m.role.c_str(), m.content.c_str()));
   const bool text = r.prompt_ids.empty() && r.messages.empty();
+  InFlight& f = inflight_[id];
   auto body = fbc::CreateGenerateDirect(
       fbb, text ? r.prompt.c_str() : nullptr, r.prompt_ids.empty() ? nullptr : &r.prompt_ids,
       sampling, r.max_tokens, stops.empty() ? nullptr : &stops,
       static_cast<fbc::Priority>(r.priority), r.stream, r.plan.c_str(), r.session, r.heartbeat_ms,
       r.ignore_eos, messages.empty() ? nullptr : &messages,
       r.chat_template.empty() ? nullptr : r.chat_template.c_str(), r.parse_special);
-  send(finish(fbb, id, fbc::ClientBody::Generate, body.Union()));
+  f.generate = finish(fbb, id, fbc::ClientBody::Generate, body.Union());
+  try {
+    send(f.generate);
+  } catch (...) {
+    inflight_.erase(id);
+    throw;
+  }
   return id;
 }
 
@@ -214,6 +336,8 @@ void Client::cancel(uint64_t request_id) {
 }
 
 void Client::keep_alive(uint64_t request_id) {
+  // While a Resume is unanswered: its answer must be the last word on the request (track()).
+  if (auto it = inflight_.find(request_id); it != inflight_.end() && it->second.resuming) return;
   flatbuffers::FlatBufferBuilder fbb;
   auto body = fbc::CreateKeepAlive(fbb, request_id);
   send(finish(fbb, request_id, fbc::ClientBody::KeepAlive, body.Union()));
@@ -225,9 +349,7 @@ std::optional<Event> Client::next_event(std::chrono::milliseconds timeout) {
     pending_.pop_front();
     return e;
   }
-  auto frame = recv_frame(timeout);
-  if (!frame) return std::nullopt;
-  return decode_event(*frame);
+  return receive(timeout);
 }
 
 Event Client::wait_for(uint64_t request_id, Clock::time_point deadline, const char* what) {
@@ -238,13 +360,14 @@ Event Client::wait_for(uint64_t request_id, Clock::time_point deadline, const ch
       return e;
     }
   for (;;) {
-    auto frame = recv_frame(left_until(deadline));
-    if (!frame)
+    std::optional<Event> e = receive(left_until(deadline));
+    if (!e) {
+      if (Clock::now() < deadline) continue;
       throw Error(Errc::timeout, std::string("no ") + what + " reply from the frontend at " +
                                      endpoint_ + " before the deadline");
-    Event e = decode_event(*frame);
-    if (e.request_id == request_id) return e;
-    pending_.push_back(std::move(e));
+    }
+    if (e->request_id == request_id) return std::move(*e);
+    pending_.push_back(std::move(*e));
   }
 }
 
@@ -258,6 +381,7 @@ GenerateResult Client::generate(const GenerateRequest& request,
   bool cancelled = false;
   for (;;) {
     if (Clock::now() >= deadline && !cancelled) {
+      inflight_.erase(id);
       cancel(id);
       throw Error(Errc::timeout, "generate: no Done from the frontend at " + endpoint_ +
                                      " within " + std::to_string(timeout.count()) + " ms");
@@ -278,9 +402,8 @@ GenerateResult Client::generate(const GenerateRequest& request,
         break;
       }
     if (!e) {
-      auto frame = recv_frame(std::max(wait, std::chrono::milliseconds(1)));
-      if (!frame) continue;
-      e = decode_event(*frame);
+      e = receive(std::max(wait, std::chrono::milliseconds(1)));
+      if (!e) continue;
       if (e->request_id != id) {
         pending_.push_back(std::move(*e));
         continue;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -101,6 +102,16 @@ struct Event {
 // unavailable, naming the stack, when the socket does not exist.
 std::string stack_endpoint(std::string_view stack_id, const std::string& run_dir = "");
 
+// Resuming (issue 22): the client's DEALER has a random, stable routing id, so a restarted
+// frontend that adopted its requests from the request journal addresses the same connection. A
+// socket monitor sees the frontend go (disconnected) and come back (connected); the client then
+// sends Resume{request id, ids and text bytes received} for every generate in flight and the
+// stream continues where it stopped: no token twice, none missing. The frontend acks with an
+// empty TokenChunk (never shown to callers). KeepAlives pause until then, and an `unavailable`
+// error meanwhile answers one sent before the Resume, so it is skipped. A request the restarted
+// frontend does not know (it never saw its Generate) is sent again when nothing of it had
+// arrived, else fails with the frontend's not_found naming it. A frontend that stays away longer
+// than resume_timeout fails the requests in flight with `unavailable`.
 class Client {
  public:
   explicit Client(std::string endpoint);
@@ -137,18 +148,41 @@ class Client {
                                                std::chrono::milliseconds timeout);
 
   const std::string& endpoint() const { return endpoint_; }
+  // How long a lost frontend may stay away before the requests in flight fail.
+  void set_resume_timeout(std::chrono::milliseconds t) { resume_timeout_ = t; }
+  uint64_t reconnects() const { return reconnects_; }  // times the frontend came back
+  uint64_t resumes_sent() const { return resumes_sent_; }
 
  private:
+  struct InFlight {
+    std::vector<uint8_t> generate;  // as sent: sent again if the restarted frontend never saw it
+    uint32_t ids_received = 0;
+    uint64_t text_bytes = 0;
+    bool resuming = false;  // Resume sent, its answer not here yet
+  };
   void send(const std::vector<uint8_t>& bytes);
   std::optional<std::vector<uint8_t>> recv_frame(std::chrono::milliseconds timeout);
+  // The next event for the caller: tracks in-flight generates, takes Resume acks and errors
+  // that a resume makes moot; nullopt at the timeout.
+  std::optional<Event> receive(std::chrono::milliseconds timeout);
+  std::optional<Event> track(Event e);
+  void read_monitor();
+  void resume_all();
+  // An error event for a request in flight when the frontend has been gone too long.
+  std::optional<Event> expire_lost();
   // Waits for the event that answers `request_id` (kept aside: events of other requests).
   Event wait_for(uint64_t request_id, std::chrono::steady_clock::time_point deadline,
                  const char* what);
 
   std::string endpoint_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // PAIR: the DEALER's connect/disconnect events
   std::unique_ptr<zmq::socket_t> socket_;
   uint64_t next_request_id_ = 1;
   std::deque<Event> pending_;
+  std::map<uint64_t, InFlight> inflight_;
+  std::optional<std::chrono::steady_clock::time_point> lost_since_;
+  std::chrono::milliseconds resume_timeout_ = std::chrono::seconds(30);
+  uint64_t reconnects_ = 0, resumes_sent_ = 0;
 };
 
 // `duet generate --stack`: streams the text to stdout (or prints one JSON object with --json)

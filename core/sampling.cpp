@@ -25,6 +25,13 @@ Sampler::Sampler(SamplingParams p) : p_(p), rng_(p.seed) {
   p_.validate();
 }
 
+Sampler Sampler::restore(SamplingParams p, uint64_t draws) {
+  Sampler s(p);
+  s.rng_.discard(draws);
+  s.draws_ = draws;
+  return s;
+}
+
 int32_t Sampler::sample(std::span<const float> logits) {
   if (logits.empty()) throw Error(Errc::invalid_argument, "sample: no logits");
   // The check runs on every row of every step: a pass without an early exit vectorises; the
@@ -76,6 +83,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
   for (int i = 0; i < keep; ++i) kept_sum += probs_[i];
   const double u =
       static_cast<double>(rng_() >> 11) * 0x1.0p-53 * kept_sum;  // uniform in [0, kept_sum)
+  ++draws_;
   double acc = 0;
   for (int i = 0; i < keep; ++i) {
     acc += probs_[i];

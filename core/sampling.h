@@ -23,10 +23,15 @@ class Sampler {
   explicit Sampler(SamplingParams p);
   int32_t sample(std::span<const float> logits);
   const SamplingParams& params() const { return p_; }
+  // The generator's whole state is (seed, draws made): a restarted frontend rebuilds a sampler
+  // from the request journal with restore() and samples what the undisturbed one would have.
+  uint64_t draws() const { return draws_; }
+  static Sampler restore(SamplingParams p, uint64_t draws);
 
  private:
   SamplingParams p_;
   std::mt19937_64 rng_;
+  uint64_t draws_ = 0;          // rng_() calls so far
   std::vector<int32_t> order_;  // candidate ids, reused between calls
   std::vector<double> probs_;
 };

@@ -12,6 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   libpcre2-dev
+  zlib1g-dev
   libcpp-httplib-dev
   libopenblas-dev
   clang libclang-rt-14-dev clang-format

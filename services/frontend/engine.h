@@ -52,6 +52,17 @@ class Engine {
   // promise it now (pages in use or promised to others: wait), Error(out_of_range) when it never
   // could (more than the whole pool). Engines whose open_seq already reserves do nothing.
   virtual void reserve_seq(uint64_t /*seq_id*/, int /*positions*/) {}
+  // A restarted frontend (issue 22) re-opens a sequence a killed one left in the shared KV pool:
+  // its pages (KvPages owner seq_id) already hold positions 0..n_past-1, so nothing is
+  // recomputed. Error(bad_format) when the pool does not hold those positions for it;
+  // Error(unsupported) from engines whose KV does not outlive their process.
+  virtual void adopt_seq(uint64_t seq_id, int /*max_positions*/, int /*n_past*/) {
+    throw Error(Errc::unsupported, "sequence " + std::to_string(seq_id) +
+                                       ": this engine's KV does not outlive its frontend");
+  }
+  // After adoption: frees every page of the pool whose owner is not an open sequence (what the
+  // killed frontend held for requests that were not adopted). Returns the pages freed.
+  virtual uint32_t reclaim_unadopted() { return 0; }
   // Forgets positions >= n_past of a sequence (a chat turn that rewinds, a stop string).
   virtual void truncate_seq(uint64_t seq_id, int n_past) = 0;
   // Prefix sharing (issue 20 item 4): a sequence just opened, with nothing in it, takes the KV of

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <string_view>
+#include <utility>
 
 #include "core/error.h"
 #include "core/run_dir.h"
@@ -117,10 +118,15 @@ Frontend::Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
                  : Lane::main;
     });
   }
+  if (options_.journal) adopt_journal(std::exchange(options_.recovered, {}));
+  if (options_.adopt_kv) options_.adopt_kv->store(false);
   started_ms_ = now_ms();
 }
 
 Frontend::~Frontend() {
+  // A frontend that stops cleanly frees its requests' KV below: nothing is left to resume.
+  for (auto& [key, r] : requests_)
+    if (r->journal_slot) options_.journal->free(*r->journal_slot);
   // (The proactive engine frees its own sequences, a parked step's included.)
   for (auto& [key, r] : requests_)
     if (r->seq_open && r->owns_seq && !r->proactive_lane) engine_->close_seq(r->seq_id);
@@ -260,6 +266,9 @@ void Frontend::handle(msg::Envelope& env) {
         }
         return;
       }
+      case fbc::ClientBody::Resume:
+        on_resume(routing, id, *m->body_as_Resume());
+        return;
       case fbc::ClientBody::CloseSession:
         on_close_session(routing, id, m->body_as_CloseSession()->session());
         return;
@@ -282,7 +291,7 @@ void Frontend::handle(msg::Envelope& env) {
                     std::string("the frontend does not accept ") +
                         fbc::EnumNameClientBody(m->body_type()) +
                         " from clients (send Generate, Cancel, Status, Eval, KeepAlive, "
-                        "CloseSession, Tokenize or Detokenize)");
+                        "CloseSession, Tokenize, Detokenize or Resume)");
     }
   } catch (const Error& e) {
     ++metrics_.rejected;
@@ -483,6 +492,7 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
     session->last_used_ms = r->arrived_ms;
   }
   ++metrics_.received;
+  journal_begin(*r);
   requests_.emplace(std::move(key), std::move(r));
 }
 
@@ -627,6 +637,7 @@ nlohmann::json Frontend::status() const {
             {"max_step_tokens", engine_->max_step_tokens()}}},
           {"engine", engine_->status()},
           {"agent", agent_status()},
+          {"journal", journal_status()},
           {"metrics", metrics_.to_json()}};
 }
 

@@ -12,6 +12,10 @@
 //   KeepAlive -> nothing; a request with heartbeat_ms is reaped when they stop (its client,
 //                if still listening, gets Error(timeout) saying so)
 //   CloseSession -> Done (finish_reason "closed"); the session's KV is freed
+//   Resume    -> (issue 22, frontend_resume.cpp) for a request this frontend adopted from the
+//                request journal after a restart: the stream from the client's position on
+//                (TokenChunk*, then Done), or an empty TokenChunk as the ack; Error(not_found)
+//                naming the request when it is not known here
 // A client that vanishes is noticed when a send to it fails (ZMQ_ROUTER_MANDATORY: EHOSTUNREACH)
 // or its KeepAlives stop; its requests are cancelled and their KV freed.
 #include <atomic>
@@ -34,6 +38,7 @@
 #include "services/frontend/engine.h"
 #include "services/frontend/proactive_time.h"
 #include "services/frontend/request.h"
+#include "services/frontend/request_journal.h"
 #include "services/frontend/scheduler.h"
 #include "services/frontend/step_watch.h"
 
@@ -59,6 +64,16 @@ struct FrontendOptions {
   std::function<std::unique_ptr<Engine>()> make_proactive_engine;
   // Agent.xpu's knobs (agent_policy.h): the decode cap B_cap and the aging threshold.
   agent::AgentConfig agent;
+  // Issue 22: the stack's request journal (null: requests are not journaled, a restart ends
+  // them), the records a killed frontend left in it (recover()), adopted by the constructor, and
+  // the flag that made the engines attach the KV pool as it was (cleared once adoption is over).
+  std::shared_ptr<RequestJournal> journal;
+  std::vector<JournalRecord> recovered;
+  std::shared_ptr<std::atomic<bool>> adopt_kv;
+  // An adopted request whose client sends no Resume within this long is dropped.
+  double resume_wait_ms = 10000;
+  // Finished records older than this (wall clock) are not adopted: their clients have their Done.
+  double adopt_finished_max_age_ms = 60000;
 };
 
 // Aggregates over every finished request (per stack).
@@ -126,6 +141,14 @@ class Frontend {
   void on_eval(const std::vector<std::string>& routing, uint64_t id, const fb::client::Eval& e);
   void on_cancel(const std::vector<std::string>& routing, uint64_t id, uint64_t target);
   void on_close_session(const std::vector<std::string>& routing, uint64_t id, uint64_t session);
+  // frontend_resume.cpp: the request journal (issue 22)
+  void on_resume(const std::vector<std::string>& routing, uint64_t id,
+                 const fb::client::Resume& resume);
+  void adopt_journal(std::vector<JournalRecord> records);
+  void adopt_record(JournalRecord& rec);
+  void journal_begin(Request& r);
+  void journal_progress(Request& r);  // after a step or at the end (finish, fail)
+  nlohmann::json journal_status() const;
   void check_plan(const flatbuffers::String* plan) const;
   // frontend_tokenize.cpp: the model's tokenizer for clients (http_svc's /tokenize, /detokenize)
   void on_tokenize(const std::vector<std::string>& routing, uint64_t id,
@@ -208,6 +231,12 @@ class Frontend {
     double preempt_latency_us_sum = 0, preempt_latency_us_max = 0;
   } agent_metrics_;
   ProactiveTimeBook proactive_time_;
+  struct JournalMetrics {
+    uint64_t journaled = 0, unjournaled = 0, adopted_live = 0, adopted_finished = 0, dropped = 0,
+             resumed = 0, resume_unknown = 0, kv_pages_reclaimed = 0;
+    double adoption_ms = 0;
+    std::vector<std::string> drop_reasons;  // the first few
+  } journal_metrics_;
 };
 
 double now_ms();  // steady clock, milliseconds

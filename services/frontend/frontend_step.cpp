@@ -369,7 +369,10 @@ void Frontend::apply_part(const StepPart& part, std::span<const float> logits,
     if (!r.prefilling()) finish(r, "length");
     return;
   }
-  if (part.n_logit_rows == 0) return;  // a prefill chunk before the last
+  if (part.n_logit_rows == 0) {  // a prefill chunk before the last
+    journal_progress(r);
+    return;
+  }
   accept_token(r, r.sampler->sample(logits), now);
 }
 
@@ -397,10 +400,14 @@ void Frontend::accept_token(Request& r, int32_t token, double now) {
     finish(r, "length");
     return;
   }
+  // Journaled before it is streamed: a token a client has is always in the journal, so a
+  // restarted frontend can resume from whatever the client got.
+  journal_progress(r);
   if (r.stream) stream_out(r);
 }
 
 void Frontend::stream_out(Request& r) {
+  if (r.awaiting_resume) return;  // adopted: its client's Resume says where its stream stands
   // Text that may still turn out to start a stop string is held back until it cannot.
   const bool over = !r.finish_reason.empty();
   const size_t hold = over || r.max_stop_bytes == 0 ? 0 : r.max_stop_bytes - 1;
@@ -423,7 +430,7 @@ void Frontend::stream_out(Request& r) {
 msg::Bytes Frontend::make_done(const Request& r) const {
   flatbuffers::FlatBufferBuilder fbb;
   const double ttft = r.first_token_ms > 0 ? r.first_token_ms - r.arrived_ms : 0;
-  const size_t sampled = r.generated.size() + (r.finish_reason == "eos" ? 1 : 0);
+  const size_t sampled = r.generated.size() - r.adopted_tokens + (r.finish_reason == "eos" ? 1 : 0);
   const double tpot = sampled > 1 ? (r.last_token_ms - r.first_token_ms) / double(sampled - 1) : 0;
   const double queue = r.admitted_ms > 0 ? r.admitted_ms - r.arrived_ms : 0;
   const double modeled_tpot =
@@ -459,8 +466,9 @@ void Frontend::finish(Request& r, const std::string& reason) {
     ++(reason == "disconnected" ? metrics_.reaped : metrics_.cancelled);
   } else {
     if (reason != "stop") r.text += r.decoder->flush();
+    journal_progress(r);  // before anything of it goes out (accept_token)
     if (r.stream) stream_out(r);
-    deliver(r, make_done(r));
+    if (!r.awaiting_resume) deliver(r, make_done(r));  // else at its Resume (frontend_resume.cpp)
     if (reason == "cancelled")
       ++metrics_.cancelled;
     else if (reason == "disconnected")
@@ -477,7 +485,7 @@ void Frontend::finish(Request& r, const std::string& reason) {
         ++metrics_.modeled_ttft_n;
       }
     }
-    const size_t sampled = r.generated.size() + (reason == "eos" ? 1 : 0);
+    const size_t sampled = r.generated.size() - r.adopted_tokens + (reason == "eos" ? 1 : 0);
     if (sampled > 1) {
       metrics_.tpot_ms_sum += (r.last_token_ms - r.first_token_ms) / double(sampled - 1);
       ++metrics_.tpot_n;
@@ -499,6 +507,7 @@ void Frontend::finish(Request& r, const std::string& reason) {
 void Frontend::fail(Request& r, Errc code, const std::string& message) {
   r.finish_reason = "error";
   deliver(r, msg::make_client_error(r.client_request_id, code, message));
+  journal_progress(r);
   ++metrics_.failed;
   if (r.session) {
     // The session's KV may hold half a step: it cannot be trusted for the next turn.
@@ -542,8 +551,9 @@ void Frontend::release(Request& r) {
     }
     r.seq_open = false;
   }
-  // Messages the client has not taken yet still go out; the request is kept until they do.
-  if (!r.outbox.empty() && !r.vanished) return;
+  // Messages the client has not taken yet still go out; the request is kept until they do, or
+  // (adopted) until its client resumes it.
+  if ((!r.outbox.empty() || r.awaiting_resume) && !r.vanished) return;
   requests_.erase({peer_key(r.routing), r.client_request_id});
 }
 
@@ -551,9 +561,18 @@ void Frontend::reap(double now) {
   last_reap_ms_ = now;
   std::vector<Request*> gone, drained;
   for (auto& [key, r] : requests_) {
+    if (r->awaiting_resume && now - r->adopted_ms > options_.resume_wait_ms) {
+      r->vanished = true;  // adopted, and its client never came back for it
+      if (!r->finish_reason.empty()) {
+        drained.push_back(r.get());
+        continue;
+      }
+      gone.push_back(r.get());
+      continue;
+    }
     if (!r->finish_reason.empty()) {
       // Finished, waiting for its outbox: forget it once delivered or its client is gone.
-      if (r->outbox.empty() || r->vanished) drained.push_back(r.get());
+      if ((r->outbox.empty() && !r->awaiting_resume) || r->vanished) drained.push_back(r.get());
       continue;
     }
     // The client beats three times per period (core/client.h): three periods of silence is gone.

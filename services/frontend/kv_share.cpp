@@ -20,6 +20,22 @@ std::shared_ptr<KvPool> KvPool::create(const std::string& name, uint32_t n_pages
   return pool;
 }
 
+std::shared_ptr<KvPool> KvPool::attach_existing(const std::string& name, uint32_t n_pages,
+                                                uint64_t page_bytes, uint32_t page_tokens) {
+  try {
+    std::shared_ptr<KvPool> pool = attach(name);
+    if (pool->n_pages != n_pages || pool->page_bytes != page_bytes ||
+        pool->page_tokens != page_tokens) {
+      pool->pages.reset();
+      pool->segment = shm::Segment();  // not ours to remove: the caller makes a fresh one
+      return nullptr;
+    }
+    return pool;
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
 void KvPool::check_not_held(uint64_t seq_id, const char* what) const {
   if (held.count(seq_id))
     throw Error(Errc::busy, std::string(what) + ": sequence " + std::to_string(seq_id) +
@@ -59,7 +75,7 @@ void KvPool::reserve(uint64_t seq_id, uint32_t want) {
 }
 
 std::shared_ptr<KvPool> join_kv_pool(KvShare& share, const std::string& name, uint32_t n_pages,
-                                     uint64_t page_bytes, uint32_t page_tokens) {
+                                     uint64_t page_bytes, uint32_t page_tokens, bool adopt) {
   std::lock_guard lock(share.mu);
   if (std::shared_ptr<KvPool> pool = share.pool.lock()) {
     if (pool->n_pages != n_pages || pool->page_bytes != page_bytes ||
@@ -71,11 +87,17 @@ std::shared_ptr<KvPool> join_kv_pool(KvShare& share, const std::string& name, ui
                       std::to_string(page_bytes));
     return pool;
   }
+  std::shared_ptr<KvPool> pool =
+      adopt ? KvPool::attach_existing(name, n_pages, page_bytes, page_tokens) : nullptr;
+  if (pool) {
+    share.pool = pool;
+    return pool;
+  }
   try {
     shm::Segment::open(name).unlink();
   } catch (const Error&) {
   }
-  std::shared_ptr<KvPool> pool = KvPool::create(name, n_pages, page_bytes, page_tokens);
+  pool = KvPool::create(name, n_pages, page_bytes, page_tokens);
   share.pool = pool;
   return pool;
 }

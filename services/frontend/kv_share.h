@@ -84,6 +84,11 @@ struct KvPool {
   // Its unpublished complete blocks are not published later (their tokens were in the dead
   // frontend's heap); from a block boundary on it publishes again.
   void adopt_seq(uint64_t seq_id, int max_positions, int n_past);
+  // The existing segment `name` when it is a KV pool of this geometry (a restarted frontend
+  // adopting its requests, issue 22: pages, owners and published blocks stay as they are and
+  // attach() rebuilds the prefix index), else nullptr (the caller makes a fresh pool).
+  static std::shared_ptr<KvPool> attach_existing(const std::string& name, uint32_t n_pages,
+                                                 uint64_t page_bytes, uint32_t page_tokens);
   // Error(busy) when seq_id belongs to a parked step (call with mu held).
   void check_not_held(uint64_t seq_id, const char* what) const;
   // Promises seq_id `pages` pages in all (call with mu held): Error(busy) when the free pages,
@@ -130,9 +135,10 @@ struct KvShare {
 
 // The share's pool if one lives (its geometry must be n_pages of page_bytes: invalid_argument
 // otherwise), else a new one in segment `name` (a stale segment of that name, left by a frontend
-// that crashed, is removed first).
+// that crashed, is removed first; with `adopt`, one of this geometry is attached instead).
 std::shared_ptr<KvPool> join_kv_pool(KvShare& share, const std::string& name, uint32_t n_pages,
                                      uint64_t page_bytes,
-                                     uint32_t page_tokens = shm::KvPages::kDefaultPageTokens);
+                                     uint32_t page_tokens = shm::KvPages::kDefaultPageTokens,
+                                     bool adopt = false);
 
 }  // namespace duet::frontend

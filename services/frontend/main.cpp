@@ -8,6 +8,7 @@
 // process). Eval requests may name any other plan; its engine is made on first use
 // (services/frontend/stack_engines.h).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -169,6 +170,27 @@ int main(int argc, char** argv) {
         const std::string proactive_plan =
             env_or("DUET_AGENT_PROACTIVE_PLAN",
                    plan == "auto" || plan == "tensor" ? "gpu-only" : plan.c_str());
+        // The request journal (issue 22): a killed frontend's requests are adopted from it. The
+        // engines are built over the KV pool as it was when a recovered request holds KV.
+        if (plan != "reference") {
+          frontend::RequestJournal::Geometry g;
+          g.n_slots = static_cast<uint32_t>(
+              std::min<int64_t>(frontend::RequestJournal::kMaxSlots,
+                                int64_t{options.max_running} + options.max_queue));
+          g.max_ids = static_cast<uint32_t>(options.max_context);
+          g.static_bytes = frontend::RequestJournal::static_bytes_for(options.max_stop_strings,
+                                                                      options.max_stop_bytes);
+          options.journal = frontend::RequestJournal::open_or_create(config.stack_id, g);
+          options.recovered = options.journal->recover();
+          bool holds_kv = false;
+          for (const auto& r : options.recovered)
+            holds_kv = holds_kv || (r.state == frontend::JournalRecord::State::live && r.pos > 0);
+          options.adopt_kv = std::make_shared<std::atomic<bool>>(holds_kv);
+          config.adopt_kv = options.adopt_kv;
+          if (!options.recovered.empty())
+            loop.log().info("request journal: {} records to adopt ({} with KV)",
+                            options.recovered.size(), holds_kv ? "some" : "none");
+        }
         // The two share one KV pool: a proactive request's decode rides in the main engine's
         // steps (Algorithm 2) with no KV byte copied.
         frontend::StackEngineConfig lanes = config;
@@ -214,6 +236,8 @@ int main(int argc, char** argv) {
         loop.set_idle(pump, 2);
         loop.set_busy([&frontend, stepped] { return *stepped && frontend->has_work(); });
         loop.set_status([&] { return frontend->status(); });
+        if (options.journal)
+          loop.log().info("request journal: {}", frontend->status()["journal"].dump());
       });
   frontend.reset();
   return rc;

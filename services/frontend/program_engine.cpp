@@ -64,11 +64,9 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
 
   // A frontend that crashed left its segments behind: this engine owns those names, so it removes
   // them (services holding the old mappings re-map when the programs are registered again).
-  // (A shared KV pool is removed by whoever makes it anew: attach_kv.)
+  // (The KV pool is removed by whoever makes it anew, or adopted: attach_kv.)
   for (const std::string& name : {arena_name(options_.stack_id, options_.segment_tag),
-                                  kv_name(options_.stack_id, options_.segment_tag),
                                   flags_name(options_.stack_id, options_.segment_tag)}) {
-    if (options_.kv_share && name == kv_name(options_.stack_id, options_.segment_tag)) continue;
     try {
       shm::Segment::open(name).unlink();
     } catch (const Error&) {

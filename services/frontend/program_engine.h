@@ -89,6 +89,10 @@ struct ProgramEngineOptions {
   // makes the pool ("kv.shared", kv_pages pages), the others use it (same geometry, or an
   // error). Null: this engine has a KV segment of its own.
   std::shared_ptr<KvShare> kv_share;
+  // A restarted frontend with requests to adopt (issue 22): attach the stack's existing KV
+  // segment when its geometry matches instead of making a fresh one (adopt_seq re-opens the
+  // sequences in it; reclaim_unadopted frees the rest). Read once, when the pool is made.
+  std::shared_ptr<std::atomic<bool>> adopt_kv;
 };
 
 class ProgramEngine : public Engine {
@@ -106,6 +110,8 @@ class ProgramEngine : public Engine {
   void reserve_seq(uint64_t seq_id, int positions) override;
   void truncate_seq(uint64_t seq_id, int n_past) override;
   int share_prefix(uint64_t seq_id, std::span<const int32_t> prompt) override;
+  void adopt_seq(uint64_t seq_id, int max_positions, int n_past) override;
+  uint32_t reclaim_unadopted() override;
   std::vector<float> step(const std::vector<SeqStep>& batch, StepStats* stats) override;
   int max_step_tokens() const override { return static_cast<int>(options_.buckets.back()); }
   nlohmann::json status() const override;

@@ -9,10 +9,21 @@
 namespace duet::frontend {
 
 void ProgramEngine::attach_kv(uint32_t n_pages, uint64_t page_bytes) {
-  kv_ = options_.kv_share ? join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, "shared"),
-                                         n_pages, page_bytes, options_.page_tokens)
-                          : KvPool::create(kv_name(options_.stack_id, options_.segment_tag),
-                                           n_pages, page_bytes, options_.page_tokens);
+  const bool adopt = options_.adopt_kv && options_.adopt_kv->load();
+  if (options_.kv_share) {
+    kv_ = join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, "shared"), n_pages,
+                       page_bytes, options_.page_tokens, adopt);
+  } else {
+    const std::string name = kv_name(options_.stack_id, options_.segment_tag);
+    if (adopt) kv_ = KvPool::attach_existing(name, n_pages, page_bytes, options_.page_tokens);
+    if (!kv_) {
+      try {
+        shm::Segment::open(name).unlink();
+      } catch (const Error&) {
+      }
+      kv_ = KvPool::create(name, n_pages, page_bytes, options_.page_tokens);
+    }
+  }
   std::lock_guard lock(kv_->mu);
   kv_->sharing = kv_->sharing && options_.prefix_sharing;
 }
@@ -21,6 +32,38 @@ int ProgramEngine::share_prefix(uint64_t seq_id, std::span<const int32_t> prompt
   std::lock_guard lock(kv_->mu);
   kv_->check_not_held(seq_id, "share_prefix");
   return kv_->share_prefix(seq_id, prompt);
+}
+
+void ProgramEngine::adopt_seq(uint64_t seq_id, int max_positions, int n_past) {
+  if (seq_id == shm::KvPages::kFree)
+    throw Error(Errc::invalid_argument, "sequence id 0 is reserved");
+  if (max_positions <= 0 || static_cast<uint32_t>(max_positions) > options_.max_ctx || n_past < 0 ||
+      n_past > max_positions)
+    throw Error(Errc::out_of_range,
+                "adopt: sequence " + std::to_string(seq_id) + " of " + std::to_string(n_past) +
+                    " of " + std::to_string(max_positions) +
+                    " positions does not fit the context of " + std::to_string(options_.max_ctx));
+  std::lock_guard lock(kv_->mu);
+  if (kv_->seqs.count(seq_id))
+    throw Error(Errc::invalid_argument, "sequence " + std::to_string(seq_id) + " is open");
+  const auto pages = static_cast<uint32_t>(kv_->pages->pages_of(seq_id).size());
+  const uint32_t need =
+      (static_cast<uint32_t>(n_past) + options_.page_tokens - 1) / options_.page_tokens;
+  const uint32_t most =
+      (static_cast<uint32_t>(max_positions) + options_.page_tokens - 1) / options_.page_tokens;
+  if (pages < need || pages > most)
+    throw Error(Errc::bad_format,
+                "adopt: sequence " + std::to_string(seq_id) + " holds " + std::to_string(pages) +
+                    " KV pages; its " + std::to_string(n_past) + " positions need " +
+                    std::to_string(need) + " (at most " + std::to_string(most) + ")");
+  kv_->adopt_seq(seq_id, max_positions, n_past);
+}
+
+uint32_t ProgramEngine::reclaim_unadopted() {
+  std::lock_guard lock(kv_->mu);
+  std::vector<uint64_t> live;
+  for (const auto& [id, seq] : kv_->seqs) live.push_back(id);
+  return kv_->pages->reclaim_except(live);
 }
 
 void ProgramEngine::open_seq(uint64_t seq_id, int max_positions) {

@@ -83,6 +83,13 @@ struct Request {
   uint64_t kv_bytes_copied = 0;
   uint64_t restarts_at_start = 0;
 
+  // the request journal (request_journal.h): its slot when journaled; adopted by a restarted
+  // frontend, it streams nothing until its client's Resume says what it already has
+  std::optional<uint32_t> journal_slot;
+  bool awaiting_resume = false;
+  double adopted_ms = 0;
+  size_t adopted_tokens = 0;  // generated before the adoption (not in this frontend's timings)
+
   // messages that could not be sent yet (the client's queue was full), oldest first
   std::deque<msg::Bytes> outbox;
 

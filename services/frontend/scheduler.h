@@ -47,6 +47,8 @@ class Scheduler {
   // in its queue). Returns the requests admitted.
   template <class Open>
   std::vector<Request*> admit(Open&& open);
+  // A request a restarted frontend adopted with its sequence open (issue 22): running at once.
+  void add_running(Request* r) { running_.push_back(r); }
   // Drops a request from wherever it is (queue or running).
   void remove(Request* r);
   // now_ms: the steady clock of Request::arrived_ms (aging); < 0: read it here. Only the

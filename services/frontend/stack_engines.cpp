@@ -39,6 +39,8 @@ class AnnotatedEngine : public Engine {
   int share_prefix(uint64_t id, std::span<const int32_t> p) override {
     return inner_->share_prefix(id, p);
   }
+  void adopt_seq(uint64_t id, int max, int n) override { inner_->adopt_seq(id, max, n); }
+  uint32_t reclaim_unadopted() override { return inner_->reclaim_unadopted(); }
   std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
     return inner_->step(b, s);
   }
@@ -103,6 +105,11 @@ class LazyEngine : public Engine {
     return ready().share_prefix(id, p);
   }
   void reserve_seq(uint64_t id, int n) override { ready().reserve_seq(id, n); }
+  void adopt_seq(uint64_t id, int max, int n) override {
+    ready().adopt_seq(id, max, n);
+    ++open_;
+  }
+  uint32_t reclaim_unadopted() override { return inner_ ? inner_->reclaim_unadopted() : 0; }
   std::vector<float> step(const std::vector<SeqStep>& b, StepStats* s) override {
     return ready().step(b, s);
   }
@@ -294,6 +301,7 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
       c.max_ctx > 0 ? static_cast<uint32_t>(c.max_ctx) : static_cast<uint32_t>(model->hp().n_ctx);
   const uint32_t sharers = c.kv_share ? StackEngineConfig::kKvSharers : 1;
   o.kv_share = c.kv_share;
+  o.adopt_kv = c.adopt_kv;
   o.kv_type = c.kv_type;
   o.prefix_sharing = c.kv_prefix_sharing;
   o.kv_pages =

@@ -8,6 +8,7 @@
 //   tensor, auto        the solver's plan per token bucket, asked of solver_svc; while the solver
 //                       is unreachable a bucket falls back to gpu-only and status says so
 // Programs run on the device services over ZeroMQ and shared memory (ProgramEngine).
+#include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -44,6 +45,10 @@ struct StackEngineConfig {
   // this many when it is larger (Agent.xpu's proactive engine: its prefill-only steps may be
   // longer, being preemptible).
   int max_step_tokens = 64;
+  // Set while a restarted frontend adopts the requests of its journal (issue 22): the engine
+  // built meanwhile attaches the stack's KV pool as the killed frontend left it. The frontend
+  // clears it once adoption is over, so a later build starts a fresh pool.
+  std::shared_ptr<std::atomic<bool>> adopt_kv;
 };
 
 // Every plan a stack serves, and the same list for error messages ("reference, gpu-only, ...").

@@ -1,7 +1,8 @@
 // kill -9 during generation through the real stack: a device or solver death costs time, never
-// tokens; a frontend death gives the client a clear error and leaks nothing; and a bounded chaos
-// run of 8 concurrent clients under random kills of every process, the supervisor included
-// (adopted by the next `up`), loses no request.
+// tokens; a frontend death neither (its successor adopts the requests from the request journal
+// and the clients resume their streams: issue 22) and leaks nothing; and a bounded chaos run of
+// 8 concurrent clients under random kills of every process, the supervisor included (adopted by
+// the next `up`), loses and fails no request.
 #include <fcntl.h>
 #include <poll.h>
 
@@ -115,25 +116,91 @@ INSTANTIATE_TEST_SUITE_P(Plans, KillMidGeneration, ::testing::Values("auto", "np
 
 using FrontendKill = ChaosStack;
 
-// The CLI mid-stream loses its frontend: it must exit non-zero with a message, not wait 10 min.
-TEST_F(FrontendKill, CliGetsClearErrorAndRestartedFrontendServesWithoutLeaks) {
-  up();
-  const client::GenerateResult clean = generate(kLongPrompt);
-  const std::vector<std::string> before = shm::list_stack_segments(id_);
-  const std::set<std::string> segments_before(before.begin(), before.end());
+// Issue 22: kill -9 of the frontend after token 100 of a 200-token generation, greedy and seeded
+// sampled. The supervisor restarts it, it adopts the request from the request journal (its KV
+// pages are still in the pool) and the C++ client resumes the stream: all 200 tokens, identical
+// to an undisturbed run, every one exactly once (the chunks' ids and text concatenate to the
+// result). Then the CLI, killed under the same way, prints the undisturbed text and exits 0.
+// Plan npu-only: its ~2.7 ms decode steps keep the frontend mid-generation when the client's
+// 100th token arrives (gpu-only's 0.3 ms ones finish all 200 first; that path, a finished
+// record resumed for its Done, is the chaos run's).
+TEST_F(FrontendKill, AKilledFrontendsRequestsResumeWithEveryTokenOnce) {
+  constexpr size_t kKillAfterTokens = kFixedRunTokens / 2;
+  up("npu-only");
+  (void)generate(kLongPrompt, 8);  // the engine and its segments exist from here on
+  const std::set<std::string> segments_before = segments();
+  struct Case {
+    const char* name;
+    SamplingParams sampling;
+  };
+  const Case cases[] = {{"greedy", {}},
+                        {"seeded", {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 7}}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    client::GenerateRequest req;
+    req.prompt = kLongPrompt;
+    req.max_tokens = kFixedRunTokens;
+    req.ignore_eos = true;
+    req.sampling = k.sampling;
+    const client::GenerateResult clean = client::Client(endpoint()).generate(req, {}, 60s);
+    ASSERT_EQ(clean.ids.size(), size_t(kFixedRunTokens));
+
+    const auto [pid, healthy] = service_state("frontend");
+    ASSERT_TRUE(pid > 0 && healthy);
+    client::Client c(endpoint());
+    std::vector<int32_t> streamed;
+    std::string text;
+    size_t received_at_kill = 0;
+    std::optional<Clock::time_point> killed_at, resumed_at;
+    const client::GenerateResult r = c.generate(
+        req,
+        [&](const client::Chunk& chunk) {
+          streamed.insert(streamed.end(), chunk.ids.begin(), chunk.ids.end());
+          text += chunk.text;
+          if (killed_at && !resumed_at && c.reconnects() > 0) resumed_at = Clock::now();
+          if (!killed_at && streamed.size() >= kKillAfterTokens) {
+            EXPECT_EQ(kill(pid, SIGKILL), 0);
+            killed_at = Clock::now();
+            received_at_kill = streamed.size();
+          }
+          return true;
+        },
+        60s);
+    ASSERT_TRUE(killed_at.has_value());
+    ASSERT_LT(received_at_kill, size_t(kFixedRunTokens)) << "the kill came after the last token";
+    EXPECT_EQ(r.ids, clean.ids) << "tokens differ after the frontend's restart";
+    EXPECT_EQ(streamed, clean.ids) << "a token streamed twice or never";
+    EXPECT_EQ(text, clean.text);
+    EXPECT_EQ(r.text, clean.text);
+    EXPECT_EQ(r.stats.finish_reason, "length");
+    EXPECT_GE(c.reconnects(), 1u);
+    EXPECT_GE(c.resumes_sent(), 1u);
+    // Kill to the first token of the restarted frontend (chunks the killed one had sent still
+    // arrive before the client sees the reconnect).
+    ASSERT_TRUE(resumed_at.has_value()) << "no token came after the reconnect";
+    std::printf(
+        "[chaos] %s: kill -9 frontend after token %zu of %d: first token after the restart %.1f "
+        "ms after the kill (TPOT %.2f ms; %zu tokens streamed, each once)\n",
+        k.name, received_at_kill, kFixedRunTokens, ms_between(*killed_at, *resumed_at),
+        r.stats.tpot_ms, streamed.size());
+    ASSERT_TRUE(wait_all_healthy({pid})) << "the frontend did not come back";
+    const nlohmann::json journal = c.status()["journal"];
+    EXPECT_EQ(journal["adopted_live"], 1) << journal.dump();
+    EXPECT_EQ(journal["resumed"], 1) << journal.dump();
+    expect_no_kv_held();
+  }
+
+  // The CLI mid-stream loses its frontend: it resumes and prints the undisturbed text.
+  const client::GenerateResult clean = generate(kLongPrompt, kFixedRunTokens, true);
   const auto [frontend_pid, healthy] = service_state("frontend");
   ASSERT_TRUE(frontend_pid > 0 && healthy);
-
   int out_pipe[2];
   ASSERT_EQ(pipe(out_pipe), 0);
   const pid_t cli = fork();
   ASSERT_GE(cli, 0);
   if (cli == 0) {
     dup2(out_pipe[1], 1);
-    dup2(out_pipe[1], 2);
     close(out_pipe[0]);
-    // --ignore-eos: all 200 tokens, so the stream is still going when the frontend is killed
-    // (a decode step is ~1 ms here: an EOS after ~80 tokens could end it before the kill lands).
     execl(DUET_BINARY_DIR "/bin/duet", "duet", "generate", "--stack", id_.c_str(), "--max-tokens",
           "200", "--ignore-eos", kLongPrompt.c_str(), static_cast<char*>(nullptr));
     _exit(127);
@@ -141,8 +208,7 @@ TEST_F(FrontendKill, CliGetsClearErrorAndRestartedFrontendServesWithoutLeaks) {
   close(out_pipe[1]);
   std::string out;
   bool killed = false;
-  const auto deadline = Clock::now() + 30s;
-  Clock::time_point killed_at;
+  const auto deadline = Clock::now() + 60s;
   for (;;) {
     pollfd p{out_pipe[0], POLLIN, 0};
     if (Clock::now() > deadline) break;
@@ -151,9 +217,8 @@ TEST_F(FrontendKill, CliGetsClearErrorAndRestartedFrontendServesWithoutLeaks) {
     const ssize_t n = read(out_pipe[0], buf, sizeof(buf));
     if (n <= 0) break;
     out.append(buf, static_cast<size_t>(n));
-    if (!killed && !out.empty()) {
+    if (!killed && out.size() >= clean.text.size() / 3) {
       ASSERT_EQ(kill(frontend_pid, SIGKILL), 0);
-      killed_at = Clock::now();
       killed = true;
     }
   }
@@ -162,28 +227,41 @@ TEST_F(FrontendKill, CliGetsClearErrorAndRestartedFrontendServesWithoutLeaks) {
   if (Clock::now() > deadline) kill(cli, SIGKILL);
   waitpid(cli, &st, 0);
   ASSERT_TRUE(killed);
-  ASSERT_TRUE(WIFEXITED(st)) << "the CLI hung past 30 s after its frontend died: " << out;
-  EXPECT_NE(WEXITSTATUS(st), 0) << out;
-  EXPECT_NE(out.find("frontend"), std::string::npos) << "the error must name the frontend: " << out;
-  std::printf("[chaos] kill -9 frontend mid-stream: CLI exited %d after %.0f ms: %s\n",
-              WEXITSTATUS(st), ms_between(killed_at, Clock::now()),
-              out.substr(out.rfind('\n', out.size() - 2) + 1).c_str());
+  ASSERT_TRUE(WIFEXITED(st)) << "the CLI hung after its frontend died: " << out;
+  EXPECT_EQ(WEXITSTATUS(st), 0) << out;
+  EXPECT_EQ(out, clean.text + "\n") << "the CLI's text differs from the undisturbed run's";
 
   ASSERT_TRUE(wait_all_healthy({frontend_pid})) << "the frontend did not come back";
-  // The restarted frontend re-creates its segments under the same names; the device services
-  // must map the new objects (segment identity), so its very first request already works.
-  EXPECT_EQ(generate(kLongPrompt).ids, clean.ids) << "the first request after the restart";
-  const std::vector<std::string> after = shm::list_stack_segments(id_);
-  const std::set<std::string> segments_after(after.begin(), after.end());
-  EXPECT_EQ(segments_after, segments_before) << "segments piled up or vanished across the restart";
+  EXPECT_EQ(generate(kLongPrompt).ids, generate(kLongPrompt).ids) << "requests after the restart";
+  EXPECT_EQ(segments(), segments_before) << "segments piled up or vanished across the restarts";
   expect_no_kv_held();
+  down_and_expect_nothing_left();
+}
+
+// A Resume for a request the frontend does not know gets a clear error naming it, at once.
+TEST_F(FrontendKill, AResumeOfAnUnknownRequestIsAClearError) {
+  up();
+  client::Client c(endpoint());
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fb::client::CreateResume(fbb, 4242, 10, 40);
+  fbb.Finish(
+      fb::client::CreateClientMessage(fbb, 4242, fb::client::ClientBody::Resume, body.Union()),
+      fb::client::ClientMessageIdentifier());
+  const auto reply =
+      c.call_raw(std::span<const uint8_t>(fbb.GetBufferPointer(), fbb.GetSize()), 5s);
+  ASSERT_TRUE(reply.has_value()) << "no answer to a Resume";
+  const fb::client::ClientMessage* m = msg::verify_client(*reply);
+  ASSERT_EQ(m->body_type(), fb::client::ClientBody::Error);
+  EXPECT_EQ(msg::from_fb_code(static_cast<fb::Code>(m->body_as_Error()->code())), Errc::not_found);
+  EXPECT_NE(m->body_as_Error()->message()->str().find("request 4242"), std::string::npos)
+      << m->body_as_Error()->message()->str();
   down_and_expect_nothing_left();
 }
 
 using ChaosRun = ChaosStack;
 
 // Eight clients, random kills of any service. DUET_CHAOS_SECONDS lengthens it (bench/chaos).
-TEST_F(ChaosRun, EveryRequestCompletesRightOrFailsClearly) {
+TEST_F(ChaosRun, EveryRequestCompletesRightUnderKillsOfEveryProcess) {
   const char* env = std::getenv("DUET_CHAOS_SECONDS");
   const int seconds = env ? std::max(1, std::atoi(env)) : 20;
   up();
@@ -275,6 +353,9 @@ TEST_F(ChaosRun, EveryRequestCompletesRightOrFailsClearly) {
       seconds, requests.load(), kills, killed.empty() ? "" : killed.c_str() + 1, adoptions,
       completed.load(), failed.load(), timed_out.load(), codes.c_str(), lost.load());
   EXPECT_EQ(lost, 0);
+  // Issue 22: a frontend kill resumes its requests (request journal + client Resume), and every
+  // other kill costs time, not requests: nothing fails.
+  EXPECT_EQ(failed, 0);
   EXPECT_GT(completed, 0);
   EXPECT_EQ(requests, completed + failed + lost);
   ASSERT_TRUE(wait_all_healthy({}));

@@ -27,6 +27,22 @@ TEST(Sampling, GreedyTakesTheHighestLogitAndTheLowestIdOnTies) {
   EXPECT_EQ(s.sample(kLogits), 1);
 }
 
+// A restarted frontend rebuilds a request's sampler from (seed, draws) in its journal: the rest of
+// the sequence is the undisturbed sampler's.
+TEST(Sampling, ARestoredSamplerContinuesTheSequenceOfTheOriginal) {
+  const SamplingParams p{.temperature = 1.5f, .top_p = 0.9f, .seed = 77};
+  Sampler original(p);
+  std::vector<int32_t> first;
+  for (int i = 0; i < 37; ++i) first.push_back(original.sample(kLogits));
+  ASSERT_EQ(original.draws(), 37u);
+  Sampler restored = Sampler::restore(p, original.draws());
+  for (int i = 0; i < 200; ++i) ASSERT_EQ(restored.sample(kLogits), original.sample(kLogits)) << i;
+  EXPECT_EQ(restored.draws(), original.draws());
+  Sampler greedy({});
+  greedy.sample(kLogits);
+  EXPECT_EQ(greedy.draws(), 0u) << "greedy draws nothing";
+}
+
 TEST(Sampling, TopKOneIsGreedyAtAnyTemperature) {
   const auto h = histogram({.temperature = 5.0f, .top_k = 1, .seed = 3}, 200);
   ASSERT_EQ(h.size(), 1u);

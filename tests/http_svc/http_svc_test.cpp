@@ -1,7 +1,8 @@
 // http_svc on a real stack (`duet stack up --http PORT` on models/fortune-q8_0.gguf): curl
 // streams the same tokens as `duet generate`, 32 concurrent streams each get their solo tokens,
 // bad input gets its status and OpenAI error, and a kill -9 of http_svc mid-stream is survived:
-// restarted, the cut request cancelled (its KV pages free), new requests served.
+// restarted, the cut request cancelled (its KV pages free), new requests served; a kill -9 of the
+// frontend mid-stream is invisible to curl (issue 22: the stream resumes).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -291,6 +292,46 @@ TEST_F(HttpSvcTest, KillNineMidStreamRestartsAndCancelsTheCutRequest) {
 
   auto [status, body] = curl("/v1/completions", R"({"prompt": "Once", "max_tokens": 4})");
   EXPECT_EQ(status, 200) << body;
+}
+
+// Issue 22: kill -9 of the frontend mid-stream. http_svc's client (core/client.h) reconnects to
+// the restarted frontend, which adopted the request from its journal, and resumes: curl's SSE
+// stream goes on without a break and carries the undisturbed run's text, once.
+TEST_F(HttpSvcTest, KillNineOfTheFrontendMidStreamResumesTheSseStream) {
+  auto r = run_duet("generate --stack " + id_ + " --json --ignore-eos --max-tokens 480 'Once'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::string want = json::parse(r.out.substr(r.out.find('{')))["text"];
+  const int frontend_pid = service("frontend")["pid"];
+  ASSERT_GT(frontend_pid, 0);
+  const std::string out = "/tmp/" + id_ + "_resumed_stream";
+  std::remove(out.c_str());
+  auto stream = std::async(std::launch::async, [&] {
+    return sh("curl -sS -N --max-time 60 -o " + out +
+              " -d '{\"prompt\": \"Once\", \"max_tokens\": 480, \"ignore_eos\": true, "
+              "\"stream\": true}' '" +
+              url("/v1/completions") + "'");
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream f(out);
+    std::string s((std::istreambuf_iterator<char>(f)), {});
+    if (s.find("data: ") != std::string::npos) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(kill(frontend_pid, SIGKILL), 0);
+  EXPECT_EQ(stream.get().rc, 0) << "curl's stream was cut";
+  std::ifstream f(out);
+  const std::string body((std::istreambuf_iterator<char>(f)), {});
+  std::remove(out.c_str());
+  const Sse sse = parse_sse(body);
+  EXPECT_TRUE(sse.done) << body;
+  EXPECT_EQ(sse.text, want) << "the resumed stream's text differs from the undisturbed run's";
+  const json journal = frontend_status()["journal"];
+  EXPECT_EQ(journal["resumed"], 1) << journal.dump();
+  // adopted_live 1: the kill came mid-generation; adopted_finished: after its last token (then
+  // the Done was what the client resumed).
+  std::printf("[http] kill -9 frontend mid-SSE-stream: journal %s\n", journal.dump().c_str());
+  EXPECT_NE(service("frontend")["pid"], frontend_pid);
 }
 
 }  // namespace

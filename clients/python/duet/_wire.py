@@ -10,8 +10,9 @@ import flatbuffers
 from duet.errors import DuetError
 from duet.fb.Code import Code
 from duet.fb.client import (Cancel, ChatMessage, ClientMessage, CloseSession, Detokenize,
-                            DetokenizeReply, Done, Error, Generate, KeepAlive, SamplingParams,
-                            Status, StatusReply, TokenChunk, Tokenize, TokenizeReply)
+                            DetokenizeReply, Done, Error, Generate, KeepAlive, Resume,
+                            SamplingParams, Status, StatusReply, TokenChunk, Tokenize,
+                            TokenizeReply)
 from duet.fb.client.ClientBody import ClientBody
 from duet.fb.client.Priority import Priority
 
@@ -42,6 +43,7 @@ class Chunk:
     request_id: int
     ids: List[int]
     text: str
+    text_bytes: int = 0  # the text's UTF-8 bytes as sent (what a Resume counts)
 
 
 @dataclasses.dataclass
@@ -159,6 +161,16 @@ def encode_keep_alive(request_id: int) -> bytes:
     return _finish(b, request_id, ClientBody.KeepAlive, KeepAlive.End(b))
 
 
+def encode_resume(request_id: int, ids_received: int, text_bytes_received: int) -> bytes:
+    """Asks a restarted frontend for the rest of a request's stream (issue 22)."""
+    b = flatbuffers.Builder(64)
+    Resume.Start(b)
+    Resume.AddRequestId(b, request_id)
+    Resume.AddIdsReceived(b, ids_received)
+    Resume.AddTextBytesReceived(b, text_bytes_received)
+    return _finish(b, request_id, ClientBody.Resume, Resume.End(b))
+
+
 def encode_status(request_id: int) -> bytes:
     b = flatbuffers.Builder(64)
     Status.Start(b)
@@ -218,7 +230,8 @@ def decode(frame: bytes) -> Event:
         rid, kind = m.RequestId(), m.BodyType()
         if kind == ClientBody.TokenChunk:
             c = _body(m, TokenChunk.TokenChunk)
-            return Event("chunk", rid, chunk=Chunk(rid, _ids(c), _text(c.Text())))
+            raw = c.Text() or b""
+            return Event("chunk", rid, chunk=Chunk(rid, _ids(c), _text(raw), len(raw)))
         if kind == ClientBody.Done:
             d = _body(m, Done.Done)
             st, stats = d.Stats(), Stats()

@@ -6,7 +6,16 @@ every third of `heartbeat_ms` (default 1000; the frontend cancels a request whos
 for 3 x heartbeat_ms, so a killed client never holds KV pages). A stream sends them while it is
 being iterated: a consumer that stops reading for longer than that loses its request (it is
 reaped with a `timeout` error); pass heartbeat_ms=0 to opt out (the request then runs to its
-end even when nobody listens)."""
+end even when nobody listens).
+
+A killed frontend does not end a generation (issue 22): the client's socket has a random, stable
+identity, a socket monitor sees the frontend go and come back, and the client then sends Resume
+(ids and text bytes received so far) for every generation in flight; the restarted frontend,
+which adopted them from its request journal, streams the rest: no token twice, none missing.
+As core/client.h: KeepAlives pause until the Resume is answered (an empty chunk, never shown),
+an `unavailable` error meanwhile is a KeepAlive's answer and skipped, a request the new
+frontend never saw is sent again when nothing of it had arrived, and a frontend that stays away
+longer than resume_timeout (30 s) fails the generation with `unavailable`."""
 
 import json
 import os
@@ -124,13 +133,29 @@ class Client:
         self._socket.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
         self._socket.setsockopt(zmq.MAXMSGSIZE, _MAX_MESSAGE_BYTES)
         self._socket.setsockopt(zmq.SNDTIMEO, 2000)
+        # Resuming: a stable identity (ZeroMQ reserves ids that start with a zero byte) and the
+        # socket's connect/disconnect events, both before connect.
+        first = os.urandom(1)[0] % 255 + 1
+        self._socket.setsockopt(zmq.IDENTITY, bytes([first]) + os.urandom(15))
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED
+                                                        | zmq.EVENT_DISCONNECTED)
         self._socket.connect(self.endpoint)
         self._next_id = 1
         self._live = set()  # ids of requests that may still get events
         self._pending: List[Event] = []  # events read while waiting for another request
+        # generations in flight: id -> [Generate bytes, ids received, text bytes, resuming]
+        self._inflight = {}
+        self._lost_since: Optional[float] = None
+        self.resume_timeout = 30.0
+        self.reconnects = 0
 
     def close(self) -> None:
         if self._socket is not None:
+            try:
+                self._socket.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(linger=0)
             self._socket.close(linger=0)
             self._socket = None
 
@@ -157,7 +182,8 @@ class Client:
         if prompt is None and not prompt_ids and not messages:
             raise DuetError(Code.InvalidArgument, "generate: give a prompt, prompt_ids or messages")
         rid = self._new_id()
-        self._send(
+        self._send_generate(
+            rid,
             _wire.encode_generate(rid, prompt=prompt, prompt_ids=list(prompt_ids),
                                   messages=[_message(m) for m in messages],
                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -234,14 +260,80 @@ class Client:
                             f"cannot send to the frontend at {self.endpoint} within 2 s (its queue "
                             "is full or it is not accepting connections)") from e
 
+    def _send_generate(self, rid: int, data: bytes) -> None:
+        self._inflight[rid] = [data, 0, 0, False]
+        try:
+            self._send(data)
+        except DuetError:
+            del self._inflight[rid]
+            raise
+
+    def _read_monitor(self) -> None:
+        while self._monitor.poll(0, zmq.POLLIN):
+            frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            event = int.from_bytes(frames[0][:2], "little") if frames and frames[0] else 0
+            if event == zmq.EVENT_DISCONNECTED:
+                if self._lost_since is None:
+                    self._lost_since = time.monotonic()
+            elif event == zmq.EVENT_CONNECTED and self._lost_since is not None:
+                self._lost_since = None
+                self.reconnects += 1
+                for rid, f in self._inflight.items():
+                    f[3] = True
+                    self._send(_wire.encode_resume(rid, f[1], f[2]))
+
+    def _track(self, e: Event) -> Optional[Event]:
+        f = self._inflight.get(e.request_id)
+        if f is None:
+            return e
+        if e.kind == "chunk":
+            f[3] = False
+            f[1] += len(e.chunk.ids)
+            f[2] += e.chunk.text_bytes
+            return e if (e.chunk.ids or e.chunk.text_bytes) else None  # empty: a Resume's ack
+        if e.kind == "error":
+            if f[3] and e.error.code == Code.Unavailable:
+                return None  # a KeepAlive sent before the Resume, answered by the new frontend
+            if f[3] and e.error.code == Code.NotFound and f[1] == 0 and f[2] == 0:
+                f[3] = False  # the new frontend never saw it and nothing arrived: send it again
+                self._send(f[0])
+                return None
+        if e.kind in ("error", "done"):
+            del self._inflight[e.request_id]
+        return e
+
+    def _expire_lost(self) -> Optional[Event]:
+        if (self._lost_since is None or not self._inflight
+                or time.monotonic() - self._lost_since < self.resume_timeout):
+            return None
+        rid = next(iter(self._inflight))
+        del self._inflight[rid]
+        return Event("error", rid, error=DuetError(
+            Code.Unavailable, f"request {rid}: the frontend at {self.endpoint} went away and no "
+            f"frontend came back within {self.resume_timeout:g} s to resume it"))
+
     def _recv(self, timeout_s: float) -> Optional[Event]:
         """The next event (of any request), or None when timeout_s passed without one."""
         if self._socket is None:
             raise DuetError(Code.Unavailable, "the client is closed")
-        if not self._socket.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN):
-            return None
-        frames = self._socket.recv_multipart(zmq.NOBLOCK)
-        return _wire.decode(frames[-1])  # the last frame: the frontend's message
+        end = time.monotonic() + timeout_s
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        while True:
+            lost = self._expire_lost()
+            if lost is not None:
+                return lost
+            ready = dict(poller.poll(max(0, int((end - time.monotonic()) * 1000))))
+            if self._monitor in ready:
+                self._read_monitor()
+            if self._socket in ready:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                e = self._track(_wire.decode(frames[-1]))  # the last frame: the message
+                if e is not None:
+                    return e
+            if time.monotonic() >= end:
+                return self._expire_lost()
 
     def _take(self, rid: int, timeout_s: float) -> Optional[Event]:
         """The next event of request rid; events of other live requests wait in _pending."""
@@ -281,12 +373,15 @@ class Client:
         while True:
             now = time.monotonic()
             if now >= s.deadline:
+                self._inflight.pop(rid, None)
                 self._cancel_and_wait(rid)
                 raise DuetError(Code.Timeout,
                                 f"generate: no Done from the frontend at {self.endpoint} before "
                                 "the deadline (the request was cancelled)")
             if s.heartbeat_ms > 0 and now >= s.next_beat:
-                self._send(_wire.encode_keep_alive(rid))
+                f = self._inflight.get(rid)
+                if f is None or not f[3]:  # not while a Resume is unanswered
+                    self._send(_wire.encode_keep_alive(rid))
                 s.next_beat = now + beat
             wait = s.next_beat - now if s.heartbeat_ms > 0 else 0.1
             e = self._take(rid, max(0.001, min(wait, s.deadline - now)))

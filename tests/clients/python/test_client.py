@@ -163,3 +163,44 @@ class ClientOnARealStack(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ResumeAfterAFrontendKill(unittest.TestCase):
+    """Issue 22: kill -9 of the frontend mid-stream; the restarted frontend adopts the request
+    from its journal and the client resumes: every token once, the undisturbed run's. Plan
+    npu-only: its ~2.7 ms decode steps keep the frontend mid-generation when token 100 arrives."""
+
+    STACK = f"pyresume_{os.getpid() % 100000}"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.addClassCleanup(subprocess.run, [os.path.join(BIN, "duet"), "stack", "down", "--stack",
+                                             cls.STACK], capture_output=True, timeout=60)
+        run_duet("stack", "up", "--stack", cls.STACK, "--plan", "npu-only")
+
+    def frontend_pid(self) -> int:
+        st = json.loads(run_duet("stack", "status", "--stack", self.STACK, "--json"))
+        return next(s["pid"] for s in st["services"] if s["name"] == "frontend")
+
+    def test_a_seeded_stream_survives_a_frontend_kill_with_every_token_once(self):
+        args = dict(max_tokens=200, ignore_eos=True, temperature=0.9, top_p=0.95, seed=11)
+        with duet.Client(self.STACK) as c:
+            clean = c.generate("Q: Why", **args)
+            self.assertEqual(len(clean.ids), 200)
+            pid = self.frontend_pid()
+            ids, text, killed = [], "", False
+            stream = c.generate("Q: Why", stream=True, timeout=60, **args)
+            for chunk in stream:
+                ids += chunk.ids
+                text += chunk.text
+                if not killed and len(ids) >= 100:
+                    os.kill(pid, 9)
+                    killed = True
+            self.assertTrue(killed)
+            self.assertEqual(ids, clean.ids, "a token streamed twice or never")
+            self.assertEqual(text, clean.text)
+            self.assertEqual(stream.result.ids, clean.ids)
+            self.assertGreaterEqual(c.reconnects, 1)
+            journal = c.status()["journal"]
+            self.assertEqual(journal["adopted_live"], 1, journal)
+            self.assertEqual(journal["resumed"], 1, journal)
