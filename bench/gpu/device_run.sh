@@ -19,11 +19,12 @@ export OCL_ICD_VENDORS=/tmp/icd OCL_ICD_FILENAMES=$nv DUET_CACHE_DIR=/tmp/duet-c
 [ -e /work/main ] || { mkdir -p /work && ln -s "$root" /work/main; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$out/env.txt" 2>&1
 status=0
-for t in gpu_kernels_test gpu_packed_test gpu_runner_test gpu_service_test gpu_timing_test; do
+for t in ${TESTS:-gpu_kernels_test gpu_packed_test gpu_runner_test gpu_service_test gpu_timing_test gpu_kquant_matmul_test gpu_attention_test gpu_kv_pieces_test}; do
   "$dev/bin/$t" >"/tmp/$t.log" 2>&1 || status=1
   cat "/tmp/$t.log" >>"$out/tests.log"  # one file: the run tool brings back at most 8
   echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "/tmp/$t.log" | tr '\n' ' ')"
 done
+[ "${BENCH:-1}" = 0 ] && exit $status  # conformance only
 variants=l32r2,l32r4,l32r8,l16r8,l64r4,l128r4,l16r4p,l16r8p,l32r4p,l32r8p,l64r4p,l16r4x,l16r8x,l32r4x,l64r4x  # GpuKernels::kGemvVariants, side by side
 "$dev/bin/gpu_bench" --reps 20 --gemv-rows 28672 --gemm-tokens 256 --copy-mb 1024 \
   --gemv-variants $variants >"$out/bench.json" 2>"$out/bench.err" || status=1
