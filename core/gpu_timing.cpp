@@ -113,12 +113,13 @@ double gpu_modeled_us(const SocProfile& soc, const OpShape& s) {
 // work-groups start as the previous kernel's retire: no host round trip, and one kernel's drain
 // overlaps the next one's fill. What remains is the weights at one processor's steady decode
 // bandwidth (memory.single_gbps, the paper's 43 GB/s) and the launch. Checks against figures
-// not used for any fit: the GPU-only decode this gives for Llama-8B (~10 tok/s, 4.2 GB at
-// 43 GB/s plus attention and norms) is the paper's GPU-only engines' (MNN-OpenCL 14.01 / 1.50 =
-// 9.3 tok/s, MLC 14.01 / 1.52 = 9.2), and with the NPU streaming its share alongside (the
-// timeline's shared-bandwidth contention caps the two at memory.dual_gbps) the tensor plan
-// reaches the paper's 14 tok/s. Without fast sync (clFinish after a GPU op the NPU needs) the
-// kernels pay the isolated cost again: core/timeline.h's SyncMode::blocking.
+// not used for any fit: the GPU-only decode this gives for Llama-8B, 9.35 tok/s (4.2 GB at
+// 43 GB/s plus attention and norms), is the paper's GPU-only engines' (MNN-OpenCL 14.01 / 1.50
+// = 9.3 tok/s, MLC 14.01 / 1.52 = 9.2); with the NPU streaming its share alongside
+// (core/npu_timing.h, npu_pipelined_us) and the two capped at memory.dual_gbps by the
+// timeline's contention, the solver's tensor plan decodes at 11.6 tok/s, 0.83x the paper's
+// 14.01 (bench/modeled/RESULTS.md). Without fast sync (a clFinish after each GPU op the NPU
+// needs) the kernels pay the isolated cost again: core/timeline.h's SyncMode::blocking.
 double gpu_pipelined_us(const SocProfile& soc, const OpShape& s) {
   return gpu_us(soc, s, true);
 }
