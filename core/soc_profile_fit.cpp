@@ -136,7 +136,26 @@ SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
       {"sram_bytes", [](SocProfile& s) -> double& { return s.npu.sram_bytes; }},
   };
   descend(soc, gpu_params, 3, 2, gpu, Device::gpu);
-  descend(soc, npu_params, 2, 1, npu, Device::npu);
+  // The NPU's structure too: the machine measured may not be 32x32 arrays x 4 (this host's "NPU"
+  // is an emulator's CPU GEMM, whose time grows with every token: 1x1 "arrays"). Each candidate
+  // is fitted and the best kept.
+  {
+    SocProfile best = soc;
+    double best_e = 1e300;
+    for (int arr : {32, 16, 8, 4, 1})
+      for (int cores : {1, 2, 4, 8, 16}) {
+        SocProfile trial = soc;
+        trial.npu.array_rows = trial.npu.array_cols = arr;
+        trial.npu.cores = cores;
+        descend(trial, npu_params, 2, 1, npu, Device::npu);
+        const double e = evaluate(trial, npu, Device::npu).rms_log;
+        if (e < best_e) {
+          best_e = e;
+          best = trial;
+        }
+      }
+    soc = best;
+  }
   const Fit g = evaluate(soc, gpu, Device::gpu), n = evaluate(soc, npu, Device::npu);
   r.gpu_points = gpu.size();
   r.npu_points = npu.size();

@@ -6,8 +6,10 @@
 //
 // The fit is a coordinate descent in log space over each device's free parameters, minimising the
 // mean squared log ratio modelled / measured over that device's entries (both models are
-// positive and monotone in each parameter, so the search is well behaved); the structure stays
-// the sd8gen3 profile's (32x32 arrays, 4 cores, the same op kinds). Host-side costs the profile
+// positive and monotone in each parameter; a coarse scan of the rates first, since another
+// machine can be 100x off the start). The structure is the starting profile's except the NPU's
+// array size and core count, chosen among a few (32x32 down to 1x1, 1 to 16 cores) by the same
+// error. Host-side costs the profile
 // measured go in directly: fast_sync_us (a flag hand-off between the device processes) and the
 // contention between the two devices (memory.dual_gbps: both draw no more together than
 // (2 - contention) x one alone).

@@ -275,8 +275,10 @@ class OpCoster {
         break;
       }
     }
-    c.compute_us =
-        t_.sync == SyncMode::fast ? gpu_pipelined_us(soc_, shape) : gpu_modeled_us(soc_, shape);
+    const bool matmul_op = op.kind == OpKind::MatMul || op.kind == OpKind::Logits;
+    c.compute_us = matmul_op && t_.matmul_latency ? t_.matmul_latency->gpu_us(shape)
+                   : t_.sync == SyncMode::fast    ? gpu_pipelined_us(soc_, shape)
+                                                  : gpu_modeled_us(soc_, shape);
     c.demand_gbps = c.compute_us > 0 ? bytes / c.compute_us / 1e3 : 0;
     return c;
   }
@@ -287,9 +289,10 @@ class OpCoster {
     double bytes = 0;
     for (int64_t g : npu_graphs_for(c.tokens, op.npu_mode, o_)) {
       const NpuTiming nt = npu_timing(soc_, OpShape{op.kind, op.wtype, rows, op.k, g, true});
-      c.compute_us += t_.sync == SyncMode::fast
-                          ? npu_pipelined_us(soc_, OpShape{op.kind, op.wtype, rows, op.k, g, true})
-                          : nt.total_us;  // blocking: the launch is part of the op
+      const OpShape graph{op.kind, op.wtype, rows, op.k, g, true};
+      c.compute_us += t_.matmul_latency           ? t_.matmul_latency->npu_us(graph)
+                      : t_.sync == SyncMode::fast ? npu_pipelined_us(soc_, graph)
+                                                  : nt.total_us;  // blocking: with the launch
       bytes += nt.dma_bytes;
       padded += g;
     }

@@ -98,6 +98,10 @@ struct TimelineOptions {
   int64_t logits_rows = 1;  // rows the Logits op computes (one per sequence)
   bool contention = true;   // the shared-bandwidth penalty above
   SyncMode sync = SyncMode::fast;
+  // When set, MatMul and Logits cost what this source says (e.g. ProfiledLatency over a measured
+  // profile: the timeline composed from measured op times, to check the composition apart from
+  // the op models); everything else stays on the SoC profile's models.
+  const LatencySource* matmul_latency = nullptr;
 };
 
 struct TimedOp {

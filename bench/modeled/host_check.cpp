@@ -5,9 +5,11 @@
 //     error per device as JSON.
 //   host_check model --soc host.toml --model M.gguf (--plan NAME | --plan-json FILE) --tokens N
 //                    [--context C] [--max-tokens 64] [--max-ctx 512] [--step-overhead-us US]
+//                    [--profile MEASURED.json]
 //     builds the model's programs for the plan (core/program_builder, as the stack does), composes
 //     one step on that profile's timeline (core/timeline.h), pipelined (fast sync) and with every
-//     op at its isolated cost; prints both as JSON. run_host_check.sh sets them beside the step
+//     op at its isolated cost, and (--profile) with the measured profile's own matmul times in
+//     place of the fitted models; prints them as JSON. run_host_check.sh sets them beside the step
 //     times measured through the real stack.
 #include <cstdio>
 #include <cstring>
@@ -19,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/model.h"
+#include "core/profiler.h"
 #include "core/program.h"
 #include "core/soc_profile_fit.h"
 #include "core/solver.h"
@@ -109,6 +112,14 @@ int model(const std::map<std::string, std::string>& f) {
   const Timeline fast = compose_timeline(s, soc, o, t);
   t.sync = SyncMode::blocking;
   const Timeline isolated = compose_timeline(s, soc, o, t);
+  // The same step with the measured op times themselves (no fitted model) for the matmuls.
+  double profiled_us = 0;
+  if (f.count("profile")) {
+    const ProfiledLatency lat(load_profile(f.at("profile")));
+    t.sync = SyncMode::fast;
+    t.matmul_latency = &lat;
+    profiled_us = compose_timeline(s, soc, o, t).step_us;
+  }
   const double overhead = std::stod(get(f, "step-overhead-us", "0"));
   std::cout << nlohmann::json{{"plan", plan.name},
                               {"tokens", t.n_tokens},
@@ -116,6 +127,7 @@ int model(const std::map<std::string, std::string>& f) {
                               {"step_overhead_us", overhead},
                               {"pipelined_us", fast.step_us + overhead},
                               {"isolated_us", isolated.step_us + overhead},
+                              {"profiled_us", profiled_us > 0 ? profiled_us + overhead : 0.0},
                               {"pipelined", timeline_summary_json(fast)}}
                    .dump()
             << "\n";

@@ -10,9 +10,10 @@
 #      one-token decode steps), the plans interleaved within each round;
 #   5. host_check model: the same steps on host.toml's timeline (pipelined and isolated), plus
 #      one request round trip per step (the profile's measured handoff);
-# then prints modelled / measured per plan. Writes bench/modeled/results/host_check.jsonl.
+# then prints modelled / measured per plan. Writes bench/modeled/results/host_check-<model>.jsonl,
+# host-<model>.toml and the measured profile it was fitted to (host_measured_profile-<model>.json).
 # env: DUET_BIN_DIR (build/bin), MODEL (tiny-fortune Q8_0), ROUNDS (3), PROMPT (64), GEN (9),
-#      FAST_SYNC_US (17: bench/sync's futex flag hand-off on this 2-core VM under load).
+#      FAST_SYNC_US (17: bench/sync's futex flag hand-off on this 2-core VM under load), REPS (9).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${DUET_BIN_DIR:-build/bin}
@@ -21,8 +22,10 @@ rounds=${ROUNDS:-3}
 prompt=${PROMPT:-64}
 gen=${GEN:-9}
 fast_sync=${FAST_SYNC_US:-17}
-out=bench/modeled/results/host_check.jsonl
-soc_out=bench/modeled/results/host.toml
+reps=${REPS:-9}  # repetitions per profiled op (the profiler keeps the median)
+name=$(basename "$model" .gguf)
+out=bench/modeled/results/host_check-$name.jsonl
+soc_out=bench/modeled/results/host-$name.toml
 export DUET_MAX_CTX=512
 cache=$(mktemp -d /tmp/duet-hostcheck-XXXXXX)
 export DUET_CACHE_DIR=$cache
@@ -42,11 +45,14 @@ for plan in auto gpu-only npu-only; do
 done
 t0=$SECONDS
 "$bin/duet" plan --model "$model" --timing measured --stack "${stack[auto]}" \
-  --profile-lengths 1,16,64 --phase prefill --tokens "$prompt" --json > "$cache/plan-prefill.json"
+  --profile-lengths 1,16,64 --reps "$reps" --phase prefill --tokens "$prompt" --json > "$cache/plan-prefill.json"
 "$bin/duet" plan --model "$model" --timing measured --stack "${stack[auto]}" \
-  --profile-lengths 1,16,64 --phase decode --tokens 1 --json > "$cache/plan-decode.json"
+  --profile-lengths 1,16,64 --reps "$reps" --phase decode --tokens 1 --json > "$cache/plan-decode.json"
 echo "profiled and planned in $((SECONDS - t0)) s" >&2
 profile=$(ls "$cache"/profiles/measured-*.json | head -1)
+cp "$profile" "bench/modeled/results/host_measured_profile-$name.json"
+cp "$cache/plan-prefill.json" "bench/modeled/results/host_plan_prefill-$name.json"
+cp "$cache/plan-decode.json" "bench/modeled/results/host_plan_decode-$name.json"
 fit=$("$bin/host_check" fit --profile "$profile" --out "$soc_out" --fast-sync-us "$fast_sync")
 tag "$fit" '{"kind":"fit"}' >> "$out"
 handoff=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["handoff_us"])' "$fit")
@@ -77,7 +83,8 @@ for plan in auto gpu-only npu-only; do
     if [ "$ph" = prefill ]; then n=$prompt; c=0; else n=1; c=$ctx; fi
     if [ "$plan" = auto ]; then sel=(--plan-json "$cache/plan-$ph.json"); else sel=(--plan "$plan"); fi
     m=$("$bin/host_check" model --soc "$soc_out" --model "$model" "${sel[@]}" --tokens "$n" \
-      --context "$c" --max-tokens 64 --max-ctx 512 --step-overhead-us "$handoff")
+      --context "$c" --max-tokens 64 --max-ctx 512 --step-overhead-us "$handoff" \
+      --profile "bench/modeled/results/host_measured_profile-$name.json")
     tag "$m" "{\"kind\":\"model\",\"plan\":\"$plan\",\"phase\":\"$ph\"}" >> "$out"
   done
 done

@@ -231,6 +231,35 @@ TEST(Timeline, ContentionSlowsOnlyOverlapsThatOverdrawTheSharedBandwidth) {
   EXPECT_LT(real.contention_us, with.contention_us);
 }
 
+TEST(Timeline, AMatmulLatencySourceReplacesTheModelsForMatmulsOnly) {
+  // host_check composes a step from measured op times: matmuls cost what the source says, the
+  // rest stays on the SoC profile's models.
+  struct Constant : LatencySource {
+    double gpu_us(const OpShape&) const override { return 1000; }
+    double npu_us(const OpShape&) const override { return 3000; }
+  } constant;
+  const SocProfile& soc = sd8gen3();
+  const Schedule s = schedule_from_shape(model_shape("llama3.2-1b"), {}, mixed_plan());
+  TimelineOptions t = prefill(1);
+  const Timeline plain = compose_timeline(s, soc, solver_options_for(soc), t);
+  t.matmul_latency = &constant;
+  const Timeline measured = compose_timeline(s, soc, solver_options_for(soc), t);
+  int matmuls = 0;
+  for (const std::vector<TimedOp>* list : {&measured.gpu, &measured.npu})
+    for (size_t i = 0; i < list->size(); ++i) {
+      const TimedOp& op = (*list)[i];
+      const TimedOp& before = (list == &measured.gpu ? plain.gpu : plain.npu)[i];
+      if (op.tokens == 0) continue;
+      if (op.kind == OpKind::MatMul || op.kind == OpKind::Logits) {
+        ++matmuls;
+        EXPECT_EQ(op.compute_us, op.ref.device == Device::gpu ? 1000.0 : 3000.0);
+      } else {
+        EXPECT_EQ(op.compute_us, before.compute_us);
+      }
+    }
+  EXPECT_GT(matmuls, 0);
+}
+
 TEST(Timeline, BadInputIsAClearError) {
   const SocProfile& soc = sd8gen3();
   const SolverOptions o = solver_options_for(soc);
