@@ -5,7 +5,8 @@
 #   1. three stacks up (one per plan; a stack generates with its own plan only);
 #   2. `duet plan --timing measured` profiles the auto stack's gpu_svc and npu_svc (the measured
 #      profile lands in $DUET_CACHE_DIR/profiles) and prints the tensor plans it solved;
-#   3. host_check fit: the SoC profile of this machine from that profile (results/host.toml);
+#   3. host_check fit: the SoC profile of this machine from that profile (results/host-<model>.toml;
+#      `duet profile --stack ID --model M --out host.toml` does 2 and 3 in one verb);
 #   4. rounds of stack_bench per plan (prompt of PROMPT tokens = one prefill step, then GEN
 #      one-token decode steps), the plans interleaved within each round;
 #   5. host_check model: the same steps on host.toml's timeline (pipelined and isolated), plus
