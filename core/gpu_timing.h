@@ -36,7 +36,21 @@
 
 namespace duet {
 
+// What an isolated, synchronised measurement of the op costs (enqueue, run, clFinish): the
+// profiler's view, HeteroInfer's Table 3. The solver's latencies.
 double gpu_modeled_us(const SocProfile& soc, const OpShape& shape);
+
+// What the op costs inside a pipelined stream of kernels (enqueued ahead on the in-order queue,
+// no host synchronisation between them: a decode or prefill step with fast sync). Two terms of
+// the isolated measurement are not paid there (the reasoning, with the paper's numbers, is in
+// gpu_timing.cpp above gpu_pipelined_us):
+//   matmul_fixed_us: the measured window's dispatch and completion round trip through the host;
+//   the GEMV's row ramp: an isolated GEMV fills and drains the GPU's gemv_half_rows rows in
+//     flight once per kernel; back-to-back kernels overlap one's drain with the next's fill, so
+//     the weights stream at one processor's steady decode bandwidth, memory.single_gbps (the
+//     paper measures 43.3 GB/s for the GPU alone in decode, section 5.4).
+// Everything else (launch, the GEMM's rate, element-wise ops, attention) is as gpu_modeled_us.
+double gpu_pipelined_us(const SocProfile& soc, const OpShape& shape);
 // The cost of one blocking host-device synchronisation (clFinish) on this GPU.
 double gpu_sync_us(const SocProfile& soc);
 

@@ -41,7 +41,21 @@ struct NpuTiming {
 // Throws Errc::invalid_argument for non-positive dims, Errc::unsupported for ops the NPU does
 // not run (only MatMul and Logits are NPU ops).
 NpuTiming npu_timing(const SocProfile& soc, const OpShape& shape);
+// An isolated, synchronised graph execution (the profiler's view, Table 3's NPU column).
 double npu_modeled_us(const SocProfile& soc, const OpShape& shape);
+// The same graph inside a pipelined step (core/timeline.h, fast sync). Two costs of an isolated
+// execution (one request, one graph, its reply: the profiler's view) are not paid there:
+//   launch_us (fitted to Table 3's decode rows): the per-request round trip. A step's NPU ops run
+//     as one program (npu_svc's RunStep: the op list executes inside the NPU side, each op
+//     started by a flag in shared memory, HeteroInfer 4.3), one request per step, not per graph;
+//   a decode graph's per-chunk reloads of its stationary activation tiles (<= 32 tokens, one
+//     column tile, the weights streaming): Table 3's NPU decode rows (693 us for 9.4 MB of
+//     [4096,4096] weights, 3886 us for 66 MB: 14-17 GB/s) are array-bound on them, while the
+//     paper measures the NPU at 40-45 GB/s on decoding workloads (Figure 5, Memory-1); so in a
+//     running decode the graph streams its weights at the DMA rate: max(DMA, streamed rows).
+// The second is the least-supported step of the decode reconciliation: the paper gives the two
+// rates, not the NPU's mechanism between them (bench/modeled/RESULTS.md says what it costs).
+double npu_pipelined_us(const SocProfile& soc, const OpShape& shape);
 
 // Online preparation of a static graph for `shape`: a fixed cost plus a cost per MB of the
 // graph's activation operands (input [n][k] and output [n][m], fp16); the weights are

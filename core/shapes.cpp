@@ -23,6 +23,7 @@ const std::vector<ModelShape>& all_shapes() {
   constexpr Llama3RopeScaling kLlama32{32.0f, 1.0f, 4.0f, 8192};
   static const std::vector<ModelShape> shapes{{
       {"llama3.2-1b", 128256, 2048, 16, 8192, 32, 8, 131072, 500000.0f, 1e-5f, true, kLlama32},
+      {"llama3.2-3b", 128256, 3072, 28, 8192, 24, 8, 131072, 500000.0f, 1e-5f, true, kLlama32},
       {"llama3-8b", 128256, 4096, 32, 14336, 32, 8, 8192, 500000.0f, 1e-5f, false, {}},
       {"llama3.1-8b", 128256, 4096, 32, 14336, 32, 8, 131072, 500000.0f, 1e-5f, false, kLlama31},
       {"llama2-7b", 32000, 4096, 32, 11008, 32, 32, 4096, 10000.0f, 1e-5f, false, {}},

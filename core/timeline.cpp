@@ -227,11 +227,15 @@ class OpCoster {
     graph_sizes_.insert(o.npu_graph_tokens.begin(), o.npu_graph_tokens.end());
   }
 
-  OpCost cost(const ScheduleOp& op) {
-    OpCost c;
+  int64_t tokens(const ScheduleOp& op) const {
     const int64_t total = op.kind == OpKind::Logits ? t_.logits_rows : t_.n_tokens;
     const int64_t end = op.seq_end ? std::min<int64_t>(op.seq_end, total) : total;
-    c.tokens = std::max<int64_t>(0, end - static_cast<int64_t>(op.seq_begin));
+    return std::max<int64_t>(0, end - static_cast<int64_t>(op.seq_begin));
+  }
+
+  OpCost cost(const ScheduleOp& op) {
+    OpCost c;
+    c.tokens = tokens(op);
     if (c.tokens == 0) return c;
     const bool matmul = op.kind == OpKind::MatMul || op.kind == OpKind::Logits;
     const int64_t rows = matmul ? static_cast<int64_t>(op.row_end) - op.row_begin : 0;
@@ -271,7 +275,10 @@ class OpCoster {
         break;
       }
     }
-    c.compute_us = gpu_modeled_us(soc_, shape);
+    const bool matmul_op = op.kind == OpKind::MatMul || op.kind == OpKind::Logits;
+    c.compute_us = matmul_op && t_.matmul_latency ? t_.matmul_latency->gpu_us(shape)
+                   : t_.sync == SyncMode::fast    ? gpu_pipelined_us(soc_, shape)
+                                                  : gpu_modeled_us(soc_, shape);
     c.demand_gbps = c.compute_us > 0 ? bytes / c.compute_us / 1e3 : 0;
     return c;
   }
@@ -282,7 +289,10 @@ class OpCoster {
     double bytes = 0;
     for (int64_t g : npu_graphs_for(c.tokens, op.npu_mode, o_)) {
       const NpuTiming nt = npu_timing(soc_, OpShape{op.kind, op.wtype, rows, op.k, g, true});
-      c.compute_us += nt.total_us;
+      const OpShape graph{op.kind, op.wtype, rows, op.k, g, true};
+      c.compute_us += t_.matmul_latency           ? t_.matmul_latency->npu_us(graph)
+                      : t_.sync == SyncMode::fast ? npu_pipelined_us(soc_, graph)
+                                                  : nt.total_us;  // blocking: with the launch
       bytes += nt.dma_bytes;
       padded += g;
     }
@@ -369,6 +379,10 @@ Schedule schedule_from_programs(const BuiltPrograms& built, NpuGraphMode npu_mod
   return s;
 }
 
+double handoff_us(const SocProfile& soc, const SolverOptions& o, const TimelineOptions& t) {
+  return t.sync == SyncMode::fast ? o.sync_us : gpu_sync_us(soc);
+}
+
 Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const SolverOptions& o,
                           const TimelineOptions& t) {
   if (t.n_tokens < 1 || t.context < 0 || t.logits_rows < 1)
@@ -377,6 +391,16 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
   Timeline tl;
   OpCoster coster(soc, o, t);
   const bool contend = t.contention && soc.mem.dual_gbps > 0;
+  const double sync_us = handoff_us(soc, o, t);
+  // Blocking sync: the host waits in clFinish after a GPU op the NPU needs, and submits nothing
+  // meanwhile, so the GPU's next op waits for that too.
+  std::set<uint32_t> gpu_published;
+  for (Device d : {Device::gpu, Device::npu})
+    for (const ScheduleOp& op : s.on(d)) {
+      tl.cross_edges += static_cast<int>(op.waits.size());
+      for (const OpRef& w : op.waits)
+        if (w.device == Device::gpu) gpu_published.insert(w.index);
+    }
   size_t next[2] = {0, 0};
   auto placed = [&](Device d) -> std::vector<TimedOp>& {
     return d == Device::gpu ? tl.gpu : tl.npu;
@@ -389,6 +413,9 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
     *cross = false;
     if (!mine.empty()) {
       *at = mine.back().end_us;
+      if (t.sync == SyncMode::blocking && d == Device::gpu &&
+          gpu_published.count(mine.back().ref.index))
+        *at += sync_us;
       *pred = mine.back().ref;
     }
     for (const OpRef& w : op.waits) {
@@ -396,7 +423,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
       if (w.device == d)
         throw Error(Errc::invalid_argument, "timeline: an op waits on its own device");
       if (w.index >= other.size()) return false;
-      const double ready = other[w.index].end_us + o.sync_us;
+      const double ready = other[w.index].end_us + sync_us;
       if (ready > *at) {
         *at = ready;
         *pred = w;
@@ -405,8 +432,6 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
     }
     return true;
   };
-  for (Device d : {Device::gpu, Device::npu})
-    for (const ScheduleOp& op : s.on(d)) tl.cross_edges += static_cast<int>(op.waits.size());
 
   while (next[0] < s.gpu.size() || next[1] < s.npu.size()) {
     bool have = false;
@@ -460,7 +485,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
       dur += timed.contention_us;
     }
     timed.end_us = start + dur;
-    if (cross) tl.sync_us += o.sync_us;
+    if (cross) tl.sync_us += sync_us;
     tl.copy_us += c.copy_us;
     tl.compile_us += c.compile_us;
     tl.contention_us += timed.contention_us;
@@ -538,24 +563,26 @@ double SocModeledLatency::npu_us(const OpShape& s) const {
 
 namespace {
 double modeled_step_us(const ModelShape& shape, const ShapeTypes& types, const Plan& plan,
-                       const SocProfile& soc, int64_t n, int64_t context, bool contention) {
+                       const SocProfile& soc, int64_t n, int64_t context, bool contention,
+                       SyncMode sync) {
   const SolverOptions o = solver_options_for(soc);
   TimelineOptions t;
   t.n_tokens = n;
   t.context = context;
   t.contention = contention;
+  t.sync = sync;
   return compose_timeline(schedule_from_shape(shape, types, plan), soc, o, t).step_us;
 }
 }  // namespace
 
 double modeled_ttft_us(const ModelShape& shape, const ShapeTypes& types, const Plan& plan,
-                       const SocProfile& soc, int64_t n_prompt, bool contention) {
-  return modeled_step_us(shape, types, plan, soc, n_prompt, 0, contention);
+                       const SocProfile& soc, int64_t n_prompt, bool contention, SyncMode sync) {
+  return modeled_step_us(shape, types, plan, soc, n_prompt, 0, contention, sync);
 }
 
 double modeled_tpot_us(const ModelShape& shape, const ShapeTypes& types, const Plan& plan,
-                       const SocProfile& soc, int64_t context, bool contention) {
-  return modeled_step_us(shape, types, plan, soc, 1, context, contention);
+                       const SocProfile& soc, int64_t context, bool contention, SyncMode sync) {
+  return modeled_step_us(shape, types, plan, soc, 1, context, contention, sync);
 }
 
 }  // namespace duet

@@ -7,11 +7,17 @@
 // graph mode says (padding, pipe, online-prepare, exact), paying the zero-fill of padded rows
 // and, under online-prepare, the graph compile once per distinct shape in the step.
 //
+// Ops cost what they cost in a pipelined step (gpu_pipelined_us, npu_pipelined_us) under fast
+// sync, and what an isolated measurement pays (gpu_modeled_us, npu_modeled_us) under blocking
+// sync; see SyncMode. The solver plans with the isolated latencies (its profiler's), as
+// HeteroInfer's does (Table 3).
+//
 // Memory contention: each op draws DRAM bandwidth at its bytes / modelled time. GPU and NPU
 // running at once share mem.dual_gbps: where an op overlaps an op the other device was already
 // given and the two draw more than that, both would run at dual / (sum of demands); the later op
 // absorbs the time lost, overlap * (1 - dual / sum) (one pass: the earlier op is not moved).
-// With sd8gen3's fitted rates (GPU GEMV ~29 GB/s, NPU DMA <= 16 GB/s, dual 60) it rarely bites.
+// On sd8gen3 it bites in a split decode (Memory-1: the pipelined GPU GEMV draws 43 GB/s, the
+// NPU's decode graphs up to 40, the two together get 60): 7.8 of Llama-8B's 86 ms a token.
 //
 // Schedules come from built programs (schedule_from_programs) or straight from a model shape
 // (schedule_from_shape: the same op sequence and hazards as core/program_builder.cpp without a
@@ -74,11 +80,28 @@ Schedule schedule_from_shape(const ModelShape& shape, const ShapeTypes& types, c
 // Throws invalid_argument when a wait names a flag no op of the other device publishes.
 Schedule schedule_from_programs(const BuiltPrograms& built, NpuGraphMode npu_mode);
 
+// How the host hands work between the devices.
+//   fast      HeteroInfer 4.3: the GPU's kernels are queued ahead and run back to back
+//             (gpu_pipelined_us), the NPU's ops run as one program started by flags
+//             (npu_pipelined_us); a hand-off costs one fast sync (sleep for the predicted time,
+//             poll a flag: SolverOptions::sync_us).
+//   blocking  the same schedule without it: a hand-off is a blocking clFinish-style wait
+//             (gpu_sync_us, ~400 us), which drains the GPU's queue, so its kernels pay what an
+//             isolated, synchronised measurement pays (gpu_modeled_us, npu_modeled_us: Table
+//             3's latencies), and the host, blocked in clFinish after a GPU op the NPU needs,
+//             submits the GPU's next op only after it.
+enum class SyncMode { fast, blocking };
+
 struct TimelineOptions {
   int64_t n_tokens = 1;     // tokens in the step
   int64_t context = 0;      // positions already in the KV cache
   int64_t logits_rows = 1;  // rows the Logits op computes (one per sequence)
   bool contention = true;   // the shared-bandwidth penalty above
+  SyncMode sync = SyncMode::fast;
+  // When set, MatMul and Logits cost what this source says (e.g. ProfiledLatency over a measured
+  // profile: the timeline composed from measured op times, to check the composition apart from
+  // the op models); everything else stays on the SoC profile's models.
+  const LatencySource* matmul_latency = nullptr;
 };
 
 struct TimedOp {
@@ -108,6 +131,9 @@ struct Timeline {
   const TimedOp& at(OpRef r) const { return r.device == Device::gpu ? gpu[r.index] : npu[r.index]; }
 };
 
+// The cost of one cross-device hand-off under t.sync.
+double handoff_us(const SocProfile& soc, const SolverOptions& o, const TimelineOptions& t);
+
 // `o` supplies the NPU graph sizes, the fast-sync cost and the copy bandwidth
 // (solver_options_for(soc)); o.soc must be set for online-prepare.
 Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const SolverOptions& o,
@@ -131,9 +157,11 @@ class SocModeledLatency : public LatencySource {
 
 // Modelled time to first token: prefill of n_prompt tokens from an empty cache, last row's logits.
 double modeled_ttft_us(const ModelShape& shape, const ShapeTypes& types, const Plan& plan,
-                       const SocProfile& soc, int64_t n_prompt, bool contention = true);
+                       const SocProfile& soc, int64_t n_prompt, bool contention = true,
+                       SyncMode sync = SyncMode::fast);
 // Modelled time per output token: one decode step at `context` cached positions.
 double modeled_tpot_us(const ModelShape& shape, const ShapeTypes& types, const Plan& plan,
-                       const SocProfile& soc, int64_t context, bool contention = true);
+                       const SocProfile& soc, int64_t context, bool contention = true,
+                       SyncMode sync = SyncMode::fast);
 
 }  // namespace duet

@@ -45,6 +45,17 @@ TEST(Shapes, NamedShapesHaveThePublishedDimensions) {
   EXPECT_EQ(il.n_head_kv, 8);
   EXPECT_EQ(il.rope_freq_base, 1000000.0f);
 
+  // Llama 3.2 3B (HeteroInfer's Llama-3B): tied embeddings, Llama 3.2's rope scaling.
+  const ModelShape& l323 = model_shape("llama3.2-3b");
+  EXPECT_EQ(l323.n_vocab, 128256);
+  EXPECT_EQ(l323.n_embd, 3072);
+  EXPECT_EQ(l323.n_layer, 28);
+  EXPECT_EQ(l323.n_ff, 8192);
+  EXPECT_EQ(l323.n_head, 24);
+  EXPECT_EQ(l323.n_head_kv, 8);
+  EXPECT_TRUE(l323.tied_embeddings);
+  EXPECT_EQ(l323.rope_scaling.factor, model_shape("llama3.2-1b").rope_scaling.factor);
+
   const ModelShape& tf = model_shape("tiny-fortune");
   EXPECT_EQ(tf.n_vocab, 2048);
   EXPECT_EQ(tf.n_embd, 256);
@@ -54,7 +65,7 @@ TEST(Shapes, NamedShapesHaveThePublishedDimensions) {
 
 TEST(Shapes, EveryShapeSplitsIntoWholeHeadsAndQuantBlocks) {
   const auto names = model_shape_names();
-  EXPECT_EQ(names.size(), 10u);
+  EXPECT_EQ(names.size(), 11u);
   for (const auto& name : names) {
     const ModelShape& s = model_shape(name);
     EXPECT_EQ(s.name, name);

@@ -218,9 +218,46 @@ TEST(Timeline, ContentionSlowsOnlyOverlapsThatOverdrawTheSharedBandwidth) {
   const Timeline alone = compose_timeline(
       schedule_from_shape(model_shape("llama3-8b"), {}, Plan::gpu_only()), tight, o, decode);
   EXPECT_EQ(alone.contention_us, 0.0);
-  // sd8gen3's 60 GB/s together covers this pair's ~29 + ~12 GB/s.
-  const Timeline roomy = compose_timeline(s, sd8gen3(), solver_options_for(sd8gen3()), decode);
+  // A memory system that covers both streams (the pipelined GPU GEMV's memory.single_gbps plus
+  // the NPU's DMA) never slows them.
+  SocProfile roomy_soc = sd8gen3();
+  roomy_soc.mem.dual_gbps = roomy_soc.mem.single_gbps + roomy_soc.npu.dma_gbps;
+  const Timeline roomy = compose_timeline(s, roomy_soc, solver_options_for(roomy_soc), decode);
   EXPECT_EQ(roomy.contention_us, 0.0);
+  // sd8gen3's is Memory-1's: each processor alone streams 40-45 GB/s, the two together ~60, so
+  // the split decode's overlaps are slowed, but by less than the 30 GB/s profile's.
+  const Timeline real = compose_timeline(s, sd8gen3(), solver_options_for(sd8gen3()), decode);
+  EXPECT_GT(real.contention_us, 0.0);
+  EXPECT_LT(real.contention_us, with.contention_us);
+}
+
+TEST(Timeline, AMatmulLatencySourceReplacesTheModelsForMatmulsOnly) {
+  // host_check composes a step from measured op times: matmuls cost what the source says, the
+  // rest stays on the SoC profile's models.
+  struct Constant : LatencySource {
+    double gpu_us(const OpShape&) const override { return 1000; }
+    double npu_us(const OpShape&) const override { return 3000; }
+  } constant;
+  const SocProfile& soc = sd8gen3();
+  const Schedule s = schedule_from_shape(model_shape("llama3.2-1b"), {}, mixed_plan());
+  TimelineOptions t = prefill(1);
+  const Timeline plain = compose_timeline(s, soc, solver_options_for(soc), t);
+  t.matmul_latency = &constant;
+  const Timeline measured = compose_timeline(s, soc, solver_options_for(soc), t);
+  int matmuls = 0;
+  for (const std::vector<TimedOp>* list : {&measured.gpu, &measured.npu})
+    for (size_t i = 0; i < list->size(); ++i) {
+      const TimedOp& op = (*list)[i];
+      const TimedOp& before = (list == &measured.gpu ? plain.gpu : plain.npu)[i];
+      if (op.tokens == 0) continue;
+      if (op.kind == OpKind::MatMul || op.kind == OpKind::Logits) {
+        ++matmuls;
+        EXPECT_EQ(op.compute_us, op.ref.device == Device::gpu ? 1000.0 : 3000.0);
+      } else {
+        EXPECT_EQ(op.compute_us, before.compute_us);
+      }
+    }
+  EXPECT_GT(matmuls, 0);
 }
 
 TEST(Timeline, BadInputIsAClearError) {

@@ -1,0 +1,150 @@
+// The timeline model checked on this machine (issue 23, item 4).
+//   host_check fit --profile MEASURED.json --out host.toml [--name host] [--fast-sync-us US]
+//     fits a SoC profile for the machine a measured profile (core/profiler.h, written by
+//     `duet plan --timing measured`) was taken on (core/soc_profile_fit.h); prints the fit's
+//     error per device as JSON.
+//   host_check model --soc host.toml --model M.gguf (--plan NAME | --plan-json FILE) --tokens N
+//                    [--context C] [--max-tokens 64] [--max-ctx 512] [--step-overhead-us US]
+//                    [--profile MEASURED.json]
+//     builds the model's programs for the plan (core/program_builder, as the stack does), composes
+//     one step on that profile's timeline (core/timeline.h), pipelined (fast sync) and with every
+//     op at its isolated cost, and (--profile) with the measured profile's own matmul times in
+//     place of the fitted models; prints them as JSON. run_host_check.sh sets them beside the step
+//     times measured through the real stack.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "core/model.h"
+#include "core/profiler.h"
+#include "core/program.h"
+#include "core/soc_profile_fit.h"
+#include "core/solver.h"
+#include "core/timeline.h"
+
+namespace {
+
+using namespace duet;
+
+std::map<std::string, std::string> parse_flags(int argc, char** argv, int from) {
+  std::map<std::string, std::string> f;
+  for (int i = from; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--", 2) != 0 || i + 1 >= argc)
+      throw Error(Errc::invalid_argument, std::string("host_check: bad argument ") + argv[i]);
+    f[argv[i] + 2] = argv[i + 1];
+    ++i;
+  }
+  return f;
+}
+
+std::string need(const std::map<std::string, std::string>& f, const std::string& key) {
+  auto it = f.find(key);
+  if (it == f.end()) throw Error(Errc::invalid_argument, "host_check: --" + key + " is required");
+  return it->second;
+}
+
+std::string get(const std::map<std::string, std::string>& f, const std::string& key,
+                const std::string& fallback) {
+  auto it = f.find(key);
+  return it == f.end() ? fallback : it->second;
+}
+
+int fit(const std::map<std::string, std::string>& f) {
+  const Profile measured = load_profile(need(f, "profile"));
+  const SocProfile start = load_soc_profile(get(f, "start", "sd8gen3"));
+  const double fast_sync = std::stod(get(f, "fast-sync-us", "0"));
+  const SocFitReport r = fit_soc_profile(measured, start, get(f, "name", "host"), fast_sync);
+  const std::string out = need(f, "out");
+  {
+    std::ofstream o(out);
+    o << soc_profile_toml(r.soc,
+                          "This machine's SoC profile, fitted by bench/modeled/host_check "
+                          "to a measured profile\n(" +
+                              measured.device + ", " + measured.shape + ", " +
+                              std::to_string(measured.entries.size()) +
+                              " points): core/soc_profile_fit.h.");
+    if (!o) throw Error(Errc::io, "cannot write " + out);
+  }
+  load_soc_profile(out);  // it must read back
+  std::cout << nlohmann::json{{"out", out},
+                              {"gpu_points", r.gpu_points},
+                              {"npu_points", r.npu_points},
+                              {"gpu_rms_log", r.gpu_rms_log},
+                              {"gpu_worst_ratio", r.gpu_worst},
+                              {"npu_rms_log", r.npu_rms_log},
+                              {"npu_worst_ratio", r.npu_worst},
+                              {"contention", measured.contention},
+                              {"handoff_us", measured.handoff_us}}
+                   .dump()
+            << "\n";
+  return 0;
+}
+
+int model(const std::map<std::string, std::string>& f) {
+  const SocProfile soc = load_soc_profile(need(f, "soc"));
+  const auto m = LlamaModel::load(need(f, "model"));
+  Plan plan;
+  if (f.count("plan-json")) {
+    std::ifstream in(f.at("plan-json"));
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (j.is_array()) j = j.at(0);
+    plan = plan_from_json(j);
+  } else {
+    plan = Plan::fixed(need(f, "plan"));
+  }
+  ProgramSpec spec;
+  spec.model = m.get();
+  spec.plan = plan;
+  spec.max_tokens = static_cast<uint32_t>(std::stoul(get(f, "max-tokens", "64")));
+  spec.max_ctx = static_cast<uint32_t>(std::stoul(get(f, "max-ctx", "512")));
+  spec.name = "host-check";
+  const BuiltPrograms built = build_programs(spec);
+  const Schedule s = schedule_from_programs(built, plan.npu_mode);
+  const SolverOptions o = solver_options_for(soc);
+  TimelineOptions t;
+  t.n_tokens = std::stoll(need(f, "tokens"));
+  t.context = std::stoll(get(f, "context", "0"));
+  const Timeline fast = compose_timeline(s, soc, o, t);
+  t.sync = SyncMode::blocking;
+  const Timeline isolated = compose_timeline(s, soc, o, t);
+  // The same step with the measured op times themselves (no fitted model) for the matmuls.
+  double profiled_us = 0;
+  if (f.count("profile")) {
+    const ProfiledLatency lat(load_profile(f.at("profile")));
+    t.sync = SyncMode::fast;
+    t.matmul_latency = &lat;
+    profiled_us = compose_timeline(s, soc, o, t).step_us;
+  }
+  const double overhead = std::stod(get(f, "step-overhead-us", "0"));
+  std::cout << nlohmann::json{{"plan", plan.name},
+                              {"tokens", t.n_tokens},
+                              {"context", t.context},
+                              {"step_overhead_us", overhead},
+                              {"pipelined_us", fast.step_us + overhead},
+                              {"isolated_us", isolated.step_us + overhead},
+                              {"profiled_us", profiled_us > 0 ? profiled_us + overhead : 0.0},
+                              {"pipelined", timeline_summary_json(fast)}}
+                   .dump()
+            << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc < 2) throw Error(Errc::invalid_argument, "usage: host_check fit|model --flags");
+    const auto flags = parse_flags(argc, argv, 2);
+    if (!std::strcmp(argv[1], "fit")) return fit(flags);
+    if (!std::strcmp(argv[1], "model")) return model(flags);
+    throw Error(Errc::invalid_argument, std::string("host_check: unknown command ") + argv[1]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "host_check: %s\n", e.what());
+    return 1;
+  }
+}

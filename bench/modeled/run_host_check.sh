@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Issue 23 item 4: the timeline model checked on this machine. Per plan (gpu-only, npu-only =
+# duet's layer-level plan, the solver's tensor plan from measured timing), the modelled step time
+# on a SoC profile fitted to this machine beside the step time measured through the real stack:
+#   1. three stacks up (one per plan; a stack generates with its own plan only);
+#   2. `duet plan --timing measured` profiles the auto stack's gpu_svc and npu_svc (the measured
+#      profile lands in $DUET_CACHE_DIR/profiles) and prints the tensor plans it solved;
+#   3. host_check fit: the SoC profile of this machine from that profile (results/host-<model>.toml;
+#      `duet profile --stack ID --model M --out host.toml` does 2 and 3 in one verb);
+#   4. rounds of stack_bench per plan (prompt of PROMPT tokens = one prefill step, then GEN
+#      one-token decode steps), the plans interleaved within each round;
+#   5. host_check model: the same steps on host.toml's timeline (pipelined and isolated), plus
+#      one request round trip per step (the profile's measured handoff);
+# then prints modelled / measured per plan. Writes bench/modeled/results/host_check-<model>.jsonl,
+# host-<model>.toml and the measured profile it was fitted to (host_measured_profile-<model>.json).
+# env: DUET_BIN_DIR (build/bin), MODEL (tiny-fortune Q8_0), ROUNDS (3), PROMPT (64), GEN (9),
+#      FAST_SYNC_US (17: bench/sync's futex flag hand-off on this 2-core VM under load), REPS (9).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin=${DUET_BIN_DIR:-build/bin}
+model=${MODEL:-tests/data/tiny-fortune/fortune-q8_0.gguf}
+rounds=${ROUNDS:-3}
+prompt=${PROMPT:-64}
+gen=${GEN:-9}
+fast_sync=${FAST_SYNC_US:-17}
+reps=${REPS:-9}  # repetitions per profiled op (the profiler keeps the median)
+name=$(basename "$model" .gguf)
+out=bench/modeled/results/host_check-$name.jsonl
+soc_out=bench/modeled/results/host-$name.toml
+export DUET_MAX_CTX=512
+cache=$(mktemp -d /tmp/duet-hostcheck-XXXXXX)
+export DUET_CACHE_DIR=$cache
+base="hc$$"
+declare -A stack=([auto]="$base-auto" [gpu-only]="$base-gpu" [npu-only]="$base-npu")
+cleanup() {
+  for s in "${stack[@]}"; do "$bin/duet" stack down --stack "$s" >/dev/null 2>&1 || true; done
+  rm -rf "$cache"
+}
+trap cleanup EXIT
+: > "$out"
+tag() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(json.loads(sys.argv[2])); print(json.dumps(d))' "$1" "$2"; }
+
+for plan in auto gpu-only npu-only; do
+  "$bin/duet" stack up --stack "${stack[$plan]}" --model "$model" --plan "$plan" --timing measured \
+    --timeout 120 >/dev/null
+done
+t0=$SECONDS
+"$bin/duet" plan --model "$model" --timing measured --stack "${stack[auto]}" \
+  --profile-lengths 1,16,64 --reps "$reps" --phase prefill --tokens "$prompt" --json > "$cache/plan-prefill.json"
+"$bin/duet" plan --model "$model" --timing measured --stack "${stack[auto]}" \
+  --profile-lengths 1,16,64 --reps "$reps" --phase decode --tokens 1 --json > "$cache/plan-decode.json"
+echo "profiled and planned in $((SECONDS - t0)) s" >&2
+profile=$(ls "$cache"/profiles/measured-*.json | head -1)
+cp "$profile" "bench/modeled/results/host_measured_profile-$name.json"
+cp "$cache/plan-prefill.json" "bench/modeled/results/host_plan_prefill-$name.json"
+cp "$cache/plan-decode.json" "bench/modeled/results/host_plan_decode-$name.json"
+fit=$("$bin/host_check" fit --profile "$profile" --out "$soc_out" --fast-sync-us "$fast_sync")
+tag "$fit" '{"kind":"fit"}' >> "$out"
+handoff=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["handoff_us"])' "$fit")
+for ph in prefill decode; do
+  tag "$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); p=p[0] if isinstance(p,list) else p; print(json.dumps({"strategies": {k: v["strategy"] for k, v in p["matmul"].items()}}))' "$cache/plan-$ph.json")" \
+    "{\"kind\":\"plan\",\"phase\":\"$ph\"}" >> "$out"
+done
+
+# Warm-up: each engine builds its programs (and NPU graphs) on first use.
+for plan in auto gpu-only npu-only; do
+  "$bin/stack_bench" --stack "${stack[$plan]}" --plan "$plan" --model "$model" --prompt "$prompt" \
+    --gen 2 --ignore-eos >/dev/null
+done
+for round in $(seq "$rounds"); do
+  for plan in auto gpu-only npu-only; do
+    r=$("$bin/stack_bench" --stack "${stack[$plan]}" --plan "$plan" --model "$model" \
+      --prompt "$prompt" --gen "$gen" --ignore-eos)
+    tag "$r" "{\"kind\":\"run\",\"plan\":\"$plan\",\"round\":$round,\"load\":$(cut -d' ' -f1 /proc/loadavg)}" >> "$out"
+    tail -n 1 "$out" >&2
+  done
+done
+
+# The same steps, modelled on this machine's profile: prefill of PROMPT tokens from an empty
+# cache, decode at the middle of the generated context.
+ctx=$((prompt + gen / 2))
+for plan in auto gpu-only npu-only; do
+  for ph in prefill decode; do
+    if [ "$ph" = prefill ]; then n=$prompt; c=0; else n=1; c=$ctx; fi
+    if [ "$plan" = auto ]; then sel=(--plan-json "$cache/plan-$ph.json"); else sel=(--plan "$plan"); fi
+    m=$("$bin/host_check" model --soc "$soc_out" --model "$model" "${sel[@]}" --tokens "$n" \
+      --context "$c" --max-tokens 64 --max-ctx 512 --step-overhead-us "$handoff" \
+      --profile "bench/modeled/results/host_measured_profile-$name.json")
+    tag "$m" "{\"kind\":\"model\",\"plan\":\"$plan\",\"phase\":\"$ph\"}" >> "$out"
+  done
+done
+python3 bench/modeled/summarize_host_check.py "$out"
