@@ -77,7 +77,7 @@ struct ProgramEngineOptions {
   // modelled time is that plan's timeline on the SoC (core/timeline.h) for the step's tokens,
   // context and logits rows, so a stack can execute the plan fastest on this host and still
   // report what the solver's plan does on the phone (issue 23 item 5).
-  std::string soc;
+  std::string soc = "sd8gen3";
   std::function<Plan(uint32_t bucket_tokens)> soc_plan_for;
   std::vector<uint32_t> buckets = {16, 64, 256};  // program sets by max tokens per step
   uint32_t max_seqs = 16;                         // sequences per step
