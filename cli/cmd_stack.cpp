@@ -505,12 +505,15 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
   up->add_option("--model", args->model, "GGUF model")->capture_default_str();
   up->add_option("--soc", args->soc, "SoC profile name or .toml path")->capture_default_str();
   up->add_option("--plan", args->plan,
-                 "auto (default: the solver's), tensor, gpu-only, npu-only (NPU graphs padded), "
-                 "npu-only:online-prepare, npu-only:pipe, layer or reference")
+                 "auto (default: executes the solver's plan for this host, measured, and models "
+                 "the solver's plan for the SoC), tensor (the solver's SoC plan, executed here "
+                 "too), gpu-only, npu-only (NPU graphs padded), npu-only:online-prepare, "
+                 "npu-only:pipe, layer or reference")
       ->check(CLI::IsMember({"auto", "tensor", "gpu-only", "npu-only", "npu-only:online-prepare",
                              "npu-only:pipe", "layer", "reference"}));
   up->add_option("--timing", args->timing,
-                 "what the solver optimises: modeled (default) or measured")
+                 "what the solver optimises for the executed plan: measured (auto's default) or "
+                 "modeled (tensor's default; auto then executes the SoC's plan)")
       ->check(CLI::IsMember({"modeled", "measured"}));
   up->add_option("--http", args->http,
                  "also run http_svc, the OpenAI-compatible HTTP service, on [ADDR:]PORT "

@@ -73,6 +73,9 @@ void print_human(const std::string& stack, const nlohmann::json& sup, const nloh
   std::printf("  frontend: plan %s, queue %d reactive + %d proactive, %zu running, %d sessions\n",
               fe.value("plan", "?").c_str(), fe["queue"].value("reactive", 0),
               fe["queue"].value("proactive", 0), fe["running"].size(), fe.value("sessions", 0));
+  if (fe.contains("executed_plan"))
+    std::printf("  executed here: %s\n  modelled on the SoC: %s\n",
+                fe.value("executed_plan", "?").c_str(), fe.value("modeled_plan", "?").c_str());
   std::printf("  limits: %s\n", fe["limits"].dump().c_str());
   std::printf("  requests: %s\n", m["requests"].dump().c_str());
   std::printf("  tokens: prompt %.0f, generated %.0f in %.0f steps\n", num(m, "tokens", "prompt"),

@@ -43,6 +43,8 @@ nlohmann::json to_json(const Stats& s) {
           {"kv_bytes_copied", s.kv_bytes_copied},
           {"restarts_seen", s.restarts_seen},
           {"plan", s.plan},
+          {"executed_plan", s.executed_plan},
+          {"modeled_plan", s.modeled_plan},
           {"finish_reason", s.finish_reason}};
 }
 
@@ -86,10 +88,20 @@ Event decode_event(const std::vector<uint8_t>& bytes) {
       e.done.text = to_str(d->text());
       e.done.ids = to_ids(d->ids());
       if (const auto* s = d->stats()) {
-        e.done.stats = {s->prompt_tokens(),   s->generated_tokens(), s->ttft_ms(),
-                        s->tpot_ms(),         s->queue_ms(),         s->modeled_ttft_ms(),
-                        s->modeled_tpot_ms(), s->flag_wait_ms(),     s->kv_bytes_copied(),
-                        s->restarts_seen(),   to_str(s->plan()),     to_str(s->finish_reason())};
+        e.done.stats = {s->prompt_tokens(),
+                        s->generated_tokens(),
+                        s->ttft_ms(),
+                        s->tpot_ms(),
+                        s->queue_ms(),
+                        s->modeled_ttft_ms(),
+                        s->modeled_tpot_ms(),
+                        s->flag_wait_ms(),
+                        s->kv_bytes_copied(),
+                        s->restarts_seen(),
+                        to_str(s->plan()),
+                        to_str(s->finish_reason()),
+                        to_str(s->executed_plan()),
+                        to_str(s->modeled_plan())};
       }
       return e;
     }
@@ -116,6 +128,10 @@ Event decode_event(const std::vector<uint8_t>& bytes) {
     case fbc::ClientBody::StatusReply:
       e.kind = Event::Kind::status;
       e.json = to_str(m->body_as_StatusReply()->json());
+      return e;
+    case fbc::ClientBody::TraceReply:
+      e.kind = Event::Kind::status;  // JSON, as status
+      e.json = to_str(m->body_as_TraceReply()->json());
       return e;
     case fbc::ClientBody::TokenizeReply: {
       const auto* r = m->body_as_TokenizeReply();
@@ -426,6 +442,23 @@ GenerateResult Client::generate(const GenerateRequest& request,
   }
 }
 
+nlohmann::json Client::trace(uint64_t number, std::chrono::milliseconds timeout) {
+  const uint64_t id = next_request_id_++;
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateTrace(fbb, number);
+  send(finish(fbb, id, fbc::ClientBody::Trace, body.Union()));
+  Event e = wait_for(id, Clock::now() + timeout, "trace");
+  if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
+  if (e.kind != Event::Kind::status)
+    throw Error(Errc::bad_format, "trace: the frontend answered with something else");
+  try {
+    return nlohmann::json::parse(e.json);
+  } catch (const nlohmann::json::exception& x) {
+    throw Error(Errc::bad_format,
+                std::string("trace: the frontend's JSON is malformed: ") + x.what());
+  }
+}
+
 nlohmann::json Client::status(std::chrono::milliseconds timeout) {
   const uint64_t id = next_request_id_++;
   flatbuffers::FlatBufferBuilder fbb;
@@ -519,6 +552,10 @@ int run_generate_on_stack(const StackGenerateArgs& args) {
                  r.stats.prompt_tokens, r.stats.ttft_ms, r.stats.generated_tokens, r.stats.tpot_ms,
                  r.stats.tpot_ms > 0 ? 1000.0 / r.stats.tpot_ms : 0.0, r.stats.queue_ms,
                  r.stats.plan.c_str(), r.stats.finish_reason.c_str());
+    if (!r.stats.modeled_plan.empty())
+      std::fprintf(stderr, "executed: %s; modelled on the SoC: %s, TTFT %.1f ms, TPOT %.2f ms\n",
+                   r.stats.executed_plan.c_str(), r.stats.modeled_plan.c_str(),
+                   r.stats.modeled_ttft_ms, r.stats.modeled_tpot_ms);
   }
   return 0;
 }

@@ -59,6 +59,8 @@ struct Stats {
   uint64_t kv_bytes_copied = 0;
   uint32_t restarts_seen = 0;
   std::string plan, finish_reason;
+  // The plan executed here and the plan the modelled times are of (on the stack's SoC).
+  std::string executed_plan, modeled_plan;
 };
 nlohmann::json to_json(const Stats& s);
 
@@ -132,6 +134,10 @@ class Client {
                           const std::function<bool(const Chunk&)>& on_chunk = {},
                           std::chrono::milliseconds timeout = std::chrono::minutes(10));
   nlohmann::json status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  // `duet trace`: request `number` (the frontend's request number, status "trace"; 0: the last
+  // one with steps in the frontend's ring) as Chrome trace-event JSON.
+  nlohmann::json trace(uint64_t number,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
   EvalResult eval(const std::vector<int32_t>& ids, const std::string& plan = "",
                   const std::string& model_path = "",
                   std::chrono::milliseconds timeout = std::chrono::minutes(5));

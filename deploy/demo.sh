@@ -32,4 +32,5 @@ s = json.load(sys.stdin)["stats"]
 print("plan %s: measured %.1f tok/s (%d prompt tokens, TTFT %.1f ms; %d generated, TPOT %.2f ms); modelled on the SoC: TTFT %.1f ms, TPOT %.2f ms" % (
     s["plan"], s["tokens_per_s"], s["prompt_tokens"], s["ttft_ms"], s["generated_tokens"], s["tpot_ms"],
     s["modeled_ttft_ms"], s["modeled_tpot_ms"]))
+print("  executed here: %s\n  modelled on the SoC: %s" % (s.get("executed_plan", "?"), s.get("modeled_plan", "?")))
 '

@@ -29,12 +29,31 @@ struct SeqStep {
   bool want_logits = true;  // logits of the last token of this entry
 };
 
+// What one step did, for `duet trace` (issue 23): filled by engines that run programs on the
+// device services, from the clock reads their phase accounting (status "phase_ms") already makes.
+// Times are steady-clock ns. Whatever is costly (op names, the modelled timeline, the devices'
+// op spans) is looked up only when a trace is asked for (Engine::trace_step).
+struct StepDetail {
+  uint64_t engine = 0;  // which engine object ran it (0: none that traces)
+  uint64_t seq = 0;     // the step seq the devices saw (their rings key on it)
+  uint32_t gpu_program = 0, npu_program = 0;
+  bool on_gpu = false, on_npu = false;
+  uint32_t bucket_tokens = 0;  // the programs' max tokens
+  uint32_t n_tokens = 0, n_seqs = 0, logits_rows = 0;
+  int64_t context = 0;  // the longest sequence's positions before the step
+  int64_t begin_ns = 0, prepared_ns = 0, rung_ns = 0, flags_ns = 0, reports_ns = 0, end_ns = 0;
+  bool preempted = false;
+};
+
 struct StepStats {
-  double measured_us = 0;   // wall time of the step here
-  double modeled_us = 0;    // the step on the SoC profile (0 when the engine has no model)
+  double measured_us = 0;  // wall time of the step here
+  // The step on the SoC profile: the modelled timeline (core/timeline.h) of the plan the stack
+  // models for the SoC (0 when the engine has no model)
+  double modeled_us = 0;
   double flag_wait_us = 0;  // time spent waiting on completion flags
   uint64_t kv_bytes_copied = 0;
   uint32_t n_tokens = 0;
+  StepDetail detail;
 };
 
 class Engine {
@@ -43,6 +62,14 @@ class Engine {
   virtual const LlamaModel& model() const = 0;
   // The plan it runs ("reference", "gpu-only", "tensor", ...).
   virtual std::string plan_name() const = 0;
+  // What it executes on this host and what it models on the SoC (issue 23 item 5: `auto` runs
+  // the plan fastest here and models the solver's plan for the SoC), named for stats and status.
+  virtual std::string executed_plan() const { return plan_name(); }
+  virtual std::string modeled_plan() const { return plan_name(); }
+  // For `duet trace`: the step's ops by device (names), the modelled SoC timeline of the same
+  // step, and where the devices' rings are; {} when the engine does not trace or no longer has
+  // the programs the step ran (rebuilt since).
+  virtual nlohmann::json trace_step(const StepDetail& /*step*/) const { return {}; }
   // Reserves KV for a sequence of up to max_positions; Error(busy) when the KV cache is full.
   virtual void open_seq(uint64_t seq_id, int max_positions) = 0;
   // Frees the sequence's KV at once; unknown ids are ignored.

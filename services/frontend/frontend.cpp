@@ -97,9 +97,11 @@ Frontend::Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
       options_(options),
       tokenizer_(Vocab::from_gguf(engine_->model().file())),
       model_chat_template_(engine_->model().vocab().chat_template),
+      run_dir_(run_dir),
       socket_path_(client_socket_path(run_dir)),
       scheduler_(options.max_running, options.max_queue) {
   scheduler_.set_agent_config(options_.agent);
+  step_ring_ = StepRing(options_.trace_steps);
   const int n_ctx = engine_->model().hp().n_ctx;
   if (options_.max_context <= 0 || options_.max_context > n_ctx) options_.max_context = n_ctx;
   if (options_.max_running <= 0 || options_.max_queue < 0)
@@ -278,6 +280,9 @@ void Frontend::handle(msg::Envelope& env) {
       case fbc::ClientBody::Detokenize:
         on_detokenize(routing, id, *m->body_as_Detokenize());
         return;
+      case fbc::ClientBody::Trace:
+        on_trace(routing, id, *m->body_as_Trace());
+        return;
       case fbc::ClientBody::Status: {
         flatbuffers::FlatBufferBuilder fbb;
         auto body = fbc::CreateStatusReplyDirect(fbb, status().dump().c_str());
@@ -291,7 +296,7 @@ void Frontend::handle(msg::Envelope& env) {
                     std::string("the frontend does not accept ") +
                         fbc::EnumNameClientBody(m->body_type()) +
                         " from clients (send Generate, Cancel, Status, Eval, KeepAlive, "
-                        "CloseSession, Tokenize, Detokenize or Resume)");
+                        "CloseSession, Tokenize, Detokenize, Resume or Trace)");
     }
   } catch (const Error& e) {
     ++metrics_.rejected;
@@ -352,6 +357,7 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
   r->heartbeat_ms = g.heartbeat_ms();
   r->ignore_eos = g.ignore_eos();
   r->arrived_ms = r->last_seen_ms = now_ms();
+  r->number = ++requests_numbered_;
   if (const auto* stops = g.stop()) {
     if (stops->size() > options_.max_stop_strings)
       throw Error(Errc::invalid_argument,
@@ -525,6 +531,7 @@ void Frontend::on_eval(const std::vector<std::string>& routing, uint64_t id, con
   r->routing = routing;
   r->client_request_id = id;
   r->arrived_ms = r->last_seen_ms = now_ms();
+  r->number = ++requests_numbered_;
   for (const int32_t t : *e.ids()) {
     if (t < 0 || t >= tokenizer_.n_vocab())
       throw Error(Errc::invalid_argument, "token id " + std::to_string(t) +
@@ -620,9 +627,14 @@ nlohmann::json Frontend::status() const {
                        {"prefilled", r->n_prefilled},
                        {"shared_prefix_tokens", r->shared_prefix_tokens},
                        {"generated", r->generated.size()},
+                       {"number", r->number},
                        {"age_ms", now - r->arrived_ms}});
   return {{"service", "frontend"},
           {"plan", engine_->plan_name()},
+          // Issue 23: what runs here and what the modelled times are of, on the SoC.
+          {"executed_plan", engine_->executed_plan()},
+          {"modeled_plan", engine_->modeled_plan()},
+          {"trace", trace_status()},
           {"uptime_ms", now - started_ms_},
           {"queue",
            {{"reactive", scheduler_.queued(Priority::reactive)},

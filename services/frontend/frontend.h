@@ -12,6 +12,7 @@
 //   KeepAlive -> nothing; a request with heartbeat_ms is reaped when they stop (its client,
 //                if still listening, gets Error(timeout) saying so)
 //   CloseSession -> Done (finish_reason "closed"); the session's KV is freed
+//   Trace     -> TraceReply: one request's steps as Chrome trace-event JSON (frontend_trace.cpp)
 //   Resume    -> (issue 22, frontend_resume.cpp) for a request this frontend adopted from the
 //                request journal after a restart: the stream from the client's position on
 //                (TokenChunk*, then Done), or an empty TokenChunk as the ack; Error(not_found)
@@ -40,6 +41,7 @@
 #include "services/frontend/request.h"
 #include "services/frontend/request_journal.h"
 #include "services/frontend/scheduler.h"
+#include "services/frontend/step_ring.h"
 #include "services/frontend/step_watch.h"
 
 namespace duet::frontend {
@@ -74,6 +76,8 @@ struct FrontendOptions {
   double resume_wait_ms = 10000;
   // Finished records older than this (wall clock) are not adopted: their clients have their Done.
   double adopt_finished_max_age_ms = 60000;
+  // Steps kept for `duet trace` (step_ring.h; env DUET_TRACE_STEPS); 0: none recorded.
+  size_t trace_steps = 1024;
 };
 
 // Aggregates over every finished request (per stack).
@@ -150,6 +154,11 @@ class Frontend {
   void journal_progress(Request& r);  // after a step or at the end (finish, fail)
   nlohmann::json journal_status() const;
   void check_plan(const flatbuffers::String* plan) const;
+  // frontend_trace.cpp: `duet trace` (issue 23)
+  void on_trace(const std::vector<std::string>& routing, uint64_t id, const fb::client::Trace& t);
+  nlohmann::json build_trace(uint64_t number) const;
+  void record_step(std::vector<uint64_t> request_numbers, const StepStats& stats);
+  nlohmann::json trace_status() const;
   // frontend_tokenize.cpp: the model's tokenizer for clients (http_svc's /tokenize, /detokenize)
   void on_tokenize(const std::vector<std::string>& routing, uint64_t id,
                    const fb::client::Tokenize& t);
@@ -203,6 +212,7 @@ class Frontend {
   FrontendOptions options_;
   Tokenizer tokenizer_;
   std::string model_chat_template_;  // tokenizer.chat_template ("" = none)
+  std::string run_dir_;
   std::string socket_path_;
   zmq::socket_t socket_;
   Scheduler scheduler_;
@@ -212,6 +222,10 @@ class Frontend {
   double started_ms_ = 0;
   double last_reap_ms_ = 0;
   StackMetrics metrics_;
+  // `duet trace`: requests are numbered as they arrive; the ring of recent steps.
+  uint64_t requests_numbered_ = 0;
+  int64_t pass_begin_ns_ = 0;  // when the current pump's step() began
+  StepRing step_ring_{0};
   // Agent.xpu lane state (frontend_step.cpp).
   std::unique_ptr<Engine> proactive_engine_;  // options_.make_proactive_engine's
   AsyncStep async_;  // after proactive_engine_: it waits for a running step before the engine goes

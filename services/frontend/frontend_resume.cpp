@@ -165,6 +165,7 @@ void Frontend::adopt_record(JournalRecord& rec) {
   r->decoder = std::make_unique<Tokenizer::StreamDecoder>(tokenizer_);
   for (int32_t t : r->generated) r->text += r->decoder->push(t);
   r->arrived_ms = r->last_seen_ms = r->adopted_ms = now_ms();
+  r->number = ++requests_numbered_;
   r->adopted_tokens = r->generated.size();
   r->awaiting_resume = true;
   r->journal_slot = rec.slot;

@@ -62,6 +62,9 @@ ProactiveState Frontend::proactive_state() const {
 }
 
 void Frontend::step() {
+  pass_begin_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now().time_since_epoch())
+                       .count();
   const ProactiveState before = proactive_state();
   const double t0 = now_ms();
   const StepKind kind = step_lanes();
@@ -272,6 +275,11 @@ void Frontend::apply_batch(const StepBatch& batch, const std::vector<float>& log
   metrics_.modeled_step_ms_sum += stats.modeled_us / 1000.0;
   metrics_.flag_wait_ms_sum += stats.flag_wait_us / 1000.0;
   metrics_.kv_bytes_copied += stats.kv_bytes_copied;
+  // (Read before sampling: a request that ends in apply_part is freed there.)
+  std::vector<uint64_t> numbers;
+  if (step_ring_.enabled())
+    for (const StepPart& p : batch.parts)
+      if (p.request) numbers.push_back(p.request->number);
   const double now = now_ms();
   for (const StepPart& p : batch.parts) {
     if (!p.request) continue;  // released while its step was parked
@@ -285,6 +293,8 @@ void Frontend::apply_batch(const StepBatch& batch, const std::vector<float>& log
       fail(*p.request, Errc::internal, e.what());
     }
   }
+  // After sampling: the record's end is when the step's tokens were out.
+  if (step_ring_.enabled()) record_step(std::move(numbers), stats);
 }
 
 void Frontend::close_seq_of(Request& r) {
@@ -436,11 +446,13 @@ msg::Bytes Frontend::make_done(const Request& r) const {
   const double modeled_tpot =
       r.modeled_decode_steps ? r.modeled_decode_us / r.modeled_decode_steps / 1000.0 : 0;
   const uint64_t restarts = engine_restarts(*engine_);
+  const Engine& ran = r.proactive_lane && proactive_engine_ ? *proactive_engine_ : *engine_;
   auto stats = fbc::CreateStatsDirect(
       fbb, r.prompt_tokens, static_cast<uint32_t>(r.generated.size()), ttft, tpot, queue,
       r.modeled_prefill_us / 1000.0, modeled_tpot, r.flag_wait_us / 1000.0, r.kv_bytes_copied,
       static_cast<uint32_t>(restarts > r.restarts_at_start ? restarts - r.restarts_at_start : 0),
-      engine_->plan_name().c_str(), r.finish_reason.c_str());
+      engine_->plan_name().c_str(), r.finish_reason.c_str(), ran.executed_plan().c_str(),
+      ran.modeled_plan().c_str());
   auto body = fbc::CreateDoneDirect(fbb, r.client_request_id, r.text.c_str(), &r.generated, stats);
   fbb.Finish(
       fbc::CreateClientMessage(fbb, r.client_request_id, fbc::ClientBody::Done, body.Union()),

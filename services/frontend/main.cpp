@@ -3,7 +3,8 @@
 // generate/chat/eval/status` talk to (schemas/client.fbs), served by frontend::Frontend.
 //
 // The plan (DUET_PLAN, passed through by the supervisor; `duet stack up --plan`): auto (the
-// default: the solver's choice), tensor, gpu-only, npu-only (NPU graphs padded),
+// default: the solver's plan fastest on this host, executed, beside the solver's plan for the
+// SoC, modelled; stack_engines.h), tensor, gpu-only, npu-only (NPU graphs padded),
 // npu-only:online-prepare, npu-only:pipe, layer, or reference (core ReferenceForward in this
 // process). Eval requests may name any other plan; its engine is made on first use
 // (services/frontend/stack_engines.h).
@@ -76,7 +77,11 @@ int main(int argc, char** argv) {
         config.run_dir = loop.run_dir();
         config.model_path = loop.options().model_path;
         config.soc = loop.options().soc;
-        config.timing = env_or("DUET_TIMING", "modeled");
+        // Empty: the plan's own default (auto executes the measured plan, tensor the modelled).
+        config.timing = env_or("DUET_TIMING", "");
+        if (!config.timing.empty() && config.timing != "modeled" && config.timing != "measured")
+          throw Error(Errc::invalid_argument,
+                      "frontend: DUET_TIMING='" + config.timing + "' is not modeled or measured");
         config.max_ctx = std::atoi(env_or("DUET_MAX_CTX", "0").c_str());
         frontend::FrontendOptions options;
         config.max_seqs = options.max_running;
@@ -115,6 +120,8 @@ int main(int argc, char** argv) {
         // Requests waiting beyond the running batch; one more is refused (Errc::busy) rather
         // than queued without bound. A long offered trace (agent_bench --max-queue) needs more.
         options.max_queue = env_int("DUET_MAX_QUEUE", 64, 0, 1 << 20);
+        // Steps kept for `duet trace` (a few words each; the devices keep their own 512).
+        options.trace_steps = static_cast<size_t>(env_int("DUET_TRACE_STEPS", 1024, 0, 1 << 20));
         options.make_engine = [config, other_plan_kv_pages,
                                instance = 1u](const std::string& p) mutable {
           frontend::StackEngineConfig other = config;

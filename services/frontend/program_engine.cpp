@@ -20,6 +20,12 @@ double us_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
 
+int64_t ns_of(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+std::atomic<uint64_t> g_engines{0};
+
 std::string tagged(const std::string& stack, const char* what, const std::string& tag) {
   return shm::segment_name(stack, tag.empty() ? std::string(what) : std::string(what) + "." + tag);
 }
@@ -39,6 +45,7 @@ std::string ProgramEngine::flags_name(const std::string& stack, const std::strin
 ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<LlamaModel> model,
                              std::unique_ptr<DeviceLink> gpu, std::unique_ptr<DeviceLink> npu)
     : options_(std::move(options)),
+      instance_(++g_engines),
       model_(std::move(model)),
       gpu_(std::move(gpu)),
       npu_(std::move(npu)) {
@@ -47,6 +54,11 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
   if (options_.buckets.empty())
     throw Error(Errc::invalid_argument, "program engine: no token buckets");
   std::sort(options_.buckets.begin(), options_.buckets.end());
+  if (!options_.soc.empty()) {
+    soc_ = load_soc_profile(options_.soc);
+    soc_options_ = solver_options_for(*soc_);
+    soc_options_.soc = &*soc_;  // online-prepare's compile cost
+  }
   const LlamaHparams& hp = model_->hp();
   const uint32_t max_ctx = options_.max_ctx ? options_.max_ctx : static_cast<uint32_t>(hp.n_ctx);
   options_.max_ctx = max_ctx;
@@ -96,7 +108,19 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
       spec.arena_segment = arena_name(options_.stack_id, options_.segment_tag);
       spec.kv_segment = kv_->name;
       spec.flags_segment = flags_name(options_.stack_id, options_.segment_tag);
-      Bucket bucket{b, spec.plan, build_programs(spec)};
+      Bucket bucket{b, spec.plan, build_programs(spec), spec.plan, {}};
+      if (soc_) {
+        // The SoC's plan, when it is not the one executed, is built only to be modelled: its
+        // programs are never registered with a device.
+        if (options_.soc_plan_for) {
+          ProgramSpec soc_spec = spec;
+          soc_spec.plan = bucket.soc_plan = options_.soc_plan_for(b);
+          bucket.soc_schedule =
+              schedule_from_programs(build_programs(soc_spec), bucket.soc_plan.npu_mode);
+        } else {
+          bucket.soc_schedule = schedule_from_programs(bucket.programs, spec.plan.npu_mode);
+        }
+      }
       arena_bytes = std::max(arena_bytes, bucket.programs.arena.bytes);
       n_flags = std::max(n_flags, bucket.programs.n_flags);
       if (!bucket.programs.npu.ops.empty() && !npu_)
@@ -189,7 +213,9 @@ std::vector<float> ProgramEngine::step(const std::vector<SeqStep>& batch, StepSt
   const auto t0 = Clock::now();
   const Prepared prep = prepare(batch);
   phases_.prepare_us += us_since(t0);
-  Parked work{{}, prep.bucket_index, prep.args, 0, 0, prep.n_logits, prep.args.n_tokens};
+  Parked work{{},        prep.bucket_index,  prep.args,          0,
+              0,         prep.n_logits,      prep.args.n_tokens, prep.context,
+              ns_of(t0), ns_of(Clock::now())};
   for (const SeqStep& s : batch)
     work.n_past.emplace_back(s.seq_id, s.pos0 + static_cast<int>(s.tokens.size()));
   return *execute(std::move(work), false, false, stats);
@@ -200,8 +226,11 @@ std::optional<std::vector<float>> ProgramEngine::step_preemptible(const std::vec
   if (!preemptible())
     throw Error(Errc::unsupported, "preemptible step: a device link does not support preemption");
   check_not_parked("step_preemptible");
+  const auto t0 = Clock::now();
   const Prepared prep = prepare(batch);
-  Parked work{{}, prep.bucket_index, prep.args, 0, 0, prep.n_logits, prep.args.n_tokens};
+  Parked work{{},        prep.bucket_index,  prep.args,          0,
+              0,         prep.n_logits,      prep.args.n_tokens, prep.context,
+              ns_of(t0), ns_of(Clock::now())};
   for (const SeqStep& s : batch)
     work.n_past.emplace_back(s.seq_id, s.pos0 + static_cast<int>(s.tokens.size()));
   return execute(std::move(work), true, false, stats);
@@ -252,6 +281,7 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
                                             std::to_string(options_.max_seqs));
   std::lock_guard lock(kv_->mu);
   uint32_t n_tokens = 0;
+  int64_t context = 0;
   // Several consecutive entries of one sequence are applied in order (eval asks for every
   // position's logits that way): each may start at most where the previous one ended.
   std::map<uint64_t, int> n_past_in_step;
@@ -271,6 +301,7 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
       throw Error(Errc::out_of_range, "sequence " + std::to_string(s.seq_id) + " grows past its " +
                                           std::to_string(it->second.max_positions) + " positions");
     n_tokens += static_cast<uint32_t>(s.tokens.size());
+    context = std::max<int64_t>(context, s.pos0);
   }
   const Bucket& bucket = bucket_for(n_tokens);
   const size_t bucket_index = static_cast<size_t>(&bucket - buckets_.data());
@@ -324,7 +355,7 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
   args.tokens_offset = built.arena.tokens;
   args.page_tables_offset = built.arena.page_tables;
   args.page_table_cols = built.max_pages_per_seq;
-  return Prepared{bucket_index, args, n_logits};
+  return Prepared{bucket_index, args, n_logits, context};
 }
 
 std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preemptible,
@@ -370,10 +401,32 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
   flag_wait_us_ += wait_us;
   if (stats) {
     stats->measured_us = us_since(t0);
-    stats->modeled_us = std::max(gpu_report.modeled_us, npu_report.modeled_us);
+    // Modelled once per step, by the part that completes it (a preempted part's stats are not
+    // counted by the frontend; its resume's are).
+    stats->modeled_us =
+        attempt.preempted ? 0 : modeled_step_us(bucket_index, n_tokens, work.context, n_logits);
     stats->flag_wait_us = wait_us;
     stats->kv_bytes_copied = 0;  // KV rows are written in place by the KvWrite op
     stats->n_tokens = n_tokens;
+    StepDetail& d = stats->detail;
+    d.engine = instance_;
+    d.seq = args.seq;
+    d.gpu_program = program_id(bucket_index, true);
+    d.npu_program = program_id(bucket_index, false);
+    d.on_gpu = attempt.on_gpu;
+    d.on_npu = attempt.on_npu;
+    d.bucket_tokens = buckets_[bucket_index].max_tokens;
+    d.n_tokens = n_tokens;
+    d.n_seqs = args.n_seqs;
+    d.logits_rows = static_cast<uint32_t>(n_logits);
+    d.context = work.context;
+    // A resumed step: its own start, not the parked step's.
+    d.begin_ns = resuming ? ns_of(t0) : work.begin_ns;
+    d.prepared_ns = resuming ? ns_of(t0) : work.prepared_ns;
+    d.rung_ns = attempt.rung_ns;
+    d.flags_ns = attempt.flags_ns;
+    d.reports_ns = attempt.reports_ns;
+    d.preempted = attempt.preempted;
   }
   if (attempt.preempted) {
     work.args = args;
@@ -385,6 +438,7 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
     }
     parked_ = std::move(work);
     ++pstats_.preemptions;
+    if (stats) stats->detail.end_ns = ns_of(Clock::now());
     return std::nullopt;
   }
 
@@ -403,6 +457,7 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
   const float* logits = reinterpret_cast<const float*>(arena_seg_.data() + built.arena.logits);
   std::vector<float> out(logits, logits + static_cast<size_t>(n_logits) * n_vocab);
   phases_.logits_us += us_since(copy_start);
+  if (stats) stats->detail.end_ns = ns_of(Clock::now());
   return out;
 }
 
@@ -441,11 +496,14 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
     npu_->start_step(program_id(bucket_index, false), args);
   }
   phases_.start_us += us_since(start_at);
+  Attempt a;
+  a.on_gpu = on_gpu;
+  a.on_npu = on_npu;
+  a.rung_ns = ns_of(Clock::now());
 
   // Fast sync: the step is done when every device's last op has published its flag. A stack
   // epoch bump (the supervisor saw a service die) ends the wait at once; a device that reports a
   // failure ends it within a slice.
-  Attempt a;
   const auto wait_start = Clock::now();
   shm::WaitStatus status = shm::WaitStatus::ready;
   // A preemptible step's wait also ends when the preempt flag reaches its token (request_preempt
@@ -482,6 +540,7 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
     if (on_gpu) a.gpu = gpu_->finish_step(args.seq, deadline);
     if (on_npu) a.npu = npu_->finish_step(args.seq, deadline);
     a.wait_us = us_since(wait_start);
+    a.flags_ns = a.reports_ns = ns_of(Clock::now());
     a.gpu_next = on_gpu ? (a.gpu.preempted ? a.gpu.next_op : gpu_ops) : gpu_first;
     a.npu_next = on_npu ? (a.npu.preempted ? a.npu.next_op : npu_ops) : npu_first;
     a.preempted = a.gpu_next < gpu_ops || a.npu_next < npu_ops;
@@ -513,9 +572,11 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
                                                                : std::chrono::milliseconds(1000));
   phases_.flags_us += a.wait_us;
   const auto reports_at = Clock::now();
+  a.flags_ns = ns_of(reports_at);
   if (on_gpu) a.gpu = gpu_->finish_step(args.seq, report_deadline);
   if (on_npu) a.npu = npu_->finish_step(args.seq, report_deadline);
   phases_.reports_us += us_since(reports_at);
+  a.reports_ns = ns_of(Clock::now());
   a.gpu_next = gpu_ops;
   a.npu_next = npu_ops;
   if (status == shm::WaitStatus::epoch_changed)
@@ -547,12 +608,14 @@ nlohmann::json ProgramEngine::status() const {
   for (const Bucket& b : buckets_)
     buckets.push_back({{"max_tokens", b.max_tokens},
                        {"plan", b.plan.name},
+                       {"soc_plan", b.soc_plan.name},
                        {"gpu_ops", b.programs.gpu.ops.size()},
                        {"npu_ops", b.programs.npu.ops.size()}});
   std::lock_guard lock(kv_->mu);
   const shm::KvPages::Counts counts = kv_->pages->counts();
   return {{"engine", "programs"},
           {"plan", options_.plan_name},
+          {"soc", soc_ ? nlohmann::json(soc_->name) : nlohmann::json(nullptr)},
           {"buckets", buckets},
           {"kv_segment", kv_->name},
           {"kv_shared", options_.kv_share != nullptr},

@@ -18,11 +18,15 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/messaging.h"
 #include "core/model.h"
 #include "core/program.h"
+#include "core/soc_profile.h"
+#include "core/solver.h"
+#include "core/timeline.h"
 #include "services/frontend/engine.h"
 #include "services/frontend/kv_share.h"
 #include "shm/completion_flag.h"
@@ -68,6 +72,13 @@ struct ProgramEngineOptions {
   std::string plan_name = "gpu-only";
   // The plan for a bucket (the largest token count its programs take). Default: by plan_name.
   std::function<Plan(uint32_t bucket_tokens)> plan_for;
+  // The SoC the steps are modelled on (a profile name or .toml path; empty: no model, modelled
+  // times 0) and the plan modelled there per bucket (null: the plan executed). Each step's
+  // modelled time is that plan's timeline on the SoC (core/timeline.h) for the step's tokens,
+  // context and logits rows, so a stack can execute the plan fastest on this host and still
+  // report what the solver's plan does on the phone (issue 23 item 5).
+  std::string soc = "sd8gen3";
+  std::function<Plan(uint32_t bucket_tokens)> soc_plan_for;
   std::vector<uint32_t> buckets = {16, 64, 256};  // program sets by max tokens per step
   uint32_t max_seqs = 16;                         // sequences per step
   uint32_t max_ctx = 0;   // positions per sequence (0 = the model's context)
@@ -105,6 +116,7 @@ class ProgramEngine : public Engine {
 
   const LlamaModel& model() const override { return *model_; }
   std::string plan_name() const override { return options_.plan_name; }
+  nlohmann::json trace_step(const StepDetail& step) const override;
   void open_seq(uint64_t seq_id, int max_positions) override;
   void close_seq(uint64_t seq_id) override;
   void reserve_seq(uint64_t seq_id, int positions) override;
@@ -161,12 +173,16 @@ class ProgramEngine : public Engine {
     uint32_t max_tokens;
     Plan plan;
     BuiltPrograms programs;
+    Plan soc_plan;          // what the SoC is modelled running (= plan unless soc_plan_for)
+    Schedule soc_schedule;  // its ops, for the modelled timeline
   };
   struct Attempt {
     DeviceLink::Report gpu, npu;
     double wait_us = 0;
     bool preempted = false;
     uint32_t gpu_next = 0, npu_next = 0;  // where each device resumes
+    bool on_gpu = false, on_npu = false;
+    int64_t rung_ns = 0, flags_ns = 0, reports_ns = 0;  // steady clock (StepDetail)
   };
   // A step between its preemption and its resume.
   struct Parked {
@@ -176,12 +192,21 @@ class ProgramEngine : public Engine {
     uint32_t gpu_next = 0, npu_next = 0;
     int32_t n_logits = 0;
     uint32_t n_tokens = 0;
+    int64_t context = 0;  // the longest sequence's positions before the step
+    int64_t begin_ns = 0, prepared_ns = 0;
   };
   struct Prepared {
     size_t bucket_index = 0;
     StepArgs args;
     int32_t n_logits = 0;
+    int64_t context = 0;
   };
+  // The modelled time of a step on the SoC (the bucket's soc_schedule), cached per context
+  // page: see modeled_step_us in program_engine.cpp.
+  double modeled_step_us(size_t bucket_index, uint32_t n_tokens, int64_t context,
+                         int32_t logits_rows) const;
+  Timeline modeled_timeline(size_t bucket_index, uint32_t n_tokens, int64_t context,
+                            int32_t logits_rows) const;
   Prepared prepare(const std::vector<SeqStep>& batch);
   std::optional<std::vector<float>> execute(Parked work, bool preemptible, bool resuming,
                                             StepStats* stats);
@@ -199,6 +224,11 @@ class ProgramEngine : public Engine {
   void attach_kv(uint32_t n_pages, uint64_t page_bytes);
 
   ProgramEngineOptions options_;
+  uint64_t instance_ = 0;  // StepDetail.engine: unique per engine object in this process
+  std::optional<SocProfile> soc_;
+  SolverOptions soc_options_;
+  // (bucket, tokens, logits rows, context page) -> modelled step us; cleared when large.
+  mutable std::map<std::tuple<size_t, uint32_t, int32_t, int64_t>, double> modeled_cache_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<DeviceLink> gpu_, npu_;
   std::vector<Bucket> buckets_;

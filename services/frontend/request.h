@@ -22,6 +22,7 @@ struct Request {
   // Routing: the ROUTER identity frames of the client, and the id the client gave the request.
   std::vector<std::string> routing;
   uint64_t client_request_id = 0;
+  uint64_t number = 0;  // the frontend's count of requests at its arrival (`duet trace --request`)
   uint64_t seq_id = 0;  // the engine sequence holding its KV
   RequestKind kind = RequestKind::generate;
   Priority priority = Priority::reactive;

@@ -9,6 +9,7 @@
 #include "core/messaging.h"
 #include "core/model.h"
 #include "core/run_dir.h"
+#include "core/soc_profile.h"
 #include "core/solver.h"
 #include "services/frontend/program_engine.h"
 #include "services/frontend/reference_engine.h"
@@ -19,8 +20,11 @@ namespace {
 // Where each bucket's plan came from, for status.
 struct PlanSources {
   std::mutex mu;
-  nlohmann::json buckets = nlohmann::json::object();
+  nlohmann::json buckets = nlohmann::json::object();  // executed plans
   bool fallback = false;
+  nlohmann::json modeled_buckets = nlohmann::json::object();  // the SoC's, when not the executed
+  bool modeled_fallback = false;
+  std::string executed, modeled;  // names for stats (Engine::executed_plan/modeled_plan)
 };
 
 // Forwards to the engine it wraps, keeps alive the model that engine reads (when it does not own
@@ -32,6 +36,20 @@ class AnnotatedEngine : public Engine {
       : model_(std::move(model)), inner_(std::move(inner)), sources_(std::move(sources)) {}
   const LlamaModel& model() const override { return inner_->model(); }
   std::string plan_name() const override { return inner_->plan_name(); }
+  std::string executed_plan() const override {
+    std::lock_guard lock(sources_->mu);
+    if (sources_->executed.empty()) return inner_->executed_plan();
+    return sources_->executed + (sources_->fallback ? " (gpu-only fallback in some buckets)" : "");
+  }
+  std::string modeled_plan() const override {
+    std::lock_guard lock(sources_->mu);
+    if (sources_->modeled.empty()) return inner_->modeled_plan();
+    // Without a plan of its own the SoC is modelled running the executed plan.
+    const bool fallback =
+        sources_->modeled_buckets.empty() ? sources_->fallback : sources_->modeled_fallback;
+    return sources_->modeled + (fallback ? " (gpu-only fallback in some buckets)" : "");
+  }
+  nlohmann::json trace_step(const StepDetail& d) const override { return inner_->trace_step(d); }
   void open_seq(uint64_t id, int n) override { inner_->open_seq(id, n); }
   void close_seq(uint64_t id) override { inner_->close_seq(id); }
   void reserve_seq(uint64_t id, int n) override { inner_->reserve_seq(id, n); }
@@ -59,9 +77,14 @@ class AnnotatedEngine : public Engine {
     std::lock_guard lock(sources_->mu);
     j["plan_sources"] = sources_->buckets;
     j["solver_fallback"] = sources_->fallback;
+    if (!sources_->modeled_buckets.empty()) j["soc_plan_sources"] = sources_->modeled_buckets;
+    if (!sources_->executed.empty()) j["executed_plan"] = sources_->executed;
+    if (!sources_->modeled.empty()) j["modeled_plan"] = sources_->modeled;
     if (sources_->fallback)
       j["note"] =
-          "solver_svc was unreachable: some buckets run the gpu-only plan (see plan_sources)";
+          "solver_svc was unreachable (or, measured timing, still profiling this host): some "
+          "buckets run the gpu-only plan until the engine is rebuilt, once idle (see "
+          "plan_sources)";
     return j;
   }
 
@@ -71,7 +94,7 @@ class AnnotatedEngine : public Engine {
   std::shared_ptr<PlanSources> sources_;
 };
 
-Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket);
+Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket, const std::string& timing);
 
 // Builds the engine on first use, so the frontend is up (and healthy) before the device services
 // are, and a device that is down fails requests with a clear error instead of the frontend's
@@ -89,6 +112,11 @@ class LazyEngine : public Engine {
         max_step_tokens_(max_step_tokens) {}
   const LlamaModel& model() const override { return inner_ ? inner_->model() : *model_; }
   std::string plan_name() const override { return plan_; }
+  std::string executed_plan() const override { return inner_ ? inner_->executed_plan() : plan_; }
+  std::string modeled_plan() const override { return inner_ ? inner_->modeled_plan() : plan_; }
+  nlohmann::json trace_step(const StepDetail& d) const override {
+    return inner_ ? inner_->trace_step(d) : nlohmann::json{};
+  }
   void open_seq(uint64_t id, int n) override {
     replan_if_solver_returned();
     ready().open_seq(id, n);
@@ -195,12 +223,12 @@ class LazyEngine : public Engine {
 
 // Asks solver_svc for the plan of one token bucket, retrying while it starts (the stack starts
 // its services together) until the timeout.
-Plan ask_solver(const StackEngineConfig& c, uint32_t bucket) {
+Plan ask_solver(const StackEngineConfig& c, uint32_t bucket, const std::string& timing) {
   const auto give_up =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(c.solver_timeout_ms);
   for (;;) {
     try {
-      return ask_solver_once(c, bucket);
+      return ask_solver_once(c, bucket, timing);
     } catch (const Error& e) {
       // busy: the solver is profiling (measured timing), which takes far longer than a request
       // should wait; fall back now and re-plan later.
@@ -212,14 +240,14 @@ Plan ask_solver(const StackEngineConfig& c, uint32_t bucket) {
   }
 }
 
-Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket) {
+Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket, const std::string& timing) {
   msg::RequestClient client(ipc_endpoint(control_socket_path(c.run_dir, ServiceId::solver)));
   const msg::Reply reply = client.call(
       [&](uint64_t id) {
         flatbuffers::FlatBufferBuilder fbb;
-        auto body = fb::CreatePlanRequestDirect(fbb, c.model_path.c_str(), "", c.soc.c_str(),
-                                                c.timing.c_str(),
-                                                bucket <= 1 ? "decode" : "prefill", bucket);
+        auto body =
+            fb::CreatePlanRequestDirect(fbb, c.model_path.c_str(), "", c.soc.c_str(),
+                                        timing.c_str(), bucket <= 1 ? "decode" : "prefill", bucket);
         return msg::finish_message(fbb, id, body);
       },
       std::chrono::milliseconds(1000));
@@ -308,26 +336,48 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
       c.kv_pages ? c.kv_pages : sharers * o.max_seqs * ((ctx + o.page_tokens - 1) / o.page_tokens);
   o.program_id_base =
       1000 * (instance + 1) + 100 * static_cast<uint32_t>(std::hash<std::string>{}(plan) % 10);
+  o.soc = c.soc;
+  // By its name (the services are given the profile's .toml path).
+  const std::string soc = load_soc_profile(c.soc).name;
   if (plan == "tensor" || plan == "auto") {
-    o.plan_for = [c, sources](uint32_t bucket) {
+    const std::string timing = !c.timing.empty() ? c.timing
+                               : plan == "auto"  ? "measured"
+                                                 : "modeled";
+    // The solver's plan of a bucket for `timing`, or gpu-only (noted in `where`) when it gives
+    // none. One unanswered bucket is enough: the engine's other buckets fall back at once
+    // instead of each waiting out the solver deadline.
+    auto solve = [c, sources](uint32_t bucket, const std::string& timing, nlohmann::json& where,
+                              bool& fallback) {
       std::lock_guard lock(sources->mu);
-      // One unanswered bucket is enough: the engine's other buckets fall back at once instead of
-      // each waiting out the solver deadline.
-      if (sources->fallback) {
-        sources->buckets[std::to_string(bucket)] =
+      if (fallback) {
+        where[std::to_string(bucket)] =
             "gpu-only fallback: solver_svc did not answer for an earlier bucket";
         return Plan::gpu_only();
       }
       try {
-        Plan p = ask_solver(c, bucket);
-        sources->buckets[std::to_string(bucket)] = "solver_svc (" + c.timing + ")";
+        Plan p = ask_solver(c, bucket, timing);
+        where[std::to_string(bucket)] = "solver_svc (" + timing + ")";
         return p;
       } catch (const Error& e) {
-        sources->fallback = true;
-        sources->buckets[std::to_string(bucket)] = std::string("gpu-only fallback: ") + e.what();
+        fallback = true;
+        where[std::to_string(bucket)] = std::string("gpu-only fallback: ") + e.what();
         return Plan::gpu_only();
       }
     };
+    o.plan_for = [solve, sources, timing](uint32_t bucket) {
+      return solve(bucket, timing, sources->buckets, sources->fallback);
+    };
+    sources->executed = plan + ": the solver's plan for " +
+                        (timing == "measured" ? "this host (measured)" : soc + " (modeled)");
+    sources->modeled = "tensor: the solver's plan for " + soc + " (modeled)";
+    // The SoC is modelled running the solver's modelled plan; when that is not the plan
+    // executed, it is asked for separately.
+    if (timing != "modeled")
+      o.soc_plan_for = [solve, sources](uint32_t bucket) {
+        return solve(bucket, "modeled", sources->modeled_buckets, sources->modeled_fallback);
+      };
+  } else {
+    sources->modeled = plan + " on " + soc;
   }
   auto gpu =
       make_service_link("gpu_svc", ipc_endpoint(control_socket_path(c.run_dir, ServiceId::gpu)));

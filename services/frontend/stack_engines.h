@@ -5,8 +5,13 @@
 //   npu-only:online-prepare, npu-only:pipe   npu-only whose token counts with no compiled NPU
 //                       graph are compiled for on the spot or chained from standard graphs
 //                       (npu-only itself pads them: HeteroInfer's three baselines)
-//   tensor, auto        the solver's plan per token bucket, asked of solver_svc; while the solver
-//                       is unreachable a bucket falls back to gpu-only and status says so
+//   tensor              the solver's plan for the SoC per token bucket (modelled timing), asked of
+//                       solver_svc, executed here and modelled on the SoC
+//   auto                executes the solver's plan for this host (measured timing: the plan
+//                       fastest here) and models the solver's plan for the SoC (issue 23 item 5);
+//                       `--timing modeled` executes the SoC's plan, as tensor does
+// While the solver is unreachable (or still profiling this host) a bucket runs gpu-only and
+// status says so; the engine is rebuilt once idle to ask again.
 // Programs run on the device services over ZeroMQ and shared memory (ProgramEngine).
 #include <atomic>
 #include <memory>
@@ -25,9 +30,11 @@ struct StackEngineConfig {
   std::string run_dir;
   std::string model_path;
   std::string soc = "sd8gen3";
-  std::string timing = "modeled";  // what the solver optimises: "modeled" | "measured"
-  int max_seqs = 16;               // sequences per step (the frontend's max running)
-  int max_ctx = 0;                 // positions per sequence (0 = the model's context)
+  // What the solver optimises for the executed plan: "modeled" | "measured"; empty: the plan's
+  // default (auto: measured, tensor: modeled). The SoC's modelled plan is always "modeled".
+  std::string timing;
+  int max_seqs = 16;  // sequences per step (the frontend's max running)
+  int max_ctx = 0;    // positions per sequence (0 = the model's context)
   // Pages in the KV pool (core/kv_budget.h: sized by the stack's KV memory budget); 0: enough for
   // max_seqs sequences of max_ctx per engine sharing it.
   uint32_t kv_pages = 0;

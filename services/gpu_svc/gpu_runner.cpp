@@ -44,14 +44,21 @@ void CL_CALLBACK publish_on_complete(cl_event, cl_int status, void* user) {
   delete ctx;
 }
 
-double event_us(cl_event first, cl_event last) {
+// The device timestamps (ns) of an op's first kernel's start and last kernel's end; {0, 0} when
+// the runtime gives none.
+std::pair<cl_ulong, cl_ulong> event_span(cl_event first, cl_event last) {
   cl_ulong start = 0, end = 0;
   if (clGetEventProfilingInfo(first, CL_PROFILING_COMMAND_START, sizeof start, &start, nullptr) !=
           CL_SUCCESS ||
       clGetEventProfilingInfo(last, CL_PROFILING_COMMAND_END, sizeof end, &end, nullptr) !=
-          CL_SUCCESS)
-    return 0;
-  return end > start ? static_cast<double>(end - start) / 1e3 : 0.0;
+          CL_SUCCESS ||
+      end < start)
+    return {0, 0};
+  return {start, end};
+}
+
+int64_t ns_of(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
 }  // namespace
@@ -371,6 +378,8 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   report.seq = step.seq;
   std::vector<std::pair<cl_event, cl_event>> op_events;
   op_events.reserve(prog.ops.size());
+  std::vector<double> op_wait_us;  // per enqueued op: its host wait on flags
+  op_wait_us.reserve(prog.ops.size());
   struct EventGuard {
     std::vector<std::pair<cl_event, cl_event>>& v;
     ~EventGuard() {
@@ -384,10 +393,12 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   const uint64_t tok = step.tokens_offset;
   const TokenRange all{0, n};
   kernels_.reuse_quantized_inputs();  // only this step's own ops write the arena, until a wait
+  Clock::time_point done_at = enqueued;
   report.next_op = static_cast<uint32_t>(prog.ops.size());
   try {
     for (size_t i = step.first_op; i < prog.ops.size(); ++i) {
       const fb::OpT& op = *prog.ops[i];
+      const double waited_before = report.wait_us;
       if (!op.wait_flags.empty()) kernels_.forget_quantized_input();  // another device wrote
       if (preemptible) {
         // Preemption point: a few ops in flight (the one running and the next ones, queued), so
@@ -520,6 +531,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       }
       if (!first) first = last;
       op_events.emplace_back(first, last);
+      op_wait_us.push_back(report.wait_us - waited_before);
       if (preemptible) check_cl(clFlush(q), "clFlush");  // start it before the host checks again
       // Copies mode: host memory is where the other device and the frontend look, so bring back
       // exactly what this op wrote (never more: the other device may be writing the rest).
@@ -548,6 +560,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       ~Release() { clReleaseEvent(e); }
     } release_end{end};
     dev_.wait(end, deadline, "the step's kernels");
+    done_at = Clock::now();
     wait_callbacks(deadline);
     if (dev_.has_narrow() && step.first_op == 0 && !report.preempted) {
       // Its own time: what it waited for the other device's flags is not the queue's doing.
@@ -565,12 +578,27 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     throw;
   }
   report.ops_run = static_cast<uint32_t>(op_events.size());
+  // Device time onto the host clock: the last kernel ended when the host saw the step done (a
+  // little before, by the wake-up), so every span is shifted by that one offset and kept inside
+  // [enqueued, done_at].
+  int64_t offset_ns = 0;
+  const int64_t lo_ns = ns_of(enqueued), hi_ns = ns_of(done_at);
+  if (!op_events.empty()) {
+    const cl_ulong last_end = event_span(op_events.back().first, op_events.back().second).second;
+    if (last_end > 0) offset_ns = hi_ns - static_cast<int64_t>(last_end);
+  }
   for (size_t j = 0; j < op_events.size(); ++j) {
     const size_t i = step.first_op + j;
     const fb::OpT& op = *prog.ops[i];
     OpTiming ot;
     ot.op_index = static_cast<uint32_t>(i);
-    ot.measured_us = event_us(op_events[j].first, op_events[j].second);
+    const auto [dev_start, dev_end] = event_span(op_events[j].first, op_events[j].second);
+    ot.measured_us = static_cast<double>(dev_end - dev_start) / 1e3;
+    if (dev_end > 0) {
+      ot.start_ns = std::clamp(static_cast<int64_t>(dev_start) + offset_ns, lo_ns, hi_ns);
+      ot.end_ns = std::clamp(static_cast<int64_t>(dev_end) + offset_ns, ot.start_ns, hi_ns);
+    }
+    ot.wait_us = op_wait_us[j];
     if (soc_) {
       OpShape s;
       s.kind = static_cast<OpKind>(op.kind);

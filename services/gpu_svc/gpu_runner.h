@@ -33,6 +33,10 @@ struct OpTiming {
   uint32_t op_index = 0;
   double measured_us = 0;  // device time of the op's kernels (OpenCL profiling events)
   double modeled_us = 0;   // the op on the SoC profile's GPU (core/gpu_timing)
+  // When it ran, steady-clock ns (`duet trace`): the kernels' device timestamps moved onto the
+  // host clock by the step's end (the last kernel's end is when the host saw the step done).
+  int64_t start_ns = 0, end_ns = 0;
+  double wait_us = 0;  // the host's wait on the other device's flags before enqueueing it
 };
 
 struct StepReport {

@@ -67,8 +67,10 @@ StepReport GpuService::execute(uint32_t program_id, const StepArgs& step,
     hold.emplace(*sync, hold_flag_[program_id]);
     sync = &*hold;
   }
+  const int64_t start_ns = device::steady_ns();
   StepReport r = runner_.run_step(program_id, step, deadline_ms, sync);
   ++steps_;
+  trace_.record(device::step_trace_of(program_id, r, start_ns, device::steady_ns()));
   if (held && hold) *held = hold->held();
   return r;
 }

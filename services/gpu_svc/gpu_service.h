@@ -20,6 +20,7 @@
 #include "core/program.h"
 #include "core/soc_profile.h"
 #include "services/device/program_memory.h"
+#include "services/device/step_trace.h"
 #include "services/gpu_svc/gpu_runner.h"
 #include "shm/doorbell_step.h"
 
@@ -36,7 +37,11 @@ class GpuService {
   msg::Bytes register_program(const fb::Message& request);
   msg::Bytes run_step(const fb::Message& request);
   msg::Bytes profile_op(const fb::Message& request);
-  msg::Bytes status(const fb::Message& request);  // StatusReply carrying status_json()
+  msg::Bytes status(const fb::Message& request);
+  // The ring of recent steps (`duet trace`): TraceRequest -> TraceReply.
+  msg::Bytes trace(const fb::Message& request) const {
+    return device::handle_trace_request(trace_, request);
+  }  // StatusReply carrying status_json()
 
   // Device name, type, compute units, memory, extensions, copies yes/no, program cache, programs.
   nlohmann::json status_json() const;
@@ -60,6 +65,7 @@ class GpuService {
   std::map<uint32_t, ResolvedMemory> memory_;
   std::map<uint32_t, int32_t> hold_flag_;  // each program's DoorbellRef.hold_flag (-1: none)
   uint64_t steps_ = 0, doorbell_steps_ = 0;
+  device::StepTraceRing trace_;  // recent steps, for `duet trace` (its own lock)
   // One step, registration or profile at a time: the loop thread and the doorbell threads.
   mutable std::mutex mu_;
   // By flags segment name. Last: its threads stop before anything they use goes.

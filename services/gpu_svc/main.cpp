@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
     loop.on(duet::fb::Body::RunStep, [s](const duet::fb::Message& m) { return s->run_step(m); });
     loop.on(duet::fb::Body::ProfileOp,
             [s](const duet::fb::Message& m) { return s->profile_op(m); });
+    loop.on(duet::fb::Body::TraceRequest, [s](const duet::fb::Message& m) { return s->trace(m); });
     loop.set_status([s] { return s->status_json(); });
   });
 }

@@ -12,6 +12,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+int64_t ns_of(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 double us_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
@@ -176,7 +180,8 @@ StepReport NpuRunner::run_step(uint32_t id, const StepArgs& step, FlagSync& flag
     bool go = !flags.preempt_requested();
     for (size_t w = 0; go && w < op.wait_flags.size(); ++w)
       go = flags.wait_or_preempt(op.wait_flags[w], step.seq, op.predicted_us);
-    report.wait_us += us_since(wait_start);
+    const double waited = us_since(wait_start);
+    report.wait_us += waited;
     if (!go) {
       report.next_op = static_cast<uint32_t>(i);
       report.preempted = true;
@@ -185,6 +190,8 @@ StepReport NpuRunner::run_step(uint32_t id, const StepArgs& step, FlagSync& flag
 
     OpTiming timing;
     timing.op_index = static_cast<uint32_t>(i);
+    timing.wait_us = waited;
+    const Clock::time_point op_start = Clock::now();
     const bool runs = pl.shape.n > 0;
     if (runs) {
       timing.shape = pl.shape;
@@ -218,6 +225,8 @@ StepReport NpuRunner::run_step(uint32_t id, const StepArgs& step, FlagSync& flag
       for (const OpShape& g : pl.graphs.graphs)
         timing.modeled_us += npu_modeled_us(graphs_.soc(), g);
     }
+    timing.start_ns = ns_of(op_start);
+    timing.end_ns = ns_of(Clock::now());
     if (op.publish_flag >= 0) flags.publish(static_cast<uint32_t>(op.publish_flag), step.seq);
     report.measured_us += timing.measured_us;
     report.modeled_us += timing.modeled_us;

@@ -24,6 +24,8 @@ struct OpTiming {
   double modeled_us = 0;    // the op on the profile's NPU, graph preparation included
   double compile_us = 0;    // modelled online preparation paid by this op (0 when cached)
   uint32_t graphs_run = 0;  // static graphs it took (padding: 1 padded graph; pipe: several)
+  int64_t start_ns = 0, end_ns = 0;  // when it computed, steady-clock ns (`duet trace`)
+  double wait_us = 0;                // waiting on the other device's flags before it
 };
 
 struct StepReport {

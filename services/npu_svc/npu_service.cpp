@@ -163,8 +163,10 @@ StepReport NpuService::execute(uint32_t program_id, const StepArgs& step, uint32
     hold.emplace(*sync, hold_flag_[program_id]);
     sync = &*hold;
   }
+  const int64_t start_ns = device::steady_ns();
   StepReport r = runner_.run_step(program_id, step, *sync);
   ++steps_;
+  trace_.record(device::step_trace_of(program_id, r, start_ns, device::steady_ns()));
   if (hold) *held = hold->held();
   return r;
 }
@@ -283,6 +285,7 @@ void register_handlers(ServiceLoop& loop, NpuService& service) {
   loop.on(fb::Body::RunStep, [s](const fb::Message& m) { return s->run_step(m); });
   loop.on(fb::Body::CompileGraph, [s](const fb::Message& m) { return s->compile_graph(m); });
   loop.on(fb::Body::ProfileOp, [s](const fb::Message& m) { return s->profile_op(m); });
+  loop.on(fb::Body::TraceRequest, [s](const fb::Message& m) { return s->trace(m); });
   loop.set_status([s] { return s->status_json(); });
 }
 

@@ -22,6 +22,7 @@
 #include "core/program.h"
 #include "core/soc_profile.h"
 #include "services/device/program_memory.h"
+#include "services/device/step_trace.h"
 #include "services/npu_svc/graph_cache.h"
 #include "services/npu_svc/npu_gemm.h"
 #include "services/npu_svc/npu_runner.h"
@@ -52,7 +53,11 @@ class NpuService {
   msg::Bytes run_step(const fb::Message& request);
   msg::Bytes compile_graph(const fb::Message& request);
   msg::Bytes profile_op(const fb::Message& request);
-  msg::Bytes status(const fb::Message& request);  // StatusReply carrying status_json()
+  msg::Bytes status(const fb::Message& request);
+  // The ring of recent steps (`duet trace`): TraceRequest -> TraceReply.
+  msg::Bytes trace(const fb::Message& request) const {
+    return device::handle_trace_request(trace_, request);
+  }  // StatusReply carrying status_json()
 
   // Profile in use, graphs cached (and their shapes), modelled compile time spent, programs.
   nlohmann::json status_json() const;
@@ -70,6 +75,7 @@ class NpuService {
   std::map<uint32_t, ResolvedMemory> memory_;
   std::map<uint32_t, int32_t> hold_flag_;  // each program's DoorbellRef.hold_flag (-1: none)
   uint64_t steps_ = 0, failed_steps_ = 0, doorbell_steps_ = 0;
+  device::StepTraceRing trace_;  // recent steps, for `duet trace` (its own lock)
   // ProfileOp's synthetic weights, kept for the next profile of the same shape.
   std::vector<uint8_t> profile_weights_;
 

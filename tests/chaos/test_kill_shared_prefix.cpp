@@ -96,7 +96,7 @@ TEST_P(KillSharedPrefix, DeviceKillDuringSharedPrefixDecodingKeepsTokensAndLeaks
   down_and_expect_nothing_left();
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, KillSharedPrefix, ::testing::Values("auto", "npu-only"),
+INSTANTIATE_TEST_SUITE_P(Plans, KillSharedPrefix, ::testing::Values("tensor", "npu-only"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)

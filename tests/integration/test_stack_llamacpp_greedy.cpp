@@ -66,7 +66,7 @@ TEST_F(StackGreedyAgainstLlamaCpp, EveryArchitectureGeneratesLlamaCppsTokensOnF1
     size_t clear = 0;  // steps before the first near-tie
     while (clear < want.size() && margins[clear] > tol) ++clear;
     ASSERT_GT(clear, 0u) << name;
-    for (const std::string plan : {"auto", "npu-only"}) {
+    for (const std::string plan : {"tensor", "npu-only"}) {
       SCOPED_TRACE(name + " plan " + plan);
       const auto up = run_duet("stack up --stack " + id_ + " --model '" +
                                model_path(answer.at("model").get<std::string>()) + "' --plan " +

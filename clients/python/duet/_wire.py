@@ -35,6 +35,8 @@ class Stats:
     restarts_seen: int = 0
     plan: str = ""
     finish_reason: str = ""  # eos | length | stop | cancelled | error
+    executed_plan: str = ""  # what ran here (auto: the solver's plan for this host)
+    modeled_plan: str = ""   # what the modelled times are of (auto: the solver's plan for the SoC)
 
 
 @dataclasses.dataclass
@@ -239,7 +241,8 @@ def decode(frame: bytes) -> Event:
                 stats = Stats(st.PromptTokens(), st.GeneratedTokens(), st.TtftMs(), st.TpotMs(),
                               st.QueueMs(), st.ModeledTtftMs(), st.ModeledTpotMs(),
                               st.FlagWaitMs(), st.KvBytesCopied(), st.RestartsSeen(),
-                              _text(st.Plan()), _text(st.FinishReason()))
+                              _text(st.Plan()), _text(st.FinishReason()),
+                              _text(st.ExecutedPlan()), _text(st.ModeledPlan()))
             return Event("done", rid, done=Result(rid, _text(d.Text()), _ids(d), stats))
         if kind == ClientBody.Error:
             e = _body(m, Error.Error)
