@@ -108,8 +108,10 @@ duet::cli::RegisterCommand register_mkmodel([](CLI::App& app) {
                                      "are that small unless --vocab "
                                      "gives the real size.");
   cmd->add_option("--shape", args->shape, "Model shape: " + shapes)->required();
-  cmd->add_option("--arch", args->arch,
-                  "Architecture: llama, qwen2 (q/k/v biases, NEOX rope) or internlm2")
+  cmd->add_option(
+         "--arch", args->arch,
+         "Architecture: llama, qwen2 (q/k/v biases, NEOX rope), internlm2 or gemma (GeGLU, "
+         "embeddings x sqrt(n_embd), output tied, NEOX rope)")
       ->capture_default_str();
   cmd->add_option("--type", args->type,
                   std::string("Matrix type: ") + kTypeNames +

@@ -6,8 +6,10 @@
 
 namespace duet {
 namespace {
-constexpr std::pair<Arch, std::string_view> kArchNames[] = {
-    {Arch::llama, "llama"}, {Arch::qwen2, "qwen2"}, {Arch::internlm2, "internlm2"}};
+constexpr std::pair<Arch, std::string_view> kArchNames[] = {{Arch::llama, "llama"},
+                                                            {Arch::qwen2, "qwen2"},
+                                                            {Arch::internlm2, "internlm2"},
+                                                            {Arch::gemma, "gemma"}};
 }  // namespace
 
 std::string_view arch_name(Arch a) {

@@ -6,7 +6,7 @@
 
 namespace duet {
 
-enum class Arch { llama, qwen2, internlm2 };
+enum class Arch { llama, qwen2, internlm2, gemma };
 
 std::string_view arch_name(Arch a);
 std::vector<std::string> arch_names();

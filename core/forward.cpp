@@ -49,6 +49,7 @@ std::vector<float> ReferenceForward::forward(std::span<const int32_t> tokens, bo
 
   const ops::RopeParams rope = rope_params(m_);
   ops::embed(m_.tok_embd, tokens.data(), n, x_.data());
+  if (hp.embd_scale != 1.0f) ops::scale(x_.data(), hp.embd_scale, n * embd);
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& w = m_.layers[l];
     // This step's K/V rows are written straight into the cache (the matmul output stride is
@@ -83,7 +84,8 @@ std::vector<float> ReferenceForward::forward(std::span<const int32_t> tokens, bo
     ops::rmsnorm(x_.data(), w.ffn_norm, n, hp.n_embd, hp.rms_eps, xb_.data());
     ops::matmul(w.w_gate, xb_.data(), n, gate_.data());
     ops::matmul(w.w_up, xb_.data(), n, up_.data());
-    ops::swiglu(gate_.data(), up_.data(), static_cast<int64_t>(n) * hp.n_ff, gate_.data());
+    ops::gated_ffn(hp.ffn_act, gate_.data(), up_.data(), static_cast<int64_t>(n) * hp.n_ff,
+                   gate_.data());
     ops::matmul(w.w_down, gate_.data(), n, proj_.data());
     ops::add(x_.data(), proj_.data(), n * embd);
   }

@@ -22,8 +22,10 @@ class LlamaLoader {
     LlamaHparams& hp = m_.hp_;
     m_.tok_embd = matrix("token_embd.weight", hp.n_vocab, hp.n_embd);
     // llama and qwen2 tie the output projection to the embedding when output.weight is absent;
-    // internlm2 always has its own.
-    m_.tied_ = hp.arch != Arch::internlm2 && f_.find_tensor("output.weight") == nullptr;
+    // internlm2 always has its own; gemma never has one (llama.cpp reads token_embd for it, so
+    // an output.weight in a gemma file is an unread tensor, refused below as llama.cpp does).
+    m_.tied_ = hp.arch == Arch::gemma ||
+               (hp.arch != Arch::internlm2 && f_.find_tensor("output.weight") == nullptr);
     m_.output = m_.tied_ ? m_.tok_embd : matrix("output.weight", hp.n_vocab, hp.n_embd);
     m_.output_norm = vec("output_norm.weight", hp.n_embd);
     if (f_.find_tensor("rope_freqs.weight")) {
@@ -97,7 +99,10 @@ class LlamaLoader {
     } catch (const Error& e) {
       fail(e.code(), e.what());
     }
-    hp.rope_mode = hp.arch == Arch::qwen2 ? ops::RopeMode::neox : ops::RopeMode::normal;
+    // llama.cpp's llama_model_rope_type: qwen2 and gemma pair a head's values half a head apart
+    // (HF's rotate_half, which their converters keep; llama's converter permutes Q/K instead).
+    hp.rope_mode = hp.arch == Arch::qwen2 || hp.arch == Arch::gemma ? ops::RopeMode::neox
+                                                                    : ops::RopeMode::normal;
     const std::string a = arch_str + ".";
     constexpr uint64_t kMaxDim = 1 << 20;
     hp.n_ctx = count(a + "context_length", 1 << 24);
@@ -124,6 +129,20 @@ class LlamaLoader {
                                  std::to_string(hp.n_head_kv));
     }
     hp.head_dim = hp.n_embd / hp.n_head;
+    // llama.cpp reads the head size from attention.key_length / value_length (default n_embd /
+    // n_head). Gemma 2B's is n_embd / n_head (2048 / 8 = 256); Gemma 7B's (256, not 3072 / 16)
+    // would need Q and O wider than n_embd, which duet does not run.
+    for (const char* key : {"attention.key_length", "attention.value_length"}) {
+      if (f_.has(a + key) && f_.get_uint(a + key) != static_cast<uint64_t>(hp.head_dim))
+        fail(Errc::unsupported,
+             a + key + " " + std::to_string(f_.get_uint(a + key)) +
+                 " is not embedding_length / head_count = " + std::to_string(hp.head_dim) +
+                 " (heads wider than n_embd / n_head are not supported)");
+    }
+    if (hp.arch == Arch::gemma) {
+      hp.ffn_act = ops::FfnAct::gelu_tanh;
+      hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));  // llama.cpp: sqrtf(n_embd)
+    }
     if (hp.head_dim % 2 != 0)
       fail(Errc::bad_format, "head dimension " + std::to_string(hp.head_dim) + " is odd");
     if (f_.has(a + "rope.dimension_count") &&

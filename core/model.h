@@ -8,6 +8,9 @@
 //              Mistral, TinyLlama; normal RoPE (adjacent pairs)
 //   qwen2      q/k/v projections with biases; NEOX RoPE (pairs half a head apart)
 //   internlm2  llama's tensors (the converter splits wqkv); normal RoPE
+//   gemma      Gemma (1): GeGLU FFN (GELU's tanh approximation), embeddings scaled by
+//              sqrt(n_embd) after the lookup, output always tied to token_embd, NEOX RoPE; the
+//              converter already stores RMSNorm's (1 + w) as the weight, so the norm is llama's
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,6 +32,8 @@ struct LlamaHparams {
   // Linear RoPE scaling: 1 / <arch>.rope.scaling.factor (1 when unscaled), as llama.cpp's
   // freq_scale.
   float rope_freq_scale = 1.0f;
+  ops::FfnAct ffn_act = ops::FfnAct::silu;  // the gate's activation (gemma: GELU)
+  float embd_scale = 1.0f;                  // token embeddings times this (gemma: sqrt(n_embd))
 };
 
 struct LlamaLayer {

@@ -242,6 +242,34 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   });
 }
 
+void geglu(const float* gate, const float* up, int64_t n, float* out) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  constexpr float kCoefA = 0.044715f;
+  pool()->parallel_for(n, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = gate[i];
+      out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + kCoefA * g * g))) * up[i];
+    }
+  });
+}
+
+void gated_ffn(FfnAct act, const float* gate, const float* up, int64_t n, float* out) {
+  switch (act) {
+    case FfnAct::silu:
+      return swiglu(gate, up, n, out);
+    case FfnAct::gelu_tanh:
+      return geglu(gate, up, n, out);
+  }
+  throw Error(Errc::invalid_argument,
+              "gated ffn: unknown activation " + std::to_string(static_cast<int>(act)));
+}
+
+void scale(float* x, float s, int64_t n) {
+  pool()->parallel_for(n, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) x[i] *= s;
+  });
+}
+
 void add(float* x, const float* y, int64_t n) {
   pool()->parallel_for(n, 1 << 14, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) x[i] += y[i];

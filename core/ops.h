@@ -80,6 +80,20 @@ void gather_rows(DType type, const std::function<const void*(int64_t)>& row, int
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate or up.
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
 
+// The gated FFN's activation of the gate (program.fbs Op.ffn_act): silu (SwiGLU: Llama, Qwen2,
+// InternLM2) or GELU's tanh approximation (GeGLU: Gemma, as llama.cpp's ggml_gelu).
+enum class FfnAct : uint8_t { silu = 0, gelu_tanh = 1 };
+
+// out[i] = gelu(gate[i]) * up[i], gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2)))
+// (ggml_gelu_f32's formula). out may alias gate or up.
+void geglu(const float* gate, const float* up, int64_t n, float* out);
+
+// The gated FFN by act: swiglu or geglu.
+void gated_ffn(FfnAct act, const float* gate, const float* up, int64_t n, float* out);
+
+// x[i] *= s (Gemma's embedding scale).
+void scale(float* x, float s, int64_t n);
+
 // x[i] += y[i].
 void add(float* x, const float* y, int64_t n);
 

@@ -247,6 +247,7 @@ BuiltPrograms Builder::build() {
     auto op = new_op(fb::OpKind::Embed, -1);
     op->weight = std::make_unique<fb::TensorRef>(weight_ref(model_.tok_embd));
     op->out = std::make_unique<fb::TensorRef>(arena_ref(arena_.x, nt, embd));
+    op->scale = hp.embd_scale;
     simple(Device::gpu, std::move(op), {arena_.tokens}, {arena_.x});
   }
   auto rmsnorm = [&](int layer, const float* w, uint64_t in, uint64_t dst) {
@@ -314,6 +315,7 @@ BuiltPrograms Builder::build() {
     matmul(MatmulRole::up, l, L.w_up, arena_.xn, embd, arena_.up, nt);
     {
       auto op = new_op(fb::OpKind::SwiGlu, l);
+      op->ffn_act = static_cast<uint8_t>(hp.ffn_act);
       op->in0 = std::make_unique<fb::TensorRef>(arena_ref(arena_.gate, nt, ff));
       op->in1 = std::make_unique<fb::TensorRef>(arena_ref(arena_.up, nt, ff));
       op->out = std::make_unique<fb::TensorRef>(arena_ref(arena_.gate, nt, ff));

@@ -165,6 +165,14 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
       if (op.layer < 0 || static_cast<uint32_t>(op.layer) >= kv.n_layers)
         throw Error(Errc::out_of_range, where + ": layer outside the KV layout");
     }
+    if (op.kind == fb::OpKind::SwiGlu && op.ffn_act != static_cast<uint8_t>(ops::FfnAct::silu) &&
+        op.ffn_act != static_cast<uint8_t>(ops::FfnAct::gelu_tanh))
+      throw Error(Errc::invalid_argument,
+                  where + ": unknown ffn activation " + std::to_string(op.ffn_act));
+    if (!std::isfinite(op.scale))
+      throw Error(Errc::invalid_argument, where + ": scale is not finite");
+    if (op.scale != 1.0f && op.kind != fb::OpKind::Embed)
+      throw Error(Errc::invalid_argument, where + ": scale on an op that is not Embed");
     if (op.kind == fb::OpKind::RmsNorm && op.weight->cols() != op.in0->cols())
       throw Error(Errc::invalid_argument, where + ": norm weight width != input width");
     if (op.kind == fb::OpKind::AddBias) {
@@ -299,6 +307,8 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
     switch (op.kind) {
       case fb::OpKind::Embed:
         ops::embed(matrix(mem, *op.weight), token_ids.data(), n, at<float>(mem, *op.out));
+        if (op.scale != 1.0f)
+          ops::scale(at<float>(mem, *op.out), op.scale, int64_t{n} * op.out->cols());
         break;
       case fb::OpKind::RmsNorm:
         ops::rmsnorm(at<float>(mem, *op.in0), at<float>(mem, *op.weight), n,
@@ -382,8 +392,9 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
         break;
       }
       case fb::OpKind::SwiGlu:
-        ops::swiglu(at<float>(mem, *op.in0), at<float>(mem, *op.in1), int64_t{n} * op.in0->cols(),
-                    at<float>(mem, *op.out));
+        ops::gated_ffn(static_cast<ops::FfnAct>(op.ffn_act), at<float>(mem, *op.in0),
+                       at<float>(mem, *op.in1), int64_t{n} * op.in0->cols(),
+                       at<float>(mem, *op.out));
         break;
       case fb::OpKind::Add: {
         float* out = at<float>(mem, *op.out);

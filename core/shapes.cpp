@@ -28,12 +28,16 @@ const std::vector<ModelShape>& all_shapes() {
       {"llama3.1-8b", 128256, 4096, 32, 14336, 32, 8, 131072, 500000.0f, 1e-5f, false, kLlama31},
       {"llama2-7b", 32000, 4096, 32, 11008, 32, 32, 4096, 10000.0f, 1e-5f, false, {}},
       {"internlm-1.8b", 92544, 2048, 24, 8192, 16, 8, 32768, 1000000.0f, 1e-5f, false, {}},
+      // Gemma 2B (Transformer-Lite's model): multi-query (one KV head), head_dim 2048 / 8 = 256.
+      {"gemma-2b", 256000, 2048, 18, 16384, 8, 1, 8192, 10000.0f, 1e-6f, true, {}},
       {"tiny-fortune", 2048, 256, 6, 704, 8, 4, 512, 10000.0f, 1e-5f, false, {}},
       // Test shapes: the families' vocabularies and rope settings (Llama 3.2, Qwen2.5-0.5B,
       // InternLM2) on two small layers of head_dim 32.
       {"tiny-llama3", 128256, 128, 2, 256, 4, 2, 131072, 500000.0f, 1e-5f, true, kLlama32},
       {"tiny-qwen2", 151936, 128, 2, 256, 4, 2, 32768, 1000000.0f, 1e-6f, true, {}},
       {"tiny-internlm2", 92544, 128, 2, 256, 4, 2, 32768, 1000000.0f, 1e-5f, false, {}},
+      // Gemma 2B's head_dim 256 and single KV head on two small layers (2 query heads).
+      {"tiny-gemma", 256000, 512, 2, 1024, 2, 1, 8192, 10000.0f, 1e-6f, true, {}},
       // Llama 3.2's family with every matrix row a whole number of K-quant super-blocks (256):
       // the K types of a _M mix without llama.cpp's fallback to Q5_0/Q8_0 (head_dim 64).
       {"tiny-llama3-256", 128256, 256, 2, 512, 4, 2, 131072, 500000.0f, 1e-5f, true, kLlama32},
@@ -276,6 +280,10 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
   w.set_uint32(a + "rope.dimension_count", static_cast<uint32_t>(head_dim));
   w.set_uint32(a + "attention.head_count", static_cast<uint32_t>(shape.n_head));
   w.set_uint32(a + "attention.head_count_kv", static_cast<uint32_t>(shape.n_head_kv));
+  if (options.arch == Arch::gemma) {  // as Gemma's converter writes them (head_dim)
+    w.set_uint32(a + "attention.key_length", static_cast<uint32_t>(head_dim));
+    w.set_uint32(a + "attention.value_length", static_cast<uint32_t>(head_dim));
+  }
   w.set_float32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps);
   w.set_float32(a + "rope.freq_base", shape.rope_freq_base);
   if (options.rope_scale_linear > 0) {
@@ -357,8 +365,8 @@ void write_synthetic_model(const ModelShape& shape, const SyntheticModelOptions&
       add_matrix(p + "ffn_down.weight", shape.n_ff, shape.n_embd);
     }
     add_norm("output_norm.weight");
-    // InternLM2 always has its own output matrix (llama.cpp requires it).
-    if (!shape.tied_embeddings || options.arch == Arch::internlm2)
+    // InternLM2 always has its own output matrix (llama.cpp requires it); Gemma never has one.
+    if ((!shape.tied_embeddings && options.arch != Arch::gemma) || options.arch == Arch::internlm2)
       add_matrix("output.weight", shape.n_embd, n_vocab);
   };
   add_all();

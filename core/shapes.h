@@ -37,15 +37,17 @@ struct ModelShape {
 std::vector<float> llama3_rope_freqs(const Llama3RopeScaling& s, float freq_base, int head_dim);
 
 // llama3.2-1b, llama3-8b (Llama 3.0: no rope scaling), llama3.1-8b, llama2-7b, internlm-1.8b,
-// tiny-fortune, and tiny-llama3 / tiny-qwen2 / tiny-internlm2 (two small layers with the family's
-// real vocabulary size and rope settings, for tests) and tiny-llama3-256 (n_embd 256, n_ff 512:
+// gemma-2b, tiny-fortune, and tiny-llama3 / tiny-qwen2 / tiny-internlm2 / tiny-gemma (two small
+// layers with the family's real vocabulary size and rope settings, for tests; tiny-gemma keeps
+// Gemma 2B's head_dim 256 and single KV head) and tiny-llama3-256 (n_embd 256, n_ff 512:
 // rows fit K-quant super-blocks). Throws Errc::not_found naming the known
 // shapes.
 const ModelShape& model_shape(std::string_view name);
 std::vector<std::string> model_shape_names();
 
 struct SyntheticModelOptions {
-  Arch arch = Arch::llama;   // general.architecture and the key prefix; qwen2 adds q/k/v biases
+  Arch arch = Arch::llama;   // general.architecture and the key prefix; qwen2 adds q/k/v biases,
+                             // gemma never writes output.weight (tied) and writes key_length
   DType type = DType::Q4_0;  // every matrix; norm weights, biases and rope factors are F32
   // A core/quant_mix.h preset name ("q4_k_m"): overrides type, each matrix gets the preset's type
   // for it (llama.cpp's mixing rules, fallbacks) and general.file_type is the preset's.

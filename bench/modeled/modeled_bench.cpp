@@ -253,7 +253,8 @@ int main(int argc, char** argv) {
     const SocProfile soc = load_soc_profile(soc_name);
     const Bench b(soc, contention);
     nlohmann::json all = {{"soc", soc.name}, {"contention", contention}, {"weights", "Q4_0"}};
-    for (const char* name : {"llama3-8b", "llama3.2-3b", "internlm-1.8b", "llama3.2-1b"})
+    for (const char* name :
+         {"llama3-8b", "llama3.2-3b", "internlm-1.8b", "llama3.2-1b", "gemma-2b"})
       all["shapes"].push_back(shape_report(b, model_shape(name)));
     if (!trace_path.empty()) {
       const ModelShape& shape = model_shape("llama3-8b");

@@ -341,6 +341,24 @@ cl_event GpuKernels::add(cl_mem arena, uint64_t a_off, uint32_t a_stride, uint64
   return launch("add", l.kernel, 2, l.global, nullptr);
 }
 
+cl_event GpuKernels::geglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
+                           uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
+                           TokenRange t) {
+  forget_quantized_input();
+  const ElementwiseLaunch l = elementwise2(dev_, "geglu", arena, g_off, g_stride, u_off, u_stride,
+                                           out_off, out_stride, cols, t);
+  return launch("geglu", l.kernel, 2, l.global, nullptr);
+}
+
+cl_event GpuKernels::scale(cl_mem arena, uint64_t x_off, uint32_t x_stride, float s, uint32_t cols,
+                           TokenRange t) {
+  forget_quantized_input();
+  cl_kernel k = dev_.kernel("scale_rows");
+  set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_float{s}, cl_uint{t.begin});
+  const size_t global[2] = {cols, t.count()};
+  return launch("scale_rows", k, 2, global, nullptr);
+}
+
 // CPU devices (PoCL): the GEMV runs one row per work-item (matmul_t1_*), the GEMM tiles of
 // kCpuGemmRows rows x kCpuGemmTokens tokens per work-item (matmul_cpu_gemm_*, matmul.cl).
 cl_event GpuKernels::matmul_cpu(cl_mem arena, const MatmulArgs& a) {

@@ -150,6 +150,12 @@ class GpuKernels {
                   TokenRange t);
   cl_event add(cl_mem arena, uint64_t a_off, uint32_t a_stride, uint64_t b_off, uint32_t b_stride,
                uint64_t out_off, uint32_t out_stride, uint32_t cols, TokenRange t);
+  // out = gelu(g) * u (GELU's tanh approximation): Gemma's GeGLU, swiglu's layout.
+  cl_event geglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off, uint32_t u_stride,
+                 uint64_t out_off, uint32_t out_stride, uint32_t cols, TokenRange t);
+  // x[t][i] *= s for i < cols, in place (Gemma's embedding scale).
+  cl_event scale(cl_mem arena, uint64_t x_off, uint32_t x_stride, float s, uint32_t cols,
+                 TokenRange t);
   // The GEMV/GEMM choice: the cooperative GEMV on GPUs for a few tokens (matmul_gpu.cl: the
   // fast one for packed tensors and 16-byte aligned F16/F32 rows), the register-tiled kernel
   // otherwise (matmul.cl, or matmul_gpu.cl's for packed tensors).

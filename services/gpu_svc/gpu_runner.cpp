@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/gpu_timing.h"
 #include "core/op_shape.h"
+#include "core/ops.h"
 #include "services/gpu_svc/kv_pieces.h"
 
 namespace duet::gpu {
@@ -156,7 +157,7 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
       case fb::OpKind::RmsNorm:
         if (op.out->cols() != op.in0->cols()) fail("output width != input width");
         break;
-      case fb::OpKind::SwiGlu:
+      case fb::OpKind::SwiGlu:  // ffn_act checked by validate_program
       case fb::OpKind::Add:
         if (op.in0->cols() != op.out->cols() || op.in1->cols() != op.out->cols())
           fail("operand widths differ");
@@ -462,6 +463,11 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
           last = kernels_.embed(p.arena, static_cast<DType>(op.weight->dtype()), p.weights,
                                 op.weight->offset(), op.weight->cols(), tok, op.out->offset(),
                                 op.out->cols(), all, packed_.rows(p.weights, op.weight->offset()));
+          if (op.scale != 1.0f) {
+            first = last;
+            last = kernels_.scale(p.arena, op.out->offset(), op.out->cols(), op.scale,
+                                  op.out->cols(), all);
+          }
           break;
         case fb::OpKind::RmsNorm:
           last = kernels_.rmsnorm(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
@@ -519,9 +525,13 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
                                     all, context, &first);
           break;
         case fb::OpKind::SwiGlu:
-          last = kernels_.swiglu(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
-                                 op.in1->cols(), op.out->offset(), op.out->cols(), op.out->cols(),
-                                 all);
+          last = op.ffn_act == static_cast<uint8_t>(ops::FfnAct::gelu_tanh)
+                     ? kernels_.geglu(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                                      op.in1->cols(), op.out->offset(), op.out->cols(),
+                                      op.out->cols(), all)
+                     : kernels_.swiglu(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                                       op.in1->cols(), op.out->offset(), op.out->cols(),
+                                       op.out->cols(), all);
           break;
         case fb::OpKind::Add:
           last =

@@ -199,7 +199,7 @@ TEST(LlamacppOracleData, MkmodelWritesTheModelsLlamacppWasRunOnByteForByte) {
     }
   }
   fs::remove_all(dir);
-  EXPECT_EQ(archs, (std::set<std::string>{"llama", "qwen2", "internlm2"}));
+  EXPECT_EQ(archs, (std::set<std::string>{"llama", "qwen2", "internlm2", "gemma"}));
   EXPECT_EQ(types, (std::set<std::string>{"f16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"}));
 }
 

@@ -1,11 +1,13 @@
-// The architectures duet runs (general.architecture llama | qwen2 | internlm2) as mkmodel writes
-// them and LlamaModel reads them: hyperparameters, biases, rope pairing and scaling, and a clear
-// error for every file duet must refuse (an unknown architecture, a vocab-only GGUF, a rope_freqs
-// tensor of the wrong length, a missing bias, an unknown rope scaling type, a tensor duet would
-// not read).
+// The architectures duet runs (general.architecture llama | qwen2 | internlm2 | gemma) as mkmodel
+// writes them and LlamaModel reads them: hyperparameters, biases, rope pairing and scaling,
+// Gemma's activation, embedding scale and tied output, and a clear error for every file duet must
+// refuse (an unknown architecture, a vocab-only GGUF, a rope_freqs tensor of the wrong length, a
+// missing bias, an unknown rope scaling type, a tensor duet would not read, heads wider than
+// n_embd / n_head).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -105,6 +107,85 @@ TEST(ModelArch, InternLm2UsesNormalRopeAndItsOwnOutputMatrix) {
   EXPECT_EQ(m->hp().rope_freq_scale, 1.0f);
 }
 
+TEST(ModelArch, GemmaHasGeGluScaledEmbeddingsNeoxRopeAndATiedOutput) {
+  const auto m = LlamaModel::load(arch_model_path(arch_model("gemma"), DType::F16));
+  EXPECT_EQ(m->hp().arch, Arch::gemma);
+  EXPECT_EQ(m->hp().rope_mode, ops::RopeMode::neox);
+  EXPECT_EQ(m->hp().head_dim, 256);  // Gemma 2B's, with one KV head
+  EXPECT_EQ(m->hp().n_head_kv, 1);
+  EXPECT_EQ(m->hp().rms_eps, 1e-6f);
+  EXPECT_EQ(m->hp().ffn_act, ops::FfnAct::gelu_tanh);
+  EXPECT_EQ(m->hp().embd_scale, std::sqrt(512.0f));
+  EXPECT_TRUE(m->tied_output());
+  EXPECT_EQ(m->output.data, m->tok_embd.data);
+  EXPECT_EQ(m->file().find_tensor("output.weight"), nullptr);
+  EXPECT_EQ(m->file().get_uint("gemma.attention.key_length"), 256u);
+  EXPECT_EQ(m->layers[0].bq, nullptr);
+  // The other architectures keep SwiGLU and unscaled embeddings.
+  const auto q = LlamaModel::load(arch_model_path(arch_model("qwen2"), DType::F16));
+  EXPECT_EQ(q->hp().ffn_act, ops::FfnAct::silu);
+  EXPECT_EQ(q->hp().embd_scale, 1.0f);
+}
+
+// The same weights read as llama (unscaled embeddings, SwiGLU) give other logits: the embedding
+// scale (which sets the embedding's share of the residual stream) and GeGLU are not no-ops on
+// these files. llama.cpp's answers check their exact values (LlamacppLogits).
+TEST(ModelArch, GemmasScaleAndGeGluChangeTheLogitsOfTheSameWeights) {
+  const std::string src = arch_model_path(arch_model("gemma"), DType::F16);
+  const std::string as_llama = temp_path("gemma-as-llama.gguf");
+  const auto f = GgufFile::open(src);
+  GgufWriter w;
+  for (const auto& key : f->keys()) {
+    if (key == "general.alignment") continue;
+    if (key == "general.architecture")
+      w.set_string(key, "llama");
+    else if (key.starts_with("gemma."))
+      w.set_value("llama." + key.substr(6), f->value(key));
+    else
+      w.set_value(key, f->value(key));
+  }
+  for (const auto& t : f->tensors())
+    w.add_tensor(t.name, t.type, t.dims, std::vector<uint8_t>(t.data, t.data + t.bytes));
+  w.write(as_llama);
+  const auto gemma = LlamaModel::load(src);
+  const auto llama = LlamaModel::load(as_llama);
+  const std::vector<int32_t> ids = {1, 300, 400, 500};
+  ReferenceForward fg(*gemma, 16), fl(*llama, 16);
+  const auto a = fg.forward(ids, false), b = fl.forward(ids, false);
+  float max_diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
+  EXPECT_GT(max_diff, 0.3f);  // far beyond llama.cpp's F16 noise on these files (~0.01)
+  std::printf("gemma file read as llama: max |logit difference| %.3f\n", max_diff);
+}
+
+TEST(ModelArch, GemmaWithAnOutputMatrixOrWiderHeadsIsRefused) {
+  const std::string src = arch_model_path(arch_model("gemma"), DType::F16);
+  // llama.cpp reads token_embd as Gemma's output: an output.weight is a tensor it would not read.
+  const std::string p = temp_path("gemma-output.gguf");
+  const auto f = GgufFile::open(src);
+  GgufWriter w;
+  for (const auto& key : f->keys())
+    if (key != "general.alignment") w.set_value(key, f->value(key));
+  for (const auto& t : f->tensors()) {
+    w.add_tensor(t.name, t.type, t.dims, std::vector<uint8_t>(t.data, t.data + t.bytes));
+    if (t.name == "token_embd.weight")
+      w.add_tensor("output.weight", t.type, t.dims, std::vector<uint8_t>(t.data, t.data + t.bytes));
+  }
+  w.write(p);
+  Errc code{};
+  EXPECT_NE(load_error(p, &code).find("tensor \"output.weight\" is not part of a gemma model"),
+            std::string::npos);
+  EXPECT_EQ(code, Errc::unsupported);
+  // Gemma 7B's heads (key_length 256 with n_embd / n_head = 192) need Q wider than n_embd.
+  const std::string wide = temp_path("gemma-wide-heads.gguf");
+  rewrite_gguf(src, wide, [](GgufWriter& gw) { gw.set_uint32("gemma.attention.key_length", 128); });
+  EXPECT_NE(load_error(wide, &code)
+                .find("gemma.attention.key_length 128 is not embedding_length "
+                      "/ head_count = 256"),
+            std::string::npos);
+  EXPECT_EQ(code, Errc::unsupported);
+}
+
 TEST(ModelArch, Llama3CarriesTheConvertersRopeFreqs) {
   const auto m = LlamaModel::load(arch_model_path(arch_model("llama3-rope-freqs"), DType::F16));
   EXPECT_EQ(m->hp().arch, Arch::llama);
@@ -163,7 +244,7 @@ TEST(ModelArch, AnUnknownArchitectureIsRefusedByNameListingTheKnownOnes) {
   const std::string e = load_error(p, &code);
   EXPECT_EQ(code, Errc::unsupported);
   EXPECT_NE(e.find("\"gptneox\""), std::string::npos) << e;
-  EXPECT_NE(e.find("known: llama, qwen2, internlm2"), std::string::npos) << e;
+  EXPECT_NE(e.find("known: llama, qwen2, internlm2, gemma"), std::string::npos) << e;
   EXPECT_NE(e.find(p), std::string::npos) << e;
 }
 
@@ -297,8 +378,9 @@ TEST(ModelArch, MkmodelCliTakesArchAndAVocabFileOrSize) {
   cmd = "timeout 60 " + bin + " mkmodel --arch gpt2 --shape tiny-internlm2 --vocab 512 --out " +
         out + " > " + msg + " 2>&1";
   EXPECT_NE(std::system(cmd.c_str()), 0);
-  EXPECT_NE(file_bytes(msg).find("\"gpt2\" is not one duet runs (known: llama, qwen2, internlm2)"),
-            std::string::npos)
+  EXPECT_NE(
+      file_bytes(msg).find("\"gpt2\" is not one duet runs (known: llama, qwen2, internlm2, gemma)"),
+      std::string::npos)
       << file_bytes(msg);
 }
 

@@ -56,6 +56,22 @@ TEST(Shapes, NamedShapesHaveThePublishedDimensions) {
   EXPECT_TRUE(l323.tied_embeddings);
   EXPECT_EQ(l323.rope_scaling.factor, model_shape("llama3.2-1b").rope_scaling.factor);
 
+  // Gemma 2B (google/gemma-2b config.json): multi-query, head_dim 256 = 2048 / 8, tied.
+  const ModelShape& g = model_shape("gemma-2b");
+  EXPECT_EQ(g.n_vocab, 256000);
+  EXPECT_EQ(g.n_embd, 2048);
+  EXPECT_EQ(g.n_layer, 18);
+  EXPECT_EQ(g.n_ff, 16384);
+  EXPECT_EQ(g.n_head, 8);
+  EXPECT_EQ(g.n_head_kv, 1);
+  EXPECT_EQ(g.n_embd / g.n_head, 256);
+  EXPECT_EQ(g.n_ctx, 8192);
+  EXPECT_EQ(g.rms_eps, 1e-6f);
+  EXPECT_TRUE(g.tied_embeddings);
+  const ModelShape& tg = model_shape("tiny-gemma");
+  EXPECT_EQ(tg.n_embd / tg.n_head, 256);
+  EXPECT_EQ(tg.n_head_kv, 1);
+
   const ModelShape& tf = model_shape("tiny-fortune");
   EXPECT_EQ(tf.n_vocab, 2048);
   EXPECT_EQ(tf.n_embd, 256);
@@ -65,7 +81,7 @@ TEST(Shapes, NamedShapesHaveThePublishedDimensions) {
 
 TEST(Shapes, EveryShapeSplitsIntoWholeHeadsAndQuantBlocks) {
   const auto names = model_shape_names();
-  EXPECT_EQ(names.size(), 11u);
+  EXPECT_EQ(names.size(), 13u);
   for (const auto& name : names) {
     const ModelShape& s = model_shape(name);
     EXPECT_EQ(s.name, name);

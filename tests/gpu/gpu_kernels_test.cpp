@@ -190,6 +190,33 @@ TEST_F(GpuKernelsTest, SwiGluAndAddMatchReference) {
   }
 }
 
+// Gemma's GeGLU and embedding scale against ops::geglu / ops::scale.
+TEST_F(GpuKernelsTest, GegluAndScaleMatchReference) {
+  const uint32_t cols = 33;
+  for (uint32_t n : kOddCounts) {
+    const size_t count = size_t{n} * cols;
+    const auto g = random_floats(count, 3, 6.0f), u = random_floats(count, 4, 4.0f);
+    HostBuffer arena(dev, 3 * count * 4);
+    std::memcpy(arena.at(0), g.data(), count * 4);
+    std::memcpy(arena.at(count * 4), u.data(), count * 4);
+    arena.upload();
+    run(k.geglu(arena.mem(), 0, cols, count * 4, cols, 2 * count * 4, cols, cols, {0, n}));
+    arena.download();
+    std::vector<float> want(count);
+    ops::geglu(g.data(), u.data(), static_cast<int64_t>(count), want.data());
+    EXPECT_LT(max_abs_diff(arena.at<float>(2 * count * 4), want.data(), count), 1e-5f)
+        << "geglu n=" << n;
+
+    // Tokens [1, n) only: token 0 keeps its values.
+    const float s = std::sqrt(2048.0f);
+    run(k.scale(arena.mem(), 0, cols, s, cols, {1, n}));
+    arena.download();
+    want = g;
+    ops::scale(want.data() + cols, s, static_cast<int64_t>(count - cols));
+    EXPECT_EQ(max_abs_diff(arena.at<float>(0), want.data(), count), 0.0f) << "scale n=" << n;
+  }
+}
+
 // y = W x over every type, odd row and token counts, a row range (weight-centric split) and a
 // token range (activation-centric split), checked against ops::matmul.
 TEST_F(GpuKernelsTest, MatmulMatchesReferenceForTypesSizesAndSplits) {

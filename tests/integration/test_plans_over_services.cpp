@@ -365,11 +365,14 @@ TEST_F(ArchPlansOverServices, EveryArchitectureInEveryPlanMatchesTheReference) {
         id_base += 100;
         ReferenceForward ref(*model, 64);
         e->open_seq(1, 64);
-        float max_diff = 0;
+        float max_diff = 0, logit_scale = 0;
         int clear = 0, agree = 0;  // top-1 where the reference's leads by > kClearMargin
         auto compare = [&](const std::vector<float>& got, const std::vector<float>& want) {
           ASSERT_EQ(got.size(), static_cast<size_t>(V));
-          for (int i = 0; i < V; ++i) max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+          for (int i = 0; i < V; ++i) {
+            max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+            logit_scale = std::max(logit_scale, std::fabs(want[i]));
+          }
           std::vector<float> sorted = want;
           std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(),
                             std::greater<float>());
@@ -384,11 +387,15 @@ TEST_F(ArchPlansOverServices, EveryArchitectureInEveryPlanMatchesTheReference) {
           compare(e->step({{1, {tok}, pos++, true}}, nullptr),
                   ref.forward(std::vector<int32_t>{tok}, false));
         e->close_seq(1);
-        EXPECT_LT(max_diff, 0.02f);  // measured: 0 to 3e-4 GPU only, up to 6e-3 with the NPU
+        // Relative to the logits' size (the NPU's fp16 activations round relative to them):
+        // measured up to 1.9e-3 of the largest |logit| with the NPU (gemma 0.019 of ~10, the
+        // others up to 6e-3 of ~3.6), up to 8.4e-4 GPU only.
+        EXPECT_LT(max_diff, 5e-3f * logit_scale);
         EXPECT_GE(clear, 5);
         EXPECT_EQ(agree, clear);
-        std::printf("%s %s %s: max |logit - reference| %.5f\n", am.name.c_str(),
-                    std::string(dtype_name(type)).c_str(), name.c_str(), max_diff);
+        std::printf("%s %s %s: max |logit - reference| %.5f (largest |logit| %.2f)\n",
+                    am.name.c_str(), std::string(dtype_name(type)).c_str(), name.c_str(), max_diff,
+                    logit_scale);
       }
     }
   }

@@ -267,6 +267,46 @@ TEST(ProgramValidation, RejectsBadRopeFieldsAndBiases) {
         p.ops.push_back(std::move(op));
       },
       "bias must be one F32 row as wide as its input");
+  expect_rejected([&](fb::ProgramT& p) { first(p, fb::OpKind::SwiGlu).ffn_act = 2; },
+                  "unknown ffn activation 2");
+  expect_rejected([&](fb::ProgramT& p) { first(p, fb::OpKind::RmsNorm).scale = 2.0f; },
+                  "scale on an op that is not Embed");
+  expect_rejected([&](fb::ProgramT& p) { first(p, fb::OpKind::Embed).scale = INFINITY; },
+                  "scale is not finite");
+}
+
+// Gemma's program: the embedding lookup carries sqrt(n_embd), every gated FFN op GELU; the other
+// architectures' keep 1 and SiLU.
+TEST(ProgramBuilder, GemmasEmbedScalesAndItsFfnIsGeGlu) {
+  auto gemma =
+      LlamaModel::load(test_support::arch_model_path(test_support::arch_models()[4], DType::Q8_0));
+  ASSERT_EQ(gemma->hp().arch, Arch::gemma);
+  ProgramSpec spec;
+  spec.model = gemma.get();
+  spec.max_tokens = 8;
+  spec.plan = Plan::npu_only();
+  BuiltPrograms b = build_programs(spec);
+  int embeds = 0, ffns = 0;
+  for (const auto& op : b.gpu.ops) {
+    if (op->kind == fb::OpKind::Embed) {
+      ++embeds;
+      EXPECT_EQ(op->scale, std::sqrt(512.0f));
+    }
+    if (op->kind == fb::OpKind::SwiGlu) {
+      ++ffns;
+      EXPECT_EQ(op->ffn_act, static_cast<uint8_t>(ops::FfnAct::gelu_tanh));
+    }
+  }
+  EXPECT_EQ(embeds, 1);
+  EXPECT_EQ(ffns, gemma->hp().n_layer);
+  auto qwen2 =
+      LlamaModel::load(test_support::arch_model_path(test_support::arch_models()[0], DType::Q8_0));
+  spec.model = qwen2.get();
+  b = build_programs(spec);
+  for (const auto& op : b.gpu.ops) {
+    EXPECT_EQ(op->scale, 1.0f);
+    EXPECT_EQ(op->ffn_act, static_cast<uint8_t>(ops::FfnAct::silu));
+  }
 }
 
 TEST(ProgramValidation, RejectsOffsetsOutsideTheArena) {

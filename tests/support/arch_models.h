@@ -1,7 +1,8 @@
 #pragma once
 // Small random models of every architecture duet runs, for the tests that hold each backend and
 // plan to the reference forward pass (tests/program, tests/gpu, tests/integration): mkmodel's
-// tiny-* shapes (2 layers, n_embd 128, head_dim 32, GQA) with a 2048-piece synthetic vocabulary
+// tiny-* shapes (2 layers, n_embd 128, head_dim 32, GQA; tiny-gemma: n_embd 512, head_dim 256,
+// one KV head, as Gemma 2B) with a 2048-piece synthetic vocabulary
 // and weights of std 0.08, large enough that a wrong rope pairing, a missing bias or ignored
 // rope factors move the logits by ~0.3-3 (measured against llama.cpp on these shapes, whose own
 // F16 results differ from the reference by ~0.003). Written once per process into a private temp
@@ -26,13 +27,15 @@ struct ArchModel {
 };
 
 // qwen2 (q/k/v biases, NEOX rope, tied output), internlm2, llama with Llama 3.2's rope_freqs
-// (tied), and llama with linear rope scaling 4.
+// (tied), llama with linear rope scaling 4, and gemma (GeGLU, embeddings x sqrt(n_embd), tied,
+// NEOX rope, head_dim 256). Tests pick some by index: add new ones at the end.
 inline const std::vector<ArchModel>& arch_models() {
   static const std::vector<ArchModel> models = {
       {"qwen2", Arch::qwen2, "tiny-qwen2", 0.0f},
       {"internlm2", Arch::internlm2, "tiny-internlm2", 0.0f},
       {"llama3-rope-freqs", Arch::llama, "tiny-llama3", 0.0f},
       {"llama-rope-linear", Arch::llama, "tiny-internlm2", 4.0f},
+      {"gemma", Arch::gemma, "tiny-gemma", 0.0f},
   };
   return models;
 }

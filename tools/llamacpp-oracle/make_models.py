@@ -16,11 +16,19 @@ llama.cpp's teacher-forced logits (logits-<name>.json, no greedy):
 Their models.json entries carry `source` ({"mkmodel_args", "file"} or {"path"}) and
 `quantize_args` instead of `mkmodel_args`.
 
+gemma (issue 24): mkmodel tiny-gemma (Gemma 2B's head_dim 256 and single KV head on two small
+layers) with tests/data/vocab/spm-gemma.gguf, tiny-fortune's 2048-piece SentencePiece vocabulary
+with Gemma's chat template: a real Gemma vocabulary (256000 pieces) is not in the repository;
+the architecture's math (GeGLU, sqrt(n_embd) embedding scale, tied output, NEOX rope, head_dim
+256) is what the answers check.
+
 The model files are NOT committed: CI regenerates them with the same mkmodel / quantize
 arguments (byte-identical) and checks the sha256. usage, from the repository root after
-`(cd tools/llamacpp-oracle && npm ci)` and building `duet`:
-  python3 tools/llamacpp-oracle/make_models.py build/bin/duet /tmp/oracle-models [--only-kquant]
-(--only-kquant: keep models.json's other entries and their answers, redo the K-quant ones)
+`(cd tools/llamacpp-oracle && npm install)` and building `duet`:
+  python3 tools/llamacpp-oracle/make_models.py build/bin/duet /tmp/oracle-models \
+      [--only-kquant | --only-arch ARCH]
+(--only-kquant: keep models.json's other entries and their answers, redo the K-quant ones;
+ --only-arch ARCH: the same for one architecture's mkmodel entries, e.g. gemma)
 """
 
 import hashlib
@@ -36,7 +44,8 @@ DATA = os.path.join(ROOT, "tests", "data", "llamacpp")
 # arch, mkmodel shape, vocab file (repository-relative)
 ARCHS = [("llama", "tiny-llama3", "tests/data/vocab/llama3.gguf"),
          ("qwen2", "tiny-qwen2", "tests/data/vocab/qwen2.gguf"),
-         ("internlm2", "tiny-internlm2", "tests/data/vocab/spm-internlm2.gguf")]
+         ("internlm2", "tiny-internlm2", "tests/data/vocab/spm-internlm2.gguf"),
+         ("gemma", "tiny-gemma", "tests/data/vocab/spm-gemma.gguf")]
 TYPES = ["f16", "q8_0", "q4_0"]
 # std 0.08 (not mkmodel's default 0.02): logits large enough (top-1 margins ~0.1-1) that rope
 # pairing, llama3's rope_freqs and qwen2's biases move them far beyond llama.cpp's noise
@@ -118,35 +127,58 @@ def kquant_models(duet, tmp):
     return models
 
 
+def arch_models(duet, tmp, arch, shape, vocab):
+    """One architecture's mkmodel files x TYPES, with llama.cpp's answers on them."""
+    models = []
+    ids = fixed_ids(vocab, tmp)
+    for typ in TYPES:
+        name = f"{arch}-{typ}"
+        args = ["--shape", shape, "--arch", arch, "--vocab", vocab, "--type", typ,
+                "--std", STD]
+        path = os.path.join(tmp, name + ".gguf")
+        subprocess.run([duet, "mkmodel", *args, "--out", path], check=True, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
+        models.append({"name": name, "arch": arch, "type": typ, "vocab": vocab,
+                       "mkmodel_args": args, "file": name + ".gguf",
+                       "command": "duet mkmodel " + " ".join(args) + f" --out {name}.gguf",
+                       "sha256": sha256(path), "size": os.path.getsize(path), "ids": ids})
+        node("logits", "--model", path, "--ids", ",".join(map(str, ids)),
+             "--keep-last", str(N_POSITIONS), "--out", os.path.join(DATA, f"logits-{name}.json"))
+        if typ == "f16":
+            node("greedy", "--model", path, "--prompt-ids", ",".join(map(str, ids[:N_POSITIONS])),
+                 "--n", str(N_GREEDY), "--out", os.path.join(DATA, f"greedy-{name}.json"))
+    return models
+
+
 def main():
     only_kquant = "--only-kquant" in sys.argv
+    only_arch = None
     argv = [a for a in sys.argv if a != "--only-kquant"]
+    if "--only-arch" in argv:
+        i = argv.index("--only-arch")
+        only_arch = argv[i + 1]
+        del argv[i:i + 2]
     duet, tmp = os.path.abspath(argv[1]), os.path.abspath(argv[2])
     os.makedirs(tmp, exist_ok=True)
-    if only_kquant:
+    if only_kquant or only_arch:
         with open(os.path.join(DATA, "models.json")) as f:
-            kept = [m for m in json.load(f)["models"] if "quantize_args" not in m]
+            old = json.load(f)["models"]
+    if only_kquant:
+        kept = [m for m in old if "quantize_args" not in m]
         write_models(kept + kquant_models(duet, tmp))
+        return
+    if only_arch:
+        (entry,) = [a for a in ARCHS if a[0] == only_arch]
+        new = arch_models(duet, tmp, *entry)
+        # models.json keeps ARCHS' order, then the K-quant entries
+        order = [a[0] for a in ARCHS]
+        mk = [m for m in old if "quantize_args" not in m and m["arch"] != only_arch] + new
+        mk.sort(key=lambda m: order.index(m["arch"]))
+        write_models(mk + [m for m in old if "quantize_args" in m])
         return
     models = []
     for arch, shape, vocab in ARCHS:
-        ids = fixed_ids(vocab, tmp)
-        for typ in TYPES:
-            name = f"{arch}-{typ}"
-            args = ["--shape", shape, "--arch", arch, "--vocab", vocab, "--type", typ,
-                    "--std", STD]
-            path = os.path.join(tmp, name + ".gguf")
-            subprocess.run([duet, "mkmodel", *args, "--out", path], check=True, cwd=ROOT,
-                           stdout=subprocess.DEVNULL)
-            models.append({"name": name, "arch": arch, "type": typ, "vocab": vocab,
-                           "mkmodel_args": args, "file": name + ".gguf",
-                           "command": "duet mkmodel " + " ".join(args) + f" --out {name}.gguf",
-                           "sha256": sha256(path), "size": os.path.getsize(path), "ids": ids})
-            node("logits", "--model", path, "--ids", ",".join(map(str, ids)),
-                 "--keep-last", str(N_POSITIONS), "--out", os.path.join(DATA, f"logits-{name}.json"))
-            if typ == "f16":
-                node("greedy", "--model", path, "--prompt-ids", ",".join(map(str, ids[:N_POSITIONS])),
-                     "--n", str(N_GREEDY), "--out", os.path.join(DATA, f"greedy-{name}.json"))
+        models += arch_models(duet, tmp, arch, shape, vocab)
     write_models(models + kquant_models(duet, tmp))
 
 

@@ -102,6 +102,24 @@ kernel void swiglu(global uchar* arena, ulong g_off, uint g_stride, ulong u_off,
   ((global float*)(arena + out_off))[(ulong)t * out_stride + i] = g / (1.0f + exp(-g)) * u;
 }
 
+// GeGLU (Gemma): gelu(g) * u with GELU's tanh approximation, ggml_gelu_f32's formula.
+kernel void geglu(global uchar* arena, ulong g_off, uint g_stride, ulong u_off, uint u_stride,
+                  ulong out_off, uint out_stride, uint t_begin) {
+  const uint i = get_global_id(0);
+  const uint t = t_begin + get_global_id(1);
+  const float g = ((global const float*)(arena + g_off))[(ulong)t * g_stride + i];
+  const float u = ((global const float*)(arena + u_off))[(ulong)t * u_stride + i];
+  const float inner = 0.79788456080286535588f * g * (1.0f + 0.044715f * g * g);
+  ((global float*)(arena + out_off))[(ulong)t * out_stride + i] = 0.5f * g * (1.0f + tanh(inner)) * u;
+}
+
+// x[t][i] *= s in place (Gemma's embedding scale, after the lookup).
+kernel void scale_rows(global uchar* arena, ulong x_off, uint x_stride, float s, uint t_begin) {
+  const uint i = get_global_id(0);
+  const uint t = t_begin + get_global_id(1);
+  ((global float*)(arena + x_off))[(ulong)t * x_stride + i] *= s;
+}
+
 kernel void add(global uchar* arena, ulong a_off, uint a_stride, ulong b_off, uint b_stride,
                 ulong out_off, uint out_stride, uint t_begin) {
   const uint i = get_global_id(0);
