@@ -73,6 +73,11 @@ inline HttpOutcome http_stream_completion(int port, const std::string& prompt, i
       if (!retryable_status(res.status)) return out;
       kind = &out.retries_on_status;
     } else {
+      // An error event (then [DONE]) is the stack's answer, not a cut: the SDKs raise it, no retry.
+      if (const size_t at = received.find("data: {\"error\""); at != std::string::npos) {
+        out.error = received.substr(at + 6, received.find("\n", at) - at - 6);
+        return out;
+      }
       test_support::Sse sse;
       try {
         sse = test_support::parse_sse(received);
