@@ -26,6 +26,7 @@ struct HttpOutcome {
   int retries_before_headers = 0;  // connection refused / reset before the response began
   int resends_after_cut = 0;       // the stream broke off after it began
   int retries_on_status = 0;       // 408, 409, 429, 5xx
+  bool refused = false;  // not done: no attempt reached http_svc (it was not listening yet)
 };
 
 inline bool retryable_status(int status) {
@@ -68,6 +69,7 @@ inline HttpOutcome http_stream_completion(int port, const std::string& prompt, i
     if (!sent || err != httplib::Error::Success) {
       kind = headers ? &out.resends_after_cut : &out.retries_before_headers;
       out.error = "connection: " + httplib::to_string(err);
+      out.refused = attempt == kMaxRetries && err == httplib::Error::Connection;
     } else if (res.status != 200) {
       out.error = "HTTP " + std::to_string(res.status) + ": " + received;
       if (!retryable_status(res.status)) return out;
