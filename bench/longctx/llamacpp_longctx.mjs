@@ -4,13 +4,16 @@
 // /proc/self/smaps_rollup, read while the context is alive and full) as one JSON line.
 // usage: node llamacpp_longctx.mjs MODEL PROMPT_TOKENS GEN_TOKENS THREADS CTX [flash]
 import {readFileSync} from "node:fs";
-import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
 const [modelPath, promptArg, genArg, threadsArg, ctxArg, flashArg] = process.argv.slice(2);
 if (!modelPath || !promptArg || !genArg || !threadsArg || !ctxArg) {
   console.error("usage: node llamacpp_longctx.mjs MODEL PROMPT_TOKENS GEN_TOKENS THREADS CTX [flash]");
   process.exit(2);
 }
+// node-llama-cpp is installed in bench/llamacpp (setup.sh), not beside this file, where a bare
+// import would look for it.
+const entry = new URL("../llamacpp/node_modules/node-llama-cpp/dist/index.js", import.meta.url);
+const {getLlama, LlamaLogLevel} = await import(entry.href);
 const nPrompt = Number(promptArg), nGen = Number(genArg), threads = Number(threadsArg);
 const contextSize = Number(ctxArg), flashAttention = flashArg === "flash";
 const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error, build: "never"});

@@ -56,8 +56,10 @@ stack_memory() {
     pss=$((pss + $(awk '/^Pss:/ {print $2}' /proc/$pid/smaps_rollup) * 1024))
     rss=$((rss + $(awk '/^Rss:/ {print $2}' /proc/$pid/smaps_rollup) * 1024))
   done
+  # Allocated blocks, not du -b's apparent size: the KV pool's segment is as large as the whole
+  # budget but holds only the pages written so far.
   local shm
-  shm=$(du -sbc /dev/shm/duet-$stack-* 2>/dev/null | tail -n 1 | cut -f1)
+  shm=$(du -sc --block-size=1 /dev/shm/duet-$stack-* 2>/dev/null | tail -n 1 | cut -f1)
   echo "{\"pss_bytes\":$pss,\"rss_bytes\":$rss,\"shm_touched_bytes\":${shm:-0}}"
 }
 emit() {  # engine, metric, size, result JSON
@@ -74,20 +76,29 @@ llama_run() {  # prompt tokens
 }
 
 for round in $(seq "$rounds"); do
-  POCL_CPU_MAX_CU_COUNT=$threads DUET_KV_TYPE=$kv_type taskset -c "$cores" \
+  # DUET_KV_PREFIX=off: every prompt here is a prefix of the longer ones (the same synthetic
+  # ids), so with prefix sharing a prompt after the warm-up would be served from cached pages and
+  # its prefill (and the decode run's context) would not be computed.
+  POCL_CPU_MAX_CU_COUNT=$threads DUET_KV_TYPE=$kv_type DUET_KV_PREFIX=off taskset -c "$cores" \
     "$bin/duet" stack up --stack $stack --model "$model" --plan gpu-only --timeout 600 >&2
   # Untimed: the first requests build the engine and let gpu_svc measure its queues per shape.
   for warm in 64 600; do duet_run $warm >/dev/null || true; done
+  # A decode run's prompt is a prefill of that size: where --prefill is one of --contexts, that
+  # run's prefill_tok_s is the prefill row (the same measurement a separate run would repeat).
   for ctx in $contexts; do
-    r=$(duet_run "$ctx") && emit duet decode "$ctx" "$r"
+    r=$(duet_run "$ctx") && emit duet decode "$ctx" "$r" &&
+      { [ "$ctx" != "$prefill" ] || emit duet prefill "$ctx" "$r"; }
     [ "$ctx" = "$largest" ] && emit duet memory "$ctx" "$(stack_memory)"
     if [ "$llamacpp" = 1 ]; then
-      r=$(llama_run "$ctx") && emit llama.cpp decode "$ctx" "$r"
+      r=$(llama_run "$ctx") && emit llama.cpp decode "$ctx" "$r" &&
+        { [ "$ctx" != "$prefill" ] || emit llama.cpp prefill "$ctx" "$r"; }
       [ "$ctx" = "$largest" ] && emit llama.cpp memory "$ctx" "$r"
     fi
   done
-  r=$(duet_run "$prefill") && emit duet prefill "$prefill" "$r"
-  if [ "$llamacpp" = 1 ]; then r=$(llama_run "$prefill") && emit llama.cpp prefill "$prefill" "$r"; fi
+  if ! printf '%s\n' $contexts | grep -qx -- "$prefill"; then
+    r=$(duet_run "$prefill") && emit duet prefill "$prefill" "$r"
+    if [ "$llamacpp" = 1 ]; then r=$(llama_run "$prefill") && emit llama.cpp prefill "$prefill" "$r"; fi
+  fi
   if [ -n "${SHARED_PREFIX_CMD:-}" ]; then
     r=$($SHARED_PREFIX_CMD "$stack" "$model" | tail -n 1) && emit duet ttft_shared_prefix 0 "$r"
   fi

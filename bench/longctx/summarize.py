@@ -51,7 +51,7 @@ def main():
         shm, _ = med("memory", size, "duet", "shm_touched_bytes")
         rss, _ = med("memory", size, "duet", "rss_bytes")
         lrss, _ = med("memory", size, "llama.cpp", "rss_bytes")
-        print(f"| (RSS summed / of which touched shm) at {size} | {gib(rss)} / {gib(shm)} | {gib(lrss)} | | |")
+        print(f"| (RSS summed / shm allocated) at {size} | {gib(rss)} / {gib(shm)} | {gib(lrss)} | | |")
 
 
 if __name__ == "__main__":

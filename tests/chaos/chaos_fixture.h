@@ -51,8 +51,10 @@ class ChaosStack : public ::testing::Test {
 
   void TearDown() override { test_support::tear_down_stack(id_, run_dir_); }
 
-  void up(const std::string& plan = "") {
-    CliResult r = run_duet("stack up --stack " + id_ + (plan.empty() ? "" : " --plan " + plan));
+  // `extra`: more `stack up` flags (the chaos run's --http PORT).
+  void up(const std::string& plan = "", const std::string& extra = "") {
+    CliResult r = run_duet("stack up --stack " + id_ + (plan.empty() ? "" : " --plan " + plan) +
+                           (extra.empty() ? "" : " " + extra));
     ASSERT_EQ(r.rc, 0) << r.out;
   }
 

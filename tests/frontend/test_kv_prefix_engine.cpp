@@ -184,5 +184,26 @@ TEST(KvPrefixEngine, ARestartedFrontendAttachesThePoolWithItsSharingState) {
   EXPECT_EQ(pool->share_prefix(4, prompt), 32) << "the rebuilt index matches";
 }
 
+// A frontend killed after a step published the block it completed and before its journal
+// recorded that step: the restarted one adopts the sequence at the journal's n_past, inside the
+// published block, and re-runs the step, which writes there again. Adoption unpublishes that
+// block (nobody borrowed it) so the write is allowed; the blocks before it stay published.
+TEST(KvPrefixEngine, AnAdoptedSequenceMayRewriteTheBlockItsLastStepPublished) {
+  auto engine = make_engine("rerun", true);
+  engine->open_seq(1, 128);
+  prefill(*engine, 1, tokens(32, 8));  // positions 0..31 in one step: blocks 0 and 1 published
+  std::shared_ptr<KvPool> pool = KvPool::attach(ProgramEngine::kv_name(kStack, "rerun"));
+  std::lock_guard lock(pool->mu);
+  const std::vector<uint32_t> table = pool->pages->pages_of(1);
+  ASSERT_EQ(table.size(), 2u);
+  ASSERT_NE(pool->pages->hash_of(table[1]), 0u);
+  EXPECT_FALSE(pool->pages->writable_by(table[1], 1));
+  pool->adopt_seq(1, 128, 31);  // the journal lags the step that wrote position 31
+  EXPECT_TRUE(pool->pages->writable_by(table[1], 1)) << "the re-run step writes position 31 here";
+  EXPECT_NE(pool->pages->hash_of(table[0]), 0u) << "block 0 stays published";
+  EXPECT_EQ(pool->seqs.at(1).blocks_done, 1u);
+  EXPECT_EQ(pool->pages->pages_of(1), table);
+}
+
 }  // namespace
 }  // namespace duet::frontend
