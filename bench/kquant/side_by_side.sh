@@ -30,16 +30,20 @@ for type in ${TYPES:-q4_k_m q4_0 q8_0}; do
       echo "{\"type\":\"$type\",\"vocab\":\"$vocab_tag\",\"round\":$round,\"engine\":\"bandwidth\",\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"result\":$r}" | tee -a "$out"
     "$bin/duet" stack up --stack $stack --model "$model" --plan gpu-only --timeout 300 >&2
     # Untimed: the first requests build the engine and let gpu_svc measure its queues per shape.
+    # Another prompt salt: the stack's prefix cache would serve the timed prompts' prefill (the
+    # synthetic prompts of one salt are prefixes of each other).
     for warm in 54 296 512; do
       "$bin/stack_bench" --stack $stack --plan gpu-only --model "$model" --prompt $warm --gen 4 \
-        --ignore-eos >/dev/null 2>&1 || true
+        --prompt-salt 1 --ignore-eos >/dev/null 2>&1 || true
     done
     for prompt in 54 296 64 512; do
       emit() {  # engine, result JSON
         echo "{\"type\":\"$type\",\"vocab\":\"$vocab_tag\",\"round\":$round,\"prompt\":$prompt,\"gen\":$gen,\"engine\":\"$1\",\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"result\":$2}" | tee -a "$out"
       }
+      # A salt per prompt: no timed prompt is a prefix of another.
       r=$("$bin/stack_bench" --stack $stack --plan gpu-only --model "$model" --prompt $prompt \
-            --gen "$gen" --ignore-eos 2>/dev/null | tail -n 1) && emit duet "$r"
+            --prompt-salt $((prompt + 1)) --gen "$gen" --ignore-eos 2>/dev/null | tail -n 1) &&
+        emit duet "$r"
       r=$(node bench/llamacpp/llamacpp_bench.mjs "$model" $prompt "$gen" "$threads" 1024 \
             2>/dev/null | tail -n 1) && emit llama.cpp "$r"
     done

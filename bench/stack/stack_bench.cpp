@@ -30,10 +30,12 @@ using duet::frontend::StepStats;
 uint32_t g_max_step = 64;                  // --max-step
 constexpr uint32_t kFrontendMaxSeqs = 16;  // FrontendOptions::max_running
 
-// Deterministic prompt: BOS then ids cycling over the vocabulary (past the special tokens).
-std::vector<int32_t> synthetic_prompt(int n, int n_vocab, int32_t bos) {
+// Deterministic prompt: BOS then ids cycling over the vocabulary (past the special tokens) from
+// `salt`. Prompts of one salt are prefixes of each other, so a stack's prefix cache serves a
+// prompt after a longer one: warm-up requests take another salt than the timed ones.
+std::vector<int32_t> synthetic_prompt(int n, int n_vocab, int32_t bos, int salt) {
   std::vector<int32_t> ids{bos};
-  for (int i = 1; i < n; ++i) ids.push_back(3 + (i * 37) % std::max(1, n_vocab - 3));
+  for (int i = 1; i < n; ++i) ids.push_back(3 + (i * 37 + salt) % std::max(1, n_vocab - 3));
   return ids;
 }
 
@@ -152,12 +154,16 @@ Result run_in_process(const std::string& model_path, const std::string& plan, in
 int main(int argc, char** argv) {
   CLI::App app{"duet stack benchmark: one generation, full stack or in-process, as JSON"};
   std::string model = "models/fortune-q8_0.gguf", plan = "gpu-only", stack;
-  int prompt_len = 54, max_tokens = 64, max_ctx = 0;
+  int prompt_len = 54, max_tokens = 64, max_ctx = 0, salt = 0;
   bool in_process = false;
   app.add_option("--model", model, "GGUF model")->capture_default_str();
   app.add_option("--plan", plan, "gpu-only, npu-only, layer (in-process); any plan (stack)")
       ->capture_default_str();
   app.add_option("--prompt", prompt_len, "prompt tokens (BOS included)")->capture_default_str();
+  app.add_option("--prompt-salt", salt,
+                 "shifts the synthetic prompt's ids (another salt: no prefix shared with salt 0)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--gen", max_tokens, "tokens to generate (stops early at EOS)")
       ->capture_default_str();
   bool ignore_eos = false;
@@ -175,7 +181,7 @@ int main(int argc, char** argv) {
     if (stack.empty() == !in_process)
       throw duet::Error(duet::Errc::invalid_argument, "give exactly one of --stack, --in-process");
     auto m = duet::LlamaModel::load(model);
-    const auto prompt = synthetic_prompt(prompt_len, m->hp().n_vocab, m->vocab().bos);
+    const auto prompt = synthetic_prompt(prompt_len, m->hp().n_vocab, m->vocab().bos, salt);
     m.reset();
     const Result r = in_process
                          ? run_in_process(model, plan, max_ctx, prompt, max_tokens, ignore_eos)

@@ -253,15 +253,16 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
     MMI_LOOP_file(NAME, MMI_T, ISA, BITS, 16u) else MMI_LOOP_file(NAME, MMI_T, ISA, BITS,          \
                                                                   row_end - r0)
 // Items of the tiled layout are its 16-row groups (w: the whole tensor's copy, w_off 0), from the
-// one holding row_begin; the next item's group is contiguous, prefetched block by block.
+// one holding row_begin. A copy is one ascending stream, read front to back, which the hardware
+// prefetcher follows: prefetching the next group's block with each block (as the file layout
+// does) took 1.2-1.3x (Q4_0) and 1.8x (Q8_0) the CPU time of none in a llama3.2-1b decode's
+// GEMVs (bench/kquant/RESULTS.md, 2026-11-26).
 #define MMI_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                     \
   const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
   MMI_ITEM_START(MMI_T)                                                                            \
   global const uchar* w_item = w + (ulong)(r0 / 16) * n_blocks * TILED_BYTES_##NAME;               \
-  const uint next_lines = r0 + 16 < row_end ? (TILED_BYTES_##NAME + 63) / 64 : 0;                  \
   for (uint b = 0; b < n_blocks; ++b) {                                                            \
     global const uchar* wb = w_item + (ulong)b * TILED_BYTES_##NAME;                               \
-    mmi_prefetch_lines(wb + (ulong)n_blocks * TILED_BYTES_##NAME, next_lines);                     \
     int16 u[8];                                                                                    \
     mmi_tiled_##NAME(wb, u);                                                                       \
     const float16 dw = mmi_tiled_scales(wb);                                                       \

@@ -214,17 +214,28 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
     KQ_LOOP_file(NAME, MMI_T, ISA, BITS, row_end - r0)                                             \
   }
 // The tiled layout's item: its 16-row groups from the one holding row_begin (w: the whole
-// tensor's copy, w_off 0); the next group's super-block is prefetched with this one's.
+// tensor's copy, w_off 0). A tensor's copy is one ascending stream, so Q4_K and Q5_K, which read
+// each super-block front to back, are left to the hardware prefetcher: prefetching the next
+// group's super-block into L1 with this one's (as matmul_int8.cl does) made a llama3.2-1b
+// decode's Q4_K GEMVs take 1.5x the CPU time of none. Q6_K reads d and the scales at its
+// super-block's end first, then jumps back: the hardware prefetcher loses the stream, and the
+// GEMVs took 2.5x the CPU time of prefetching 4 super-blocks ahead into L2 (prefetcht2; t0 and
+// nta ahead, or the next group: no better than none; the same prefetches unrolled: 1.8x).
+// bench/kquant/RESULTS.md, 2026-11-26.
+#define KQ_PREFETCH_q4_k(wb)
+#define KQ_PREFETCH_q5_k(wb)
+#define KQ_PREFETCH_q6_k(wb)                                                                       \
+  for (uint l = 0; l < TILED_BYTES_q6_k / 64; ++l)                                                 \
+      __asm__ volatile("prefetcht2 (%0)" : : "r"((wb) + 4 * TILED_BYTES_q6_k + l * 64));
 #define KQ_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                      \
   const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
   MMI_ITEM_START(MMI_T)                                                                            \
   const uint n_super = k / 256;                                                                    \
   const ulong row_bytes = 0;                                                                       \
   global const uchar* w_item = w + (ulong)(r0 / 16) * n_super * TILED_BYTES_##NAME;                \
-  const uint next_lines = r0 + 16 < row_end ? TILED_BYTES_##NAME / 64 : 0;                         \
   for (uint sb = 0; sb < n_super; ++sb) {                                                          \
     global const uchar* wb = w_item + (ulong)sb * TILED_BYTES_##NAME;                              \
-    mmi_prefetch_lines(wb + (ulong)n_super * TILED_BYTES_##NAME, next_lines);                      \
+    KQ_PREFETCH_##NAME(wb)                                                                         \
     KQ_SUPER_##NAME(MMI_T, ISA, BITS, 16u, 1)                                                      \
   }
 
