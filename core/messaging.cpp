@@ -1,7 +1,9 @@
 #include "core/messaging.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -10,7 +12,22 @@ namespace duet::msg {
 zmq::context_t& context() {
   // Never destroyed: sockets owned by static objects may outlive main(), and zmq_ctx_term would
   // block on them.
-  static auto* ctx = new zmq::context_t(1);
+  static auto* ctx = [] {
+    // ZeroMQ's default of 1023 sockets a context is reached by a process that connects and drops
+    // many clients quickly (closed sockets are reaped asynchronously, so they still count for a
+    // while): a frontend restart resumes every client, an http_svc runs a connection per worker
+    // thread, a test connects 1000 clients in a loop. Each socket holds descriptors too, so the
+    // soft descriptor limit goes up to the hard one, as a service manager's LimitNOFILE would.
+    rlimit fds{};
+    if (::getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur < fds.rlim_max) {
+      fds.rlim_cur = fds.rlim_max;
+      (void)::setrlimit(RLIMIT_NOFILE, &fds);
+    }
+    auto* c = new zmq::context_t(1);
+    const int limit = c->get(zmq::ctxopt::socket_limit);
+    c->set(zmq::ctxopt::max_sockets, std::min(limit, 16384));
+    return c;
+  }();
   return *ctx;
 }
 
