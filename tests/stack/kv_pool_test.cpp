@@ -243,7 +243,11 @@ TEST_F(KvPoolStack, GpuSvcF16KvLogitsStayWithinTheGateOfTheFp32Reference) {
 // an undisturbed run, and no KV page is left held.
 TEST_F(KvPoolStack, ServicesKilledDuringALongPrefillLeaveTheTokensAndNoPageHeld) {
   const std::string model = long_context_model();
-  CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 64M");
+  // Prefix sharing off: the runs re-send one prompt, and with sharing the undisturbed run and
+  // the runs under test would borrow the first run's pages instead of prefilling (TTFT ~6 ms,
+  // over before any kill lands).
+  CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 64M",
+                          "DUET_KV_PREFIX=off");
   ASSERT_EQ(up.rc, 0) << up.out;
   const std::string gen =
       "generate --stack " + id_ + " --max-tokens 8 --ignore-eos --json " + long_prompt_arg(1500);
