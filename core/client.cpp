@@ -447,16 +447,7 @@ nlohmann::json Client::trace(uint64_t number, std::chrono::milliseconds timeout)
   flatbuffers::FlatBufferBuilder fbb;
   auto body = fbc::CreateTrace(fbb, number);
   send(finish(fbb, id, fbc::ClientBody::Trace, body.Union()));
-  Event e = wait_for(id, Clock::now() + timeout, "trace");
-  if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
-  if (e.kind != Event::Kind::status)
-    throw Error(Errc::bad_format, "trace: the frontend answered with something else");
-  try {
-    return nlohmann::json::parse(e.json);
-  } catch (const nlohmann::json::exception& x) {
-    throw Error(Errc::bad_format,
-                std::string("trace: the frontend's JSON is malformed: ") + x.what());
-  }
+  return json_reply(id, timeout, "trace");
 }
 
 nlohmann::json Client::status(std::chrono::milliseconds timeout) {
@@ -464,15 +455,21 @@ nlohmann::json Client::status(std::chrono::milliseconds timeout) {
   flatbuffers::FlatBufferBuilder fbb;
   auto body = fbc::CreateStatus(fbb);
   send(finish(fbb, id, fbc::ClientBody::Status, body.Union()));
-  Event e = wait_for(id, Clock::now() + timeout, "status");
+  return json_reply(id, timeout, "status");
+}
+
+nlohmann::json Client::json_reply(uint64_t id, std::chrono::milliseconds timeout,
+                                  const char* what) {
+  Event e = wait_for(id, Clock::now() + timeout, what);
   if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
   if (e.kind != Event::Kind::status)
-    throw Error(Errc::bad_format, "status: the frontend answered with something else");
+    throw Error(Errc::bad_format,
+                std::string(what) + ": the frontend answered with something else");
   try {
     return nlohmann::json::parse(e.json);
   } catch (const nlohmann::json::exception& x) {
     throw Error(Errc::bad_format,
-                std::string("status: the frontend's JSON is malformed: ") + x.what());
+                std::string(what) + ": the frontend's JSON is malformed: " + x.what());
   }
 }
 

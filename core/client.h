@@ -177,6 +177,8 @@ class Client {
   // An error event for a request in flight when the frontend has been gone too long.
   std::optional<Event> expire_lost();
   // Waits for the event that answers `request_id` (kept aside: events of other requests).
+  // The JSON a status-kind reply to request `id` carries (status, trace), or the error it names.
+  nlohmann::json json_reply(uint64_t id, std::chrono::milliseconds timeout, const char* what);
   Event wait_for(uint64_t request_id, std::chrono::steady_clock::time_point deadline,
                  const char* what);
 

@@ -326,28 +326,28 @@ ElementwiseLaunch elementwise2(ClDevice& dev, const char* name, cl_mem arena, ui
 cl_event GpuKernels::swiglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
                             uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                             TokenRange t) {
-  forget_quantized_input();
-  const ElementwiseLaunch l = elementwise2(dev_, "swiglu", arena, g_off, g_stride, u_off, u_stride,
-                                           out_off, out_stride, cols, t);
-  return launch("swiglu", l.kernel, 2, l.global, nullptr);
+  return binary("swiglu", arena, g_off, g_stride, u_off, u_stride, out_off, out_stride, cols, t);
 }
 
 cl_event GpuKernels::add(cl_mem arena, uint64_t a_off, uint32_t a_stride, uint64_t b_off,
                          uint32_t b_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                          TokenRange t) {
-  forget_quantized_input();
-  const ElementwiseLaunch l = elementwise2(dev_, "add", arena, a_off, a_stride, b_off, b_stride,
-                                           out_off, out_stride, cols, t);
-  return launch("add", l.kernel, 2, l.global, nullptr);
+  return binary("add", arena, a_off, a_stride, b_off, b_stride, out_off, out_stride, cols, t);
 }
 
 cl_event GpuKernels::geglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
                            uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                            TokenRange t) {
+  return binary("geglu", arena, g_off, g_stride, u_off, u_stride, out_off, out_stride, cols, t);
+}
+
+cl_event GpuKernels::binary(const char* name, cl_mem arena, uint64_t a_off, uint32_t a_stride,
+                            uint64_t b_off, uint32_t b_stride, uint64_t out_off,
+                            uint32_t out_stride, uint32_t cols, TokenRange t) {
   forget_quantized_input();
-  const ElementwiseLaunch l = elementwise2(dev_, "geglu", arena, g_off, g_stride, u_off, u_stride,
+  const ElementwiseLaunch l = elementwise2(dev_, name, arena, a_off, a_stride, b_off, b_stride,
                                            out_off, out_stride, cols, t);
-  return launch("geglu", l.kernel, 2, l.global, nullptr);
+  return launch(name, l.kernel, 2, l.global, nullptr);
 }
 
 cl_event GpuKernels::scale(cl_mem arena, uint64_t x_off, uint32_t x_stride, float s, uint32_t cols,

@@ -204,6 +204,10 @@ class GpuKernels {
   static constexpr uint32_t kRopeTokensPerItem = 8;    // ROPE_TOKENS in elementwise.cl
 
  private:
+  // An elementwise kernel of two inputs (swiglu, geglu, add) over tokens t, columns cols.
+  cl_event binary(const char* name, cl_mem arena, uint64_t a_off, uint32_t a_stride, uint64_t b_off,
+                  uint32_t b_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
+                  TokenRange t);
   cl_event launch(const char* name, cl_kernel k, cl_uint dims, const size_t* global,
                   const size_t* local);
   cl_event gemv_gpu(cl_mem arena, const MatmulArgs& a);

@@ -13,15 +13,12 @@
 #include "core/profiler.h"
 #include "core/shapes.h"
 #include "core/soc_profile_fit.h"
+#include "tests/support/soc_profiles.h"
 
 namespace duet {
 namespace {
 
-const SocProfile& sd8gen3() {
-  static const SocProfile soc =
-      load_soc_profile(std::string(DUET_SOURCE_DIR) + "/deploy/soc/sd8gen3.toml");
-  return soc;
-}
+using test_support::sd8gen3;
 
 // A slower, differently shaped machine: a third of the GPU's bandwidth and rate, a slower NPU
 // clock with a dearer launch.

@@ -13,15 +13,12 @@
 #include "core/shapes.h"
 #include "core/solver.h"
 #include "core/timeline.h"
+#include "tests/support/soc_profiles.h"
 
 namespace duet {
 namespace {
 
-const SocProfile& sd8gen3() {
-  static const SocProfile soc =
-      load_soc_profile(std::string(DUET_SOURCE_DIR) + "/deploy/soc/sd8gen3.toml");
-  return soc;
-}
+using test_support::sd8gen3;
 
 // Tokens per second of the solver's tensor plan for one step: decode (one token at context
 // 256, Figure 15's prompt length) or a prefill of n tokens from an empty cache.

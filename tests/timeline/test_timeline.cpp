@@ -10,15 +10,12 @@
 #include "core/npu_timing.h"
 #include "core/program.h"
 #include "core/timeline.h"
+#include "tests/support/soc_profiles.h"
 
 namespace duet {
 namespace {
 
-const SocProfile& sd8gen3() {
-  static const SocProfile soc =
-      load_soc_profile(std::string(DUET_SOURCE_DIR) + "/deploy/soc/sd8gen3.toml");
-  return soc;
-}
+using test_support::sd8gen3;
 
 const LlamaModel& fortune() {
   static const auto m =
