@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -12,6 +13,7 @@
 #include <deque>
 #include <filesystem>
 
+#include "core/listen_socket.h"
 #include "core/messaging.h"
 #include "core/run_dir.h"
 #include "deploy/supervisor/supervisor_impl.h"
@@ -100,17 +102,27 @@ void Supervisor::Impl::spawn(Child& c) {
   // The service's stdout/stderr (an abort message, a sanitizer report) go to its log too.
   std::string log_file = log_path(opt.run_dir, c.name);
   int log_fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  uv_stdio_container_t stdio[3];
+  uv_stdio_container_t stdio[kInheritedListenFd + 1];
   stdio[0].flags = UV_IGNORE;
   for (int i = 1; i < 3; ++i) {
     stdio[i].flags = log_fd >= 0 ? UV_INHERIT_FD : UV_IGNORE;
     stdio[i].data.fd = log_fd;
   }
+  const int listen_fd = c.id == ServiceId::http ? http_listen_socket() : -1;
+  if (listen_fd >= 0) {
+    args.insert(args.end(), {"--listen-fd", std::to_string(kInheritedListenFd)});
+    argv.clear();
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+  }
+  uv_stdio_container_t* socket_stdio = &stdio[kInheritedListenFd];
+  socket_stdio->flags = UV_INHERIT_FD;
+  socket_stdio->data.fd = listen_fd;
   uv_process_options_t po{};
   po.file = exe.c_str();
   po.args = argv.data();
   po.env = envp.data();
-  po.stdio_count = 3;
+  po.stdio_count = listen_fd >= 0 ? kInheritedListenFd + 1 : 3;
   po.stdio = stdio;
   po.exit_cb = [](uv_process_t* p, int64_t status, int sig) {
     auto* ch = static_cast<Child*>(p->data);
@@ -140,6 +152,39 @@ void Supervisor::Impl::spawn(Child& c) {
   write_record();
 }
 
+int Supervisor::Impl::http_listen_socket() {
+  if (http_socket >= 0 && is_listening_socket(http_socket)) return http_socket;
+  if (http_socket >= 0) {
+    log->warn("http_svc's socket stopped listening: binding a new one");
+    close(http_socket);
+    http_socket = -1;
+  }
+  try {
+    http_socket = open_listening_socket(parse_listen_address(opt.http_listen));
+    log->info("listening for http_svc on {} (port {})", opt.http_listen, bound_port(http_socket));
+  } catch (const Error& e) {
+    log->warn("http_svc binds its own socket: {}", e.what());
+  }
+  return http_socket;
+}
+
+void Supervisor::Impl::take_http_socket(int pidfd) {
+  const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, kInheritedListenFd, 0));
+  if (fd < 0) {
+    log->warn("cannot take http_svc's socket ({}): a restarted http_svc binds a new one",
+              std::strerror(errno));
+    return;
+  }
+  const int want = parse_listen_address(opt.http_listen).port;
+  if (!is_listening_socket(fd) || (want != 0 && bound_port(fd) != want)) {
+    close(fd);  // an http_svc started without our socket: its fd 3 is something else
+    return;
+  }
+  if (http_socket >= 0) close(http_socket);
+  http_socket = fd;
+  log->info("took http_svc's listening socket (port {}) back", bound_port(fd));
+}
+
 void Supervisor::Impl::adopt(Child& c, const ServiceRecord& r, int pidfd) {
   c.pid = r.pid;
   c.start_ticks = r.start_ticks;
@@ -149,6 +194,7 @@ void Supervisor::Impl::adopt(Child& c, const ServiceRecord& r, int pidfd) {
   c.last_ack_ms = 0;
   c.dealer.reset();
   c.state = ChildState::starting;  // healthy at its first HeartbeatAck
+  if (c.id == ServiceId::http) take_http_socket(pidfd);
   c.pid_poll = new uv_poll_t{};
   c.pid_poll->data = &c;
   uv_poll_init(&loop, c.pid_poll, pidfd);
@@ -387,6 +433,7 @@ int Supervisor::Impl::run() {
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
   control.close();
+  if (http_socket >= 0) close(http_socket);
 
   size_t segments = shm::remove_stack_segments(opt.stack_id);
   log->info("stack {} down: removed {} segments and the run dir {}", opt.stack_id, segments,

@@ -62,6 +62,9 @@ struct Supervisor::Impl {
   uv_signal_t sig_term{}, sig_int{}, sig_hup{};
   zmq::socket_t control;
   std::vector<Child> children;  // indexed by ServiceId; http_svc last, only when asked for
+  // http_svc's listening socket, bound here once and handed to every http_svc we start, so that
+  // clients queue in its backlog while http_svc restarts (see core/listen_socket.h). -1: none.
+  int http_socket = -1;
   uint64_t started_ms = monotonic_ms();
   bool stopping = false;
   size_t stop_index = 0;
@@ -111,6 +114,11 @@ struct Supervisor::Impl {
   // Takes over a service a dead supervisor started. Not our child, so its exit is seen as its
   // pidfd turning readable (the status goes to its new parent, init).
   void adopt(Child& c, const ServiceRecord& r, int pidfd);
+  // The socket to hand http_svc: ours, made now if we have none (or ours stopped listening);
+  // -1 when it cannot be bound (http_svc then binds itself and reports why it cannot).
+  int http_listen_socket();
+  // A copy of the socket a running (adopted) http_svc serves, taken through its pidfd.
+  void take_http_socket(int pidfd);
 
   void on_adopted_exit(Child& c);
 

@@ -4,12 +4,14 @@
 #include <openssl/sha.h>
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "core/listen_socket.h"
 #include "core/messaging.h"
 #include "core/run_dir.h"
 #include "services/http_svc/http_context.h"
@@ -20,29 +22,9 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 void parse_listen(const std::string& spec, HttpOptions& o) {
-  std::string host = "127.0.0.1", port = spec;
-  if (!spec.empty() && spec.front() == '[') {
-    const size_t close = spec.find("]:");
-    if (close == std::string::npos)
-      throw Error(Errc::invalid_argument, "listen address '" + spec + "': use [ADDR]:PORT");
-    host = spec.substr(1, close - 1);
-    port = spec.substr(close + 2);
-  } else if (const size_t colon = spec.rfind(':'); colon != std::string::npos) {
-    host = spec.substr(0, colon);
-    port = spec.substr(colon + 1);
-  }
-  size_t used = 0;
-  int p = -1;
-  try {
-    p = std::stoi(port, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (host.empty() || port.empty() || used != port.size() || p < 0 || p > 65535)
-    throw Error(Errc::invalid_argument,
-                "listen address '" + spec + "': use [ADDR:]PORT with PORT in 0..65535");
-  o.host = host;
-  o.port = p;
+  const ListenAddress a = parse_listen_address(spec);
+  o.host = a.host;
+  o.port = a.port;
 }
 
 std::string read_api_key_file(const std::string& path) {
@@ -344,7 +326,20 @@ HttpServer::~HttpServer() {
 
 int HttpServer::start() {
   int port = options_.port;
-  if (port == 0) {
+  if (options_.listen_fd >= 0) {
+    // Socket activation: httplib cannot adopt a bound socket, so let it make a throwaway one and
+    // put the inherited socket in its place (dup2 keeps the fd number its accept loop uses). Its
+    // accept loop polls with a timeout, so stop() can end it without shutting the shared socket.
+    if (!is_listening_socket(options_.listen_fd))
+      throw Error(Errc::invalid_argument, "--listen-fd " + std::to_string(options_.listen_fd) +
+                                              " is not a listening TCP socket");
+    server_->set_idle_interval(0, 200'000);
+    if (server_->bind_to_any_port("127.0.0.1") < 0 || impl_->listen_fd < 0 ||
+        dup2(options_.listen_fd, impl_->listen_fd) < 0)
+      throw Error(Errc::unavailable,
+                  std::string("cannot serve the inherited socket: ") + std::strerror(errno));
+    port = bound_port(options_.listen_fd);
+  } else if (port == 0) {
     port = server_->bind_to_any_port(options_.host);
   } else if (!server_->bind_to_port(options_.host, port)) {
     port = -1;
@@ -359,13 +354,26 @@ int HttpServer::start() {
   if (impl_->listen_fd >= 0 && ::listen(impl_->listen_fd, SOMAXCONN) != 0)
     log_->warn("http_svc: cannot widen the listen backlog: {}", std::strerror(errno));
   thread_ = std::thread([this] { server_->listen_after_bind(); });
-  log_->info("http_svc listening on http://{}:{} for stack {} (model '{}', {} workers{})",
+  log_->info("http_svc listening on http://{}:{} for stack {} (model '{}', {} workers{}{})",
              options_.host, port, options_.stack_id, impl_->ctx.model, options_.workers,
-             options_.api_key.empty() ? "" : ", bearer key required");
+             options_.api_key.empty() ? "" : ", bearer key required",
+             options_.listen_fd >= 0 ? ", on the supervisor's socket" : "");
   return port;
 }
 
 void HttpServer::stop() {
+  // httplib's stop() shuts its socket down, which would stop the shared one listening for the
+  // supervisor and the next http_svc too: put a private listening socket in its place to shut
+  // instead (listening, so the accept loop waits on it rather than failing on it).
+  if (server_ && options_.listen_fd >= 0 && impl_->listen_fd >= 0) {
+    try {
+      const int spare = open_listening_socket({"127.0.0.1", 0});
+      dup2(spare, impl_->listen_fd);
+      close(spare);
+    } catch (const Error& e) {
+      log_->warn("http_svc: stopping on the shared socket: {}", e.what());
+    }
+  }
   if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
 }

@@ -27,6 +27,7 @@ namespace duet::http {
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 0;         // 0: any free port (written to <run dir>/http.port)
+  int listen_fd = -1;   // >= 0: serve this inherited listening socket instead of binding
   std::string api_key;  // "" = no authentication
   std::string stack_id = "default";
   std::string run_dir;     // the stack's run dir

@@ -13,12 +13,14 @@ int main(int argc, char** argv) {
   using namespace duet;
   signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a death
   std::string listen = "127.0.0.1:8080", key_file;
+  int listen_fd = -1;
   std::unique_ptr<http::HttpServer> server;
   return service_main(
       argc, argv, ServiceId::http,
       [&](ServiceLoop& loop) {
         http::HttpOptions o;
         http::parse_listen(listen, o);
+        o.listen_fd = listen_fd;
         if (!key_file.empty()) o.api_key = http::read_api_key_file(key_file);
         o.stack_id = loop.options().stack_id;
         o.run_dir = loop.run_dir();
@@ -34,6 +36,10 @@ int main(int argc, char** argv) {
       [&](CLI::App& app) {
         app.add_option("--listen", listen, "[ADDR:]PORT to serve HTTP on (ADDR 127.0.0.1)")
             ->capture_default_str();
+        app.add_option("--listen-fd", listen_fd,
+                       "serve this inherited listening socket (the supervisor's, bound to "
+                       "--listen) instead of binding one")
+            ->check(CLI::NonNegativeNumber);
         app.add_option("--api-key-file", key_file,
                        "require 'Authorization: Bearer <key>', the key being this file's first "
                        "line");

@@ -397,12 +397,11 @@ TEST_F(ChaosRun, EveryRequestCompletesRightUnderKillsOfEveryProcess) {
   EXPECT_EQ(http_lost, 0);
   // Issue 22: a frontend kill resumes its requests (request journal + client Resume), and every
   // other kill costs time, not requests: nothing fails. An http_svc kill cuts its clients' TCP
-  // connections and they send again; the one failure allowed is an HTTP request refused on all
-  // three attempts (1.1-1.5 s, the SDKs' default budget) by an http_svc still starting on a loaded
-  // machine (3 of 7103 in a 10-minute run at load 11: bench/chaos/RESULTS.md). An error event or
-  // any other HTTP failure fails the test.
+  // connections and they send again (the SDKs' two retries); while http_svc restarts, new
+  // connections wait in the backlog of the listening socket the supervisor holds for it
+  // (core/listen_socket.h), so none is refused, however slowly http_svc comes back.
   EXPECT_EQ(failed, 0);
-  EXPECT_EQ(http_failed, http_refused);
+  EXPECT_EQ(http_failed, 0);
   EXPECT_GT(completed, 0);
   EXPECT_GT(http_completed, 0);
   EXPECT_EQ(requests, completed + failed + lost);

@@ -335,4 +335,55 @@ TEST_F(HttpSvcTest, KillNineOfTheFrontendMidStreamResumesTheSseStream) {
 }
 
 }  // namespace
+// The supervisor holds http_svc's listening socket and hands it to every http_svc it starts
+// (core/listen_socket.h): a request sent while http_svc is dead waits in the kernel's accept queue
+// and the next http_svc serves it. Without that it is refused (curl connects once, no retry).
+TEST_F(HttpSvcTest, RequestsSentWhileHttpSvcIsDeadAreServedByTheNextOne) {
+  const auto healthy_until = std::chrono::steady_clock::now() + 20s;
+  while (service("http_svc")["state"] != "healthy" &&
+         std::chrono::steady_clock::now() < healthy_until)
+    std::this_thread::sleep_for(20ms);
+  const int old_pid = service("http_svc")["pid"];
+  ASSERT_GT(old_pid, 0);
+  ASSERT_EQ(kill(old_pid, SIGKILL), 0);
+  const auto dead_until = std::chrono::steady_clock::now() + 5s;
+  while (process_alive(old_pid) && std::chrono::steady_clock::now() < dead_until)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_FALSE(process_alive(old_pid));
+  std::vector<std::future<std::pair<int, std::string>>> sent;
+  for (int i = 0; i < 4; ++i)
+    sent.push_back(std::async(std::launch::async, [] {
+      return curl("/v1/completions", R"({"prompt": "Once", "max_tokens": 4, "temperature": 0})");
+    }));
+  for (auto& f : sent) {
+    auto [status, body] = f.get();
+    EXPECT_EQ(status, 200) << "refused or failed while http_svc restarted: " << body;
+    EXPECT_NE(body.find("\"choices\""), std::string::npos) << body;
+  }
+  EXPECT_NE(service("http_svc")["pid"], old_pid);
+}
+
+// A supervisor that adopts a running http_svc takes a copy of its listening socket back
+// (pidfd_getfd of fd 3), so the next http_svc restart keeps the port's queue as well.
+TEST_F(HttpSvcTest, AnAdoptingSupervisorKeepsTheSocketForTheNextRestart) {
+  const auto s = test_support::stack_status(run_dir_);
+  ASSERT_TRUE(s.has_value());
+  const int supervisor_pid = (*s)["pid"];
+  ASSERT_EQ(kill(supervisor_pid, SIGKILL), 0);
+  while (process_alive(supervisor_pid)) std::this_thread::sleep_for(1ms);
+  const auto up = run_duet("stack up --stack " + id_ + " --http " + std::to_string(port_));
+  ASSERT_EQ(up.rc, 0) << up.out;
+  ASSERT_NE(up.out.find("adopted 5 running services"), std::string::npos) << up.out;
+  std::ifstream log(run_dir_ + "/supervisor.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(text.find("took http_svc's listening socket"), std::string::npos) << text;
+
+  const int old_pid = service("http_svc")["pid"];
+  ASSERT_EQ(kill(old_pid, SIGKILL), 0);
+  while (process_alive(old_pid)) std::this_thread::sleep_for(1ms);
+  auto [status, body] =
+      curl("/v1/completions", R"({"prompt": "Once", "max_tokens": 4, "temperature": 0})");
+  EXPECT_EQ(status, 200) << body;
+}
+
 }  // namespace duet
