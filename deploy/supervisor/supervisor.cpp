@@ -12,8 +12,8 @@
 #include <deque>
 #include <filesystem>
 
-#include "core/messaging.h"
-#include "core/run_dir.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
 #include "deploy/supervisor/supervisor_impl.h"
 #include "shm/completion_flag.h"
 #include "shm/segment.h"

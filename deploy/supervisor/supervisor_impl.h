@@ -12,9 +12,9 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "core/messaging.h"
-#include "core/run_dir.h"
-#include "core/stack_record.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
+#include "core/ipc/stack_record.h"
 #include "deploy/supervisor/supervisor.h"
 
 extern char** environ;
@@ -99,7 +99,7 @@ struct Supervisor::Impl {
 
   std::vector<std::string> service_argv(const Child& c) const;
 
-  // The record the next supervisor adopts from if this one is killed (core/stack_record.h).
+  // The record the next supervisor adopts from if this one is killed (core/ipc/stack_record.h).
   void write_record();
 
   Child* find_child(ServiceId id);

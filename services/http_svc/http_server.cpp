@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/messaging.h"
-#include "core/run_dir.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
 #include "services/http_svc/http_context.h"
 
 namespace duet::http {

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/client.h"
+#include "core/ipc/client.h"
 #include "tests/http_svc/http_test_support.h"
 #include "tests/support/stack_support.h"
 
@@ -294,7 +294,7 @@ TEST_F(HttpSvcTest, KillNineMidStreamRestartsAndCancelsTheCutRequest) {
   EXPECT_EQ(status, 200) << body;
 }
 
-// Issue 22: kill -9 of the frontend mid-stream. http_svc's client (core/client.h) reconnects to
+// Issue 22: kill -9 of the frontend mid-stream. http_svc's client (core/ipc/client.h) reconnects to
 // the restarted frontend, which adopted the request from its journal, and resumes: curl's SSE
 // stream goes on without a break and carries the undisturbed run's text, once.
 TEST_F(HttpSvcTest, KillNineOfTheFrontendMidStreamResumesTheSseStream) {
