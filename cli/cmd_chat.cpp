@@ -13,7 +13,7 @@
 #include <string>
 
 #include "cli/command.h"
-#include "core/client.h"
+#include "core/ipc/client.h"
 
 namespace {
 

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "core/client.h"
-#include "core/error.h"
-#include "core/forward.h"
-#include "core/model.h"
-#include "core/ops.h"
+#include "core/base/error.h"
+#include "core/ipc/client.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+#include "core/model/ops.h"
 
 namespace {
 
@@ -24,7 +24,7 @@ struct EvalArgs {
   std::string ids;
   std::string logits_out;
   int threads = 0;
-  // --stack: through a running stack's frontend (core/client.h); --model, when given, must be
+  // --stack: through a running stack's frontend (core/ipc/client.h); --model, when given, must be
   // the stack's model.
   std::string stack;
   std::string plan;

@@ -10,14 +10,14 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "core/chat_template.h"
-#include "core/client.h"
-#include "core/error.h"
-#include "core/forward.h"
-#include "core/model.h"
-#include "core/ops.h"
-#include "core/sampling.h"
-#include "core/tokenizer.h"
+#include "core/base/error.h"
+#include "core/ipc/client.h"
+#include "core/model/chat_template.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+#include "core/model/ops.h"
+#include "core/model/sampling.h"
+#include "core/model/tokenizer.h"
 
 namespace {
 
@@ -28,7 +28,7 @@ struct GenerateArgs {
   duet::SamplingParams sampling;
   int threads = 0;
   std::string prompt;
-  // --stack: through a running stack's frontend (core/client.h), instead of --local.
+  // --stack: through a running stack's frontend (core/ipc/client.h), instead of --local.
   std::string stack;
   std::string priority = "reactive";
   std::string plan;

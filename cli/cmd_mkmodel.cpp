@@ -1,5 +1,5 @@
 // duet mkmodel --shape S [--arch A] [--vocab N|FILE.gguf] --type T --out F: a synthetic GGUF with a
-// real model's shape and random weights, for benchmarks and tests (core/shapes.h).
+// real model's shape and random weights, for benchmarks and tests (core/model/shapes.h).
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -10,10 +10,10 @@
 #include <string>
 
 #include "cli/command.h"
-#include "core/arch.h"
-#include "core/error.h"
-#include "core/quant_mix.h"
-#include "core/shapes.h"
+#include "core/base/error.h"
+#include "core/model/arch.h"
+#include "core/model/quant_mix.h"
+#include "core/model/shapes.h"
 
 namespace {
 
@@ -35,7 +35,7 @@ struct MkmodelArgs {
 };
 
 // f32, f16, q8_0, q4_0: every matrix that type (the files these names always made). Any other
-// name is a core/quant_mix.h preset: q4_k_m, q5_k_m, q6_k with llama.cpp's per-tensor rules;
+// name is a core/model/quant_mix.h preset: q4_k_m, q5_k_m, q6_k with llama.cpp's per-tensor rules;
 // q4_k, q5_k, q4_1, q5_0, q5_1, bf16 pure (every matrix that type, with llama.cpp's fallback
 // for rows that are not whole 256-weight super-blocks).
 void set_type(std::string name, duet::SyntheticModelOptions& o) {
@@ -116,7 +116,7 @@ duet::cli::RegisterCommand register_mkmodel([](CLI::App& app) {
   cmd->add_option("--type", args->type,
                   std::string("Matrix type: ") + kTypeNames +
                       " (norms are always f32). q4_k_m, q5_k_m and q6_k mix types per tensor as "
-                      "llama.cpp's quantiser does (core/quant_mix.h); the others are pure")
+                      "llama.cpp's quantiser does (core/model/quant_mix.h); the others are pure")
       ->capture_default_str();
   cmd->add_option("--out", args->out, "Output GGUF path")->required();
   cmd->add_option("--vocab", args->vocab,

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "core/error.h"
-#include "core/plan_store.h"
+#include "core/base/error.h"
+#include "core/planner/plan_store.h"
 
 namespace {
 

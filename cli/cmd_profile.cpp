@@ -1,18 +1,18 @@
 // duet profile: a SoC profile of this machine (issue 23 item 4). Profiles a running stack's
 // gpu_svc and npu_svc (measured timing, as `duet plan --timing measured`: the profile is cached
-// and shared with the stack's solver), fits the SoC timing models to it (core/soc_profile_fit.h)
-// and writes the result as a deploy/soc-style TOML, so that a run's modelled timeline
-// (core/timeline.h) can be set beside its measured one on the same hardware
-// (bench/modeled/run_host_check.sh).
+// and shared with the stack's solver), fits the SoC timing models to it
+// (core/planner/soc_profile_fit.h) and writes the result as a deploy/soc-style TOML, so that a
+// run's modelled timeline (core/planner/timeline.h) can be set beside its measured one on the same
+// hardware (bench/modeled/run_host_check.sh).
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
 
 #include "cli/command.h"
-#include "core/error.h"
-#include "core/plan_store.h"
-#include "core/soc_profile_fit.h"
+#include "core/base/error.h"
+#include "core/planner/plan_store.h"
+#include "core/planner/soc_profile_fit.h"
 
 namespace {
 
@@ -38,7 +38,7 @@ void run_profile_cmd(ProfileArgs& args) {
                                 "timing models to a measured profile\n(" +
                                     measured.device + ", " + model.key + ", " +
                                     std::to_string(measured.entries.size()) +
-                                    " points): core/soc_profile_fit.h.");
+                                    " points): core/planner/soc_profile_fit.h.");
     if (!o) throw duet::Error(duet::Errc::io, "cannot write " + args.out);
   }
   duet::load_soc_profile(args.out);  // it must read back

@@ -1,6 +1,6 @@
 // duet quantize IN.gguf OUT.gguf --type T [--threads N] [--pure] [--json]: rewrite a GGUF of
 // F32/F16/BF16 matrices in a quantisation preset with llama.cpp's per-tensor mixing rules
-// (core/quant_mix.h, core/quantize_file.h).
+// (core/model/quant_mix.h, core/model/quantize_file.h).
 #include <unistd.h>
 
 #include <chrono>
@@ -10,8 +10,8 @@
 #include <string>
 
 #include "cli/command.h"
-#include "core/quant_mix.h"
-#include "core/quantize_file.h"
+#include "core/model/quant_mix.h"
+#include "core/model/quantize_file.h"
 
 namespace {
 
@@ -78,7 +78,7 @@ duet::cli::RegisterCommand register_quantize([](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "quantize",
       "Quantise a GGUF of F32/F16/BF16 matrices (metadata copied, general.file_type set); "
-      "q4_k_m/q5_k_m mix types per tensor as llama.cpp does (core/quant_mix.h)");
+      "q4_k_m/q5_k_m mix types per tensor as llama.cpp does (core/model/quant_mix.h)");
   cmd->add_option("in", args->in, "Input GGUF (F32/F16/BF16 matrices)")->required();
   cmd->add_option("out", args->out, "Output GGUF")->required();
   cmd->add_option("--type", args->type, "Preset: " + types)->required();

@@ -21,12 +21,12 @@
 #include <thread>
 
 #include "cli/command.h"
-#include "core/error.h"
-#include "core/kv_budget.h"
-#include "core/messaging.h"
-#include "core/model.h"
-#include "core/run_dir.h"
-#include "core/stack_record.h"
+#include "core/base/error.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
+#include "core/ipc/stack_record.h"
+#include "core/model/kv_budget.h"
+#include "core/model/model.h"
 
 extern char** environ;
 
@@ -48,7 +48,7 @@ struct StackArgs {
   std::string service;
   std::string http;          // [ADDR:]PORT: also run http_svc there
   std::string api_key_file;  // http_svc's bearer key
-  std::string kv_memory;     // the KV pool's budget (core/kv_budget.h); empty: the default
+  std::string kv_memory;     // the KV pool's budget (core/model/kv_budget.h); empty: the default
   std::string kv_type;       // f16 (default), f32 or q8_0
   int timeout_s = 30;
   int max_restarts = 5;
@@ -238,8 +238,8 @@ std::optional<std::string> read_ready_line(int fd, std::chrono::seconds timeout,
   }
 }
 
-// Plans the KV pool the frontend will make (core/kv_budget.h) before anything starts, so that a
-// setting the stack cannot serve (a budget too small for one sequence of the context, a pool
+// Plans the KV pool the frontend will make (core/model/kv_budget.h) before anything starts, so that
+// a setting the stack cannot serve (a budget too small for one sequence of the context, a pool
 // larger than /dev/shm) is refused here with the reason instead of failing requests later. The
 // budget goes to the frontend in bytes (DUET_KV_MEMORY): a restarted frontend makes the same
 // pool. Returns the line `up` prints about it.

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "cli/command.h"
-#include "core/client.h"
-#include "core/messaging.h"
-#include "core/run_dir.h"
+#include "core/ipc/client.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
 
 namespace {
 

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "cli/command.h"
-#include "core/error.h"
-#include "core/gguf.h"
-#include "core/tokenizer.h"
+#include "core/base/error.h"
+#include "core/model/gguf.h"
+#include "core/model/tokenizer.h"
 
 namespace {
 

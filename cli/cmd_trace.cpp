@@ -11,9 +11,9 @@
 #include <string>
 
 #include "cli/command.h"
-#include "core/client.h"
-#include "core/error.h"
-#include "core/run_dir.h"
+#include "core/base/error.h"
+#include "core/ipc/client.h"
+#include "core/ipc/run_dir.h"
 
 namespace {
 

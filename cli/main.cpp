@@ -3,7 +3,7 @@
 #include <exception>
 
 #include "cli/command.h"
-#include "core/error.h"
+#include "core/base/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"duet: heterogeneous GPU+NPU LLM inference"};

@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <string>
 
-#include "core/error.h"
-#include "core/gguf.h"
-#include "core/model.h"
+#include "core/base/error.h"
+#include "core/model/gguf.h"
+#include "core/model/model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = "/tmp/duet-fuzz-gguf-" + std::to_string(getpid()) + ".gguf";

@@ -5,9 +5,9 @@
 #include <span>
 #include <vector>
 
-#include "core/error.h"
-#include "core/messaging.h"
-#include "core/program.h"
+#include "core/base/error.h"
+#include "core/ipc/messaging.h"
+#include "core/program/program.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // flatbuffers needs aligned buffers: copy as a receiver does.

@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
-#include "core/error.h"
-#include "core/gguf.h"
-#include "core/tokenizer.h"
+#include "core/base/error.h"
+#include "core/model/gguf.h"
+#include "core/model/tokenizer.h"
 
 namespace {
 const duet::Tokenizer& tokenizer(size_t which) {

@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "shm/segment.h"
 
 namespace duet::shm {

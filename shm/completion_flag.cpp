@@ -12,7 +12,7 @@
 #include <new>
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "shm/segment.h"
 
 namespace duet::shm {

@@ -6,7 +6,7 @@
 #include <new>
 #include <random>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::shm {
 namespace {

@@ -1,8 +1,8 @@
 #pragma once
-// The step doorbell (shm/doorbell.h) in terms of program steps (core/program.h): what a RunStep
-// carries as a doorbell request and back, and the FlagSync that holds back a step's done flag
-// until the device has written its report. Header-only over core/program.h, like flag_sync.h, so
-// that shm does not depend on the program schema.
+// The step doorbell (shm/doorbell.h) in terms of program steps (core/program/program.h): what a
+// RunStep carries as a doorbell request and back, and the FlagSync that holds back a step's done
+// flag until the device has written its report. Header-only over core/program/program.h, like
+// flag_sync.h, so that shm does not depend on the program schema.
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -11,8 +11,8 @@
 #include <string>
 #include <utility>
 
-#include "core/error.h"
-#include "core/program.h"
+#include "core/base/error.h"
+#include "core/program/program.h"
 #include "shm/doorbell.h"
 
 namespace duet::shm {

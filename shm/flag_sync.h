@@ -1,13 +1,13 @@
 #pragma once
-// duet::FlagSync (core/program.h) over a shared-memory FlagTable: how a program runner in any
-// process waits for the other device's tensors and publishes its own. Header-only so that shm
+// duet::FlagSync (core/program/program.h) over a shared-memory FlagTable: how a program runner in
+// any process waits for the other device's tensors and publishes its own. Header-only so that shm
 // does not depend on the program schema.
 #include <chrono>
 #include <memory>
 #include <string>
 
-#include "core/error.h"
-#include "core/program.h"
+#include "core/base/error.h"
+#include "core/program/program.h"
 #include "shm/completion_flag.h"
 
 namespace duet::shm {

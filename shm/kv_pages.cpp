@@ -9,7 +9,7 @@
 #include <tuple>
 #include <utility>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "shm/segment.h"
 
 namespace duet::shm {

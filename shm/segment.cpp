@@ -11,7 +11,7 @@
 #include <cstring>
 #include <utility>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::shm {
 namespace {

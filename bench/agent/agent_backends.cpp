@@ -8,9 +8,9 @@
 #include <mutex>
 #include <thread>
 
-#include "core/error.h"
-#include "core/gpu_timing.h"
-#include "core/npu_timing.h"
+#include "core/base/error.h"
+#include "core/planner/gpu_timing.h"
+#include "core/planner/npu_timing.h"
 
 namespace duet::bench {
 namespace {

@@ -13,8 +13,8 @@
 #include <optional>
 #include <vector>
 
-#include "core/shapes.h"
-#include "core/soc_profile.h"
+#include "core/model/shapes.h"
+#include "core/planner/soc_profile.h"
 #include "services/frontend/agent_policy.h"
 #include "services/frontend/program_engine.h"
 

@@ -20,7 +20,7 @@
 #include "bench/agent/agent_backends.h"
 #include "bench/agent/agent_trace.h"
 #include "bench/agent/stack_driver.h"
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::bench {
 namespace {

@@ -8,9 +8,9 @@
 #include <thread>
 #include <utility>
 
-#include "core/client.h"
-#include "core/error.h"
-#include "core/run_dir.h"
+#include "core/base/error.h"
+#include "core/ipc/client.h"
+#include "core/ipc/run_dir.h"
 #include "shm/segment.h"
 
 namespace duet::bench {

@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "core/op_shape.h"
-#include "core/quant.h"
+#include "core/base/error.h"
+#include "core/model/quant.h"
+#include "core/planner/op_shape.h"
 #include "services/gpu_svc/gpu_profiler.h"
 #include "services/gpu_svc/tiled_weights.h"
 #include "services/gpu_svc/weight_pack.h"

@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/client.h"
-#include "core/run_dir.h"
+#include "core/ipc/client.h"
+#include "core/ipc/run_dir.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/gguf.h"
+#include "core/model/gguf.h"
 
 namespace {
 

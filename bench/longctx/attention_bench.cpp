@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/kv_budget.h"
+#include "core/model/dtype.h"
+#include "core/model/kv_budget.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
 

@@ -1,16 +1,16 @@
 // The timeline model checked on this machine (issue 23, item 4).
 //   host_check fit --profile MEASURED.json --out host.toml [--name host] [--fast-sync-us US]
-//     fits a SoC profile for the machine a measured profile (core/profiler.h, written by
-//     `duet plan --timing measured`) was taken on (core/soc_profile_fit.h); prints the fit's
-//     error per device as JSON.
+//     fits a SoC profile for the machine a measured profile (core/planner/profiler.h, written by
+//     `duet plan --timing measured`) was taken on (core/planner/soc_profile_fit.h); prints the
+//     fit's error per device as JSON.
 //   host_check model --soc host.toml --model M.gguf (--plan NAME | --plan-json FILE) --tokens N
 //                    [--context C] [--max-tokens 64] [--max-ctx 512] [--step-overhead-us US]
 //                    [--profile MEASURED.json]
-//     builds the model's programs for the plan (core/program_builder, as the stack does), composes
-//     one step on that profile's timeline (core/timeline.h), pipelined (fast sync) and with every
-//     op at its isolated cost, and (--profile) with the measured profile's own matmul times in
-//     place of the fitted models; prints them as JSON. run_host_check.sh sets them beside the step
-//     times measured through the real stack.
+//     builds the model's programs for the plan (core/program/program_builder, as the stack does),
+//     composes one step on that profile's timeline (core/planner/timeline.h), pipelined (fast sync)
+//     and with every op at its isolated cost, and (--profile) with the measured profile's own
+//     matmul times in place of the fitted models; prints them as JSON. run_host_check.sh sets them
+//     beside the step times measured through the real stack.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -19,13 +19,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/error.h"
-#include "core/model.h"
-#include "core/profiler.h"
-#include "core/program.h"
-#include "core/soc_profile_fit.h"
-#include "core/solver.h"
-#include "core/timeline.h"
+#include "core/base/error.h"
+#include "core/model/model.h"
+#include "core/planner/profiler.h"
+#include "core/planner/soc_profile_fit.h"
+#include "core/planner/solver.h"
+#include "core/planner/timeline.h"
+#include "core/program/program.h"
 
 namespace {
 
@@ -67,7 +67,7 @@ int fit(const std::map<std::string, std::string>& f) {
                           "to a measured profile\n(" +
                               measured.device + ", " + measured.shape + ", " +
                               std::to_string(measured.entries.size()) +
-                              " points): core/soc_profile_fit.h.");
+                              " points): core/planner/soc_profile_fit.h.");
     if (!o) throw Error(Errc::io, "cannot write " + out);
   }
   load_soc_profile(out);  // it must read back

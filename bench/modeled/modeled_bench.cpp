@@ -1,6 +1,6 @@
 // Modelled sd8gen3 prefill and decode throughput per plan, composed along each plan's program
-// schedule (core/timeline.h), beside HeteroInfer's figures. Prints JSON; with --markdown, the
-// tables of bench/modeled/RESULTS.md instead.
+// schedule (core/planner/timeline.h), beside HeteroInfer's figures. Prints JSON; with --markdown,
+// the tables of bench/modeled/RESULTS.md instead.
 //   modeled_bench [--soc sd8gen3] [--markdown] [--no-contention] [--trace FILE]
 // --trace writes the Chrome trace (chrome://tracing, Perfetto) of llama3-8b's tensor-level
 // prefill of 256 tokens.
@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "core/profiler.h"
-#include "core/shapes.h"
-#include "core/solver.h"
-#include "core/timeline.h"
+#include "core/base/error.h"
+#include "core/model/shapes.h"
+#include "core/planner/profiler.h"
+#include "core/planner/solver.h"
+#include "core/planner/timeline.h"
 
 namespace {
 

@@ -13,9 +13,9 @@
 #include <random>
 #include <vector>
 
-#include "core/npu_timing.h"
-#include "core/quant.h"
-#include "core/soc_profile.h"
+#include "core/model/quant.h"
+#include "core/planner/npu_timing.h"
+#include "core/planner/soc_profile.h"
 #include "services/npu_svc/npu_gemm.h"
 
 namespace {

@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.h"
-#include "core/forward.h"
-#include "core/model.h"
-#include "core/ops.h"
-#include "core/shapes.h"
+#include "core/base/error.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+#include "core/model/ops.h"
+#include "core/model/shapes.h"
 
 namespace {
 
@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
       "--model", model, "GGUF model, e.g. from `duet mkmodel --shape llama3.2-1b --type q4_0`");
   auto* shape_opt = app.add_option("--shape", shape,
                                    "Instead of --model: write a synthetic model of this shape "
-                                   "(core/shapes.h, as `duet mkmodel`) to a temp file first");
+                                   "(core/model/shapes.h, as `duet mkmodel`) to a temp file first");
   model_opt->excludes(shape_opt);
   app.add_option("--type", type, "With --shape: q4_0, q8_0 or f16")->capture_default_str();
   app.add_option("--vocab", vocab, "With --shape: vocab size (0: mkmodel's small default)")

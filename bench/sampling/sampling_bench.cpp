@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "core/sampling.h"
+#include "core/model/sampling.h"
 
 namespace {
 

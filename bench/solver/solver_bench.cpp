@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "core/error.h"
-#include "core/plan_store.h"
+#include "core/base/error.h"
+#include "core/planner/plan_store.h"
 
 namespace {
 

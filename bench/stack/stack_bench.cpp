@@ -12,10 +12,10 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "core/client.h"
-#include "core/error.h"
-#include "core/model.h"
-#include "core/soc_profile.h"
+#include "core/base/error.h"
+#include "core/ipc/client.h"
+#include "core/model/model.h"
+#include "core/planner/soc_profile.h"
 #include "services/device/program_memory.h"
 #include "services/frontend/program_engine.h"
 #include "services/gpu_svc/gpu_service.h"

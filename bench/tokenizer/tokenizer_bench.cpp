@@ -9,8 +9,8 @@
 #include <sstream>
 #include <string>
 
-#include "core/gguf.h"
-#include "core/tokenizer.h"
+#include "core/model/gguf.h"
+#include "core/model/tokenizer.h"
 
 int main(int argc, char** argv) {
   CLI::App app("Tokenizer throughput: MB/s of text through duet's encode, one thread");

@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "core/error.h"
-#include "core/log_file.h"
-#include "core/run_dir.h"
-#include "core/stack_record.h"
+#include "core/base/error.h"
+#include "core/ipc/log_file.h"
+#include "core/ipc/run_dir.h"
+#include "core/ipc/stack_record.h"
 #include "deploy/supervisor/supervisor.h"
 
 int main(int argc, char** argv) {

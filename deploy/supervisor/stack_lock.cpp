@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/error.h"
-#include "core/run_dir.h"
+#include "core/base/error.h"
+#include "core/ipc/run_dir.h"
 #include "shm/segment.h"
 
 namespace duet::supervisor {

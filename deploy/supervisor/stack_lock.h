@@ -2,7 +2,7 @@
 // One supervisor per stack id: an flock'ed pid file in the run dir. While a supervisor lives the
 // lock is held, so a second `up` fails with the holder's pid; when it died without cleaning up
 // (kill -9) the lock is free and the new supervisor either adopts its services that still run
-// (core/stack_record.h) or, when none does, reclaims what it left: sockets and
+// (core/ipc/stack_record.h) or, when none does, reclaims what it left: sockets and
 // /dev/shm/duet-<stack>-* segments.
 #include <string>
 

@@ -13,9 +13,9 @@
 #include <deque>
 #include <filesystem>
 
-#include "core/listen_socket.h"
-#include "core/messaging.h"
-#include "core/run_dir.h"
+#include "core/ipc/listen_socket.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
 #include "deploy/supervisor/supervisor_impl.h"
 #include "shm/completion_flag.h"
 #include "shm/segment.h"

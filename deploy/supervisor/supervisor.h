@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/stack_record.h"
+#include "core/ipc/stack_record.h"
 #include "deploy/supervisor/stack_lock.h"
 
 namespace duet::supervisor {

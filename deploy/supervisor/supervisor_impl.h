@@ -12,9 +12,9 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "core/messaging.h"
-#include "core/run_dir.h"
-#include "core/stack_record.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
+#include "core/ipc/stack_record.h"
 #include "deploy/supervisor/supervisor.h"
 
 extern char** environ;
@@ -63,7 +63,7 @@ struct Supervisor::Impl {
   zmq::socket_t control;
   std::vector<Child> children;  // indexed by ServiceId; http_svc last, only when asked for
   // http_svc's listening socket, bound here once and handed to every http_svc we start, so that
-  // clients queue in its backlog while http_svc restarts (see core/listen_socket.h). -1: none.
+  // clients queue in its backlog while http_svc restarts (see core/ipc/listen_socket.h). -1: none.
   int http_socket = -1;
   uint64_t started_ms = monotonic_ms();
   bool stopping = false;
@@ -102,7 +102,7 @@ struct Supervisor::Impl {
 
   std::vector<std::string> service_argv(const Child& c) const;
 
-  // The record the next supervisor adopts from if this one is killed (core/stack_record.h).
+  // The record the next supervisor adopts from if this one is killed (core/ipc/stack_record.h).
   void write_record();
 
   Child* find_child(ServiceId id);

@@ -4,9 +4,9 @@
 #include <string>
 #include <utility>
 
-#include "core/error.h"
-#include "core/gguf.h"
-#include "core/model_access.h"
+#include "core/base/error.h"
+#include "core/ipc/model_access.h"
+#include "core/model/gguf.h"
 #include "shm/completion_flag.h"
 #include "shm/flag_sync.h"
 #include "shm/segment.h"

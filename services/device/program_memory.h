@@ -8,7 +8,7 @@
 #include <functional>
 #include <memory>
 
-#include "core/program.h"
+#include "core/program/program.h"
 
 namespace duet {
 

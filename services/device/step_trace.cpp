@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::device {
 

@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "core/messaging.h"
+#include "core/ipc/messaging.h"
 
 namespace duet::device {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::frontend::agent {
 

@@ -18,7 +18,7 @@
 #include <optional>
 #include <vector>
 
-#include "core/plan.h"
+#include "core/program/plan.h"
 
 namespace duet::frontend::agent {
 

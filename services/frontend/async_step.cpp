@@ -1,6 +1,6 @@
 #include "services/frontend/async_step.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::frontend {
 

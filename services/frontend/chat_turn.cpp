@@ -1,6 +1,6 @@
 #include "services/frontend/chat_turn.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/frontend.h"
 
 namespace duet::frontend {

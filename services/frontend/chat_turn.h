@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "core/chat_template.h"
-#include "core/tokenizer.h"
+#include "core/model/chat_template.h"
+#include "core/model/tokenizer.h"
 #include "schemas/client_generated.h"
 
 namespace duet::frontend {

@@ -1,7 +1,7 @@
 #pragma once
 // The frontend's view of "something that computes tokens": the scheduler batches requests into
 // steps and an Engine runs each step. Engines:
-//   ReferenceEngine  core/forward.h per sequence, in process (the oracle; --plan reference)
+//   ReferenceEngine  core/model/forward.h per sequence, in process (the oracle; --plan reference)
 //   ProgramEngine    the plan's programs on gpu_svc and npu_svc over shm (the product), or the
 //                    same programs on in-process runners (the stack-overhead benchmark)
 // An engine owns the KV cache of every open sequence. A sequence's KV stays put from open_seq to
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "core/model.h"
+#include "core/base/error.h"
+#include "core/model/model.h"
 
 namespace duet::frontend {
 
@@ -47,8 +47,8 @@ struct StepDetail {
 
 struct StepStats {
   double measured_us = 0;  // wall time of the step here
-  // The step on the SoC profile: the modelled timeline (core/timeline.h) of the plan the stack
-  // models for the SoC (0 when the engine has no model)
+  // The step on the SoC profile: the modelled timeline (core/planner/timeline.h) of the plan the
+  // stack models for the SoC (0 when the engine has no model)
   double modeled_us = 0;
   double flag_wait_us = 0;  // time spent waiting on completion flags
   uint64_t kv_bytes_copied = 0;

@@ -8,8 +8,8 @@
 #include <string_view>
 #include <utility>
 
-#include "core/error.h"
-#include "core/run_dir.h"
+#include "core/base/error.h"
+#include "core/ipc/run_dir.h"
 #include "services/frontend/stack_engines.h"
 
 namespace duet::frontend {

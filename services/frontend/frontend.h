@@ -32,8 +32,8 @@
 #include <zmq.hpp>
 
 #include <functional>
-#include "core/messaging.h"
-#include "core/tokenizer.h"
+#include "core/ipc/messaging.h"
+#include "core/model/tokenizer.h"
 #include "services/frontend/async_step.h"
 #include "services/frontend/chat_turn.h"
 #include "services/frontend/engine.h"

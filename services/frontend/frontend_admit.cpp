@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/frontend.h"
 
 namespace duet::frontend {

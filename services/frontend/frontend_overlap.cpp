@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/frontend.h"
 
 namespace duet::frontend {

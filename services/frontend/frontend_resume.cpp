@@ -20,7 +20,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/frontend.h"
 
 namespace duet::frontend {

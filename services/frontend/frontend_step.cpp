@@ -5,7 +5,7 @@
 #include <deque>
 #include <utility>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/frontend.h"
 
 namespace duet::frontend {
@@ -587,7 +587,8 @@ void Frontend::reap(double now) {
       if ((r->outbox.empty() && !r->awaiting_resume) || r->vanished) drained.push_back(r.get());
       continue;
     }
-    // The client beats three times per period (core/client.h): three periods of silence is gone.
+    // The client beats three times per period (core/ipc/client.h): three periods of silence is
+    // gone.
     const double limit = 3.0 * r->heartbeat_ms + 20.0;
     if (r->vanished || (r->heartbeat_ms > 0 && now - r->last_seen_ms > limit))
       gone.push_back(r.get());

@@ -1,6 +1,6 @@
 // Tokenize / Detokenize: the stack's own tokenizer for clients, so http_svc's /tokenize and
 // /detokenize (llama-server's shapes) count tokens exactly as Generate does.
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/frontend.h"
 
 namespace duet::frontend {

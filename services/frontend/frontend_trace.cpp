@@ -6,14 +6,14 @@
 //     an IPC lane per device (doorbell to the device's start, its end to the frontend reading
 //     the report);
 //   process 2, modelled on the SoC: the same steps' ops as the plan modelled there runs them
-//     (core/timeline.h), laid one after another from each measured step's start.
+//     (core/planner/timeline.h), laid one after another from each measured step's start.
 // Everything here runs only when a client asks: the step path only appends to the ring.
 #include <algorithm>
 #include <chrono>
 #include <map>
 
-#include "core/error.h"
-#include "core/run_dir.h"
+#include "core/base/error.h"
+#include "core/ipc/run_dir.h"
 #include "services/frontend/frontend.h"
 
 namespace duet::frontend {

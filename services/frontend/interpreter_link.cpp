@@ -3,8 +3,8 @@
 #include <map>
 #include <mutex>
 
-#include "core/error.h"
-#include "core/gguf.h"
+#include "core/base/error.h"
+#include "core/model/gguf.h"
 #include "services/frontend/program_engine.h"
 #include "services/frontend/step_worker.h"
 #include "shm/flag_sync.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/kv_share.h"
 
 namespace duet::frontend {

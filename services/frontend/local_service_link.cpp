@@ -1,6 +1,6 @@
 // The in-process device link: the service's own handlers, called on a worker thread with the
 // very messages ServiceLink would send over ZeroMQ. Only the transport differs from the stack.
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/program_engine.h"
 #include "services/frontend/step_worker.h"
 

@@ -1,5 +1,5 @@
 // frontend: the client API, scheduler and step executor. Two sockets: the control socket every
-// service has (answered by core/service.h), and the client socket frontend.sock that `duet
+// service has (answered by core/ipc/service.h), and the client socket frontend.sock that `duet
 // generate/chat/eval/status` talk to (schemas/client.fbs), served by frontend::Frontend.
 //
 // The plan (DUET_PLAN, passed through by the supervisor; `duet stack up --plan`): auto (the
@@ -15,10 +15,10 @@
 #include <memory>
 #include <string>
 
-#include "core/error.h"
-#include "core/kv_budget.h"
-#include "core/model.h"
-#include "core/service.h"
+#include "core/base/error.h"
+#include "core/ipc/service.h"
+#include "core/model/kv_budget.h"
+#include "core/model/model.h"
 #include "services/frontend/frontend.h"
 #include "services/frontend/stack_engines.h"
 
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
         // default budget's cap) could not hold.
         uint32_t other_plan_kv_pages = 0;
         if (plan != "reference") {
-          // The KV pool by memory (core/kv_budget.h): `duet stack up` planned it already and
+          // The KV pool by memory (core/model/kv_budget.h): `duet stack up` planned it already and
           // passes its budget in bytes, so a restarted frontend makes the same pool; run on its
           // own the frontend takes the default share of the memory available now. A context the
           // budget cannot hold one sequence of is refused here too: no request would ever run.

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <thread>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::frontend {
 namespace {

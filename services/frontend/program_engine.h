@@ -1,6 +1,6 @@
 #pragma once
-// The executor: runs a model's steps as programs (core/program.h) on the two devices. It owns
-// the stack's data plane: the arena, KV-page and flag segments in shared memory, created with
+// The executor: runs a model's steps as programs (core/program/program.h) on the two devices. It
+// owns the stack's data plane: the arena, KV-page and flag segments in shared memory, created with
 // O_EXCL and removed by its destructor (and by the supervisor's cleanup if it dies).
 //
 // Per step it writes the token table and page tables into the arena, starts the step on each
@@ -21,12 +21,12 @@
 #include <tuple>
 #include <vector>
 
-#include "core/messaging.h"
-#include "core/model.h"
-#include "core/program.h"
-#include "core/soc_profile.h"
-#include "core/solver.h"
-#include "core/timeline.h"
+#include "core/ipc/messaging.h"
+#include "core/model/model.h"
+#include "core/planner/soc_profile.h"
+#include "core/planner/solver.h"
+#include "core/planner/timeline.h"
+#include "core/program/program.h"
 #include "services/frontend/engine.h"
 #include "services/frontend/kv_share.h"
 #include "shm/completion_flag.h"
@@ -74,8 +74,8 @@ struct ProgramEngineOptions {
   std::function<Plan(uint32_t bucket_tokens)> plan_for;
   // The SoC the steps are modelled on (a profile name or .toml path; empty: no model, modelled
   // times 0) and the plan modelled there per bucket (null: the plan executed). Each step's
-  // modelled time is that plan's timeline on the SoC (core/timeline.h) for the step's tokens,
-  // context and logits rows, so a stack can execute the plan fastest on this host and still
+  // modelled time is that plan's timeline on the SoC (core/planner/timeline.h) for the step's
+  // tokens, context and logits rows, so a stack can execute the plan fastest on this host and still
   // report what the solver's plan does on the phone (issue 23 item 5).
   std::string soc = "sd8gen3";
   std::function<Plan(uint32_t bucket_tokens)> soc_plan_for;
@@ -269,8 +269,8 @@ class ProgramEngine : public Engine {
 };
 
 // A device link for the in-process mode: programs run on a thread of this process with the
-// reference interpreter (core/program.h). Like a service, it maps the segments and the model
-// file named in the program when the program is registered.
+// reference interpreter (core/program/program.h). Like a service, it maps the segments and the
+// model file named in the program when the program is registered.
 std::unique_ptr<DeviceLink> make_interpreter_link(std::string name);
 
 // A device service reached over ZeroMQ at `endpoint` (ipc://<run-dir>/gpu.sock, ...).

@@ -1,7 +1,7 @@
 // ProgramEngine: the modelled SoC timeline of its steps and what `duet trace` asks of a step.
 #include <algorithm>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/program_engine.h"
 
 namespace duet::frontend {

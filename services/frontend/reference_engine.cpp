@@ -3,7 +3,7 @@
 #include <chrono>
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::frontend {
 

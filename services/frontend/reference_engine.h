@@ -6,7 +6,7 @@
 #include <map>
 #include <memory>
 
-#include "core/forward.h"
+#include "core/model/forward.h"
 #include "services/frontend/engine.h"
 
 namespace duet::frontend {

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "core/chat_template.h"
-#include "core/messaging.h"
-#include "core/sampling.h"
-#include "core/tokenizer.h"
+#include "core/ipc/messaging.h"
+#include "core/model/chat_template.h"
+#include "core/model/sampling.h"
+#include "core/model/tokenizer.h"
 
 namespace duet::frontend {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::frontend {
 

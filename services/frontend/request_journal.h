@@ -36,7 +36,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/sampling.h"
+#include "core/model/sampling.h"
 #include "shm/segment.h"
 
 namespace duet::frontend {
@@ -63,7 +63,7 @@ struct JournalRecord {
   uint32_t n_prefilled = 0;
   int32_t pos = 0;
   std::optional<int32_t> next_token;
-  uint64_t draws = 0;             // the sampler's (core/sampling.h restore)
+  uint64_t draws = 0;             // the sampler's (core/model/sampling.h restore)
   std::string finish_reason;      // finished: eos | length | stop | cancelled
   uint64_t finished_unix_ms = 0;  // wall clock, when it finished
   uint32_t slot = 0;              // where recover() found it

@@ -9,8 +9,8 @@
 // reply to an abandoned request is dropped.
 #include <zmq.hpp>
 
-#include "core/error.h"
-#include "core/messaging.h"
+#include "core/base/error.h"
+#include "core/ipc/messaging.h"
 #include "services/frontend/program_engine.h"
 #include "shm/doorbell_step.h"
 

@@ -5,12 +5,12 @@
 #include <mutex>
 #include <thread>
 
-#include "core/error.h"
-#include "core/messaging.h"
-#include "core/model.h"
-#include "core/run_dir.h"
-#include "core/soc_profile.h"
-#include "core/solver.h"
+#include "core/base/error.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
+#include "core/model/model.h"
+#include "core/planner/soc_profile.h"
+#include "core/planner/solver.h"
 #include "services/frontend/program_engine.h"
 #include "services/frontend/reference_engine.h"
 

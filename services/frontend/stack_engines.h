@@ -1,7 +1,7 @@
 #pragma once
 // The engines a running stack serves with, by plan name:
-//   reference           core/forward.h in the frontend process (the oracle)
-//   gpu-only, npu-only, layer   fixed placements (core/plan.h), on gpu_svc and npu_svc
+//   reference           core/model/forward.h in the frontend process (the oracle)
+//   gpu-only, npu-only, layer   fixed placements (core/program/plan.h), on gpu_svc and npu_svc
 //   npu-only:online-prepare, npu-only:pipe   npu-only whose token counts with no compiled NPU
 //                       graph are compiled for on the spot or chained from standard graphs
 //                       (npu-only itself pads them: HeteroInfer's three baselines)
@@ -35,8 +35,8 @@ struct StackEngineConfig {
   std::string timing;
   int max_seqs = 16;  // sequences per step (the frontend's max running)
   int max_ctx = 0;    // positions per sequence (0 = the model's context)
-  // Pages in the KV pool (core/kv_budget.h: sized by the stack's KV memory budget); 0: enough for
-  // max_seqs sequences of max_ctx per engine sharing it.
+  // Pages in the KV pool (core/model/kv_budget.h: sized by the stack's KV memory budget); 0: enough
+  // for max_seqs sequences of max_ctx per engine sharing it.
   uint32_t kv_pages = 0;
   DType kv_type = DType::F16;     // KV values (`stack up --kv-type`)
   bool kv_prefix_sharing = true;  // prefix sharing of KV pages (env DUET_KV_PREFIX=off: none)

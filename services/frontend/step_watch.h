@@ -9,7 +9,7 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "core/messaging.h"
+#include "core/ipc/messaging.h"
 #include "services/frontend/wake_fd.h"
 
 namespace duet::frontend {

@@ -12,7 +12,7 @@
 #include <thread>
 #include <utility>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::frontend {
 

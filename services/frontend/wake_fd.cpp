@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::frontend {
 

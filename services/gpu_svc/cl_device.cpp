@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/gpu_svc/queue_picker.h"
 
 namespace duet::gpu {

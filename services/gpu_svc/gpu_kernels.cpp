@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/gpu_svc/tiled_weights.h"
 #include "services/gpu_svc/weight_pack.h"
 

@@ -11,14 +11,14 @@
 #include <optional>
 #include <string>
 
-#include "core/dtype.h"
-#include "core/plan.h"
+#include "core/model/dtype.h"
+#include "core/program/plan.h"
 #include "services/gpu_svc/cl_device.h"
 
 namespace duet::gpu {
 
-// A Rope op's parameters (core/ops.h RopeParams): factors, when has_factors, are head_dim/2 F32
-// values at factors_off in buffer w (the model's weights).
+// A Rope op's parameters (core/model/ops.h RopeParams): factors, when has_factors, are head_dim/2
+// F32 values at factors_off in buffer w (the model's weights).
 struct RopeArgs {
   float freq_base = 10000.0f;
   float freq_scale = 1.0f;

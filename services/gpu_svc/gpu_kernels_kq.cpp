@@ -4,7 +4,7 @@
 // fp32 kernels of matmul_kq_gpu.cl (the GEMV for up to 4 tokens on GPUs, the 8-token GEMM else).
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/gpu_svc/gpu_kernels.h"
 
 namespace duet::gpu {

@@ -5,8 +5,8 @@
 #include <random>
 #include <string>
 
-#include "core/error.h"
-#include "core/quant.h"
+#include "core/base/error.h"
+#include "core/model/quant.h"
 #include "services/gpu_svc/weight_pack.h"
 
 namespace duet::gpu {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/op_shape.h"
+#include "core/planner/op_shape.h"
 #include "services/gpu_svc/gpu_kernels.h"
 
 namespace duet::gpu {

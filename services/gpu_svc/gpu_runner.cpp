@@ -4,10 +4,10 @@
 #include <string>
 #include <thread>
 
-#include "core/error.h"
-#include "core/gpu_timing.h"
-#include "core/op_shape.h"
-#include "core/ops.h"
+#include "core/base/error.h"
+#include "core/model/ops.h"
+#include "core/planner/gpu_timing.h"
+#include "core/planner/op_shape.h"
 #include "services/gpu_svc/kv_pieces.h"
 
 namespace duet::gpu {

@@ -19,8 +19,8 @@
 #include <optional>
 #include <vector>
 
-#include "core/program.h"
-#include "core/soc_profile.h"
+#include "core/planner/soc_profile.h"
+#include "core/program/program.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
 #include "services/gpu_svc/queue_picker.h"
@@ -32,7 +32,7 @@ namespace duet::gpu {
 struct OpTiming {
   uint32_t op_index = 0;
   double measured_us = 0;  // device time of the op's kernels (OpenCL profiling events)
-  double modeled_us = 0;   // the op on the SoC profile's GPU (core/gpu_timing)
+  double modeled_us = 0;   // the op on the SoC profile's GPU (core/planner/gpu_timing)
   // When it ran, steady-clock ns (`duet trace`): the kernels' device timestamps moved onto the
   // host clock by the step's end (the last kernel's end is when the host saw the step done).
   int64_t start_ns = 0, end_ns = 0;

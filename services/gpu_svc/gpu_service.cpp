@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "core/error.h"
-#include "core/gpu_timing.h"
+#include "core/base/error.h"
+#include "core/planner/gpu_timing.h"
 #include "services/gpu_svc/gpu_profiler.h"
 #include "shm/doorbell_step.h"
 

@@ -1,7 +1,7 @@
 #pragma once
 // gpu_svc's control-plane handlers: RegisterProgram, RunStep, ProfileOp and StatusRequest, as
 // functions from a verified request Message to a finished reply buffer. Tests call them
-// directly; main.cpp registers them on the ServiceLoop (core/service.h).
+// directly; main.cpp registers them on the ServiceLoop (core/ipc/service.h).
 //
 // Where a program's memory comes from is the resolver's business: the service resolves the
 // shm segments a Program names (arena, KV, flags) and the model file; tests hand in memory of
@@ -16,9 +16,9 @@
 #include <string>
 #include <utility>
 
-#include "core/messaging.h"
-#include "core/program.h"
-#include "core/soc_profile.h"
+#include "core/ipc/messaging.h"
+#include "core/planner/soc_profile.h"
+#include "core/program/program.h"
 #include "services/device/program_memory.h"
 #include "services/device/step_trace.h"
 #include "services/gpu_svc/gpu_runner.h"

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/error.h"
-#include "core/program.h"
+#include "core/base/error.h"
+#include "core/program/program.h"
 
 namespace duet::gpu {
 

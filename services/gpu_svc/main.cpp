@@ -1,11 +1,11 @@
 // gpu_svc: owns one OpenCL device and runs its half of each step. The service runtime
-// (core/service.h) answers hello/heartbeat/status/shutdown; the GPU handlers register below.
+// (core/ipc/service.h) answers hello/heartbeat/status/shutdown; the GPU handlers register below.
 #include <cstdio>
 #include <memory>
 #include <string>
 
-#include "core/service.h"
-#include "core/soc_profile.h"
+#include "core/ipc/service.h"
+#include "core/planner/soc_profile.h"
 #include "services/device/program_memory.h"
 #include "services/gpu_svc/gpu_service.h"
 

@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::gpu {
 

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
-#include "core/error.h"
-#include "core/quant.h"
+#include "core/base/error.h"
+#include "core/model/quant.h"
 
 namespace duet::gpu {
 namespace {

@@ -28,7 +28,7 @@
 #include <map>
 #include <memory>
 
-#include "core/dtype.h"
+#include "core/model/dtype.h"
 #include "services/gpu_svc/cl_device.h"
 
 namespace duet::gpu {

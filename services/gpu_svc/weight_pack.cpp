@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "core/quant.h"
+#include "core/base/error.h"
+#include "core/model/quant.h"
 
 namespace duet::gpu {
 

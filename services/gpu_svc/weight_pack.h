@@ -7,7 +7,7 @@
 //   tensor of `rows` rows, nb = cols / 32 blocks per row, at byte offset o (16-byte aligned):
 //     quants at o                    rows * nb blocks of Q bytes, row-major (block (r, b) at
 //                                    o + (r * nb + b) * Q); Q = 16 for Q4_0, 32 for Q8_0; a
-//                                    block's bytes are ggml's qs[] unchanged (core/quant.h)
+//                                    block's bytes are ggml's qs[] unchanged (core/model/quant.h)
 //     scales at o + rows * nb * Q    rows * nb fp16 d, row-major (block (r, b) at + (r*nb+b)*2)
 //
 // Zero-copy devices (PoCL, phones) keep the file's layout: nothing is copied there. The kernels
@@ -18,8 +18,8 @@
 #include <map>
 #include <utility>
 
-#include "core/dtype.h"
-#include "core/program.h"
+#include "core/model/dtype.h"
+#include "core/program/program.h"
 #include "services/gpu_svc/cl_device.h"
 
 namespace duet::gpu {

@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "core/client.h"
+#include "core/ipc/client.h"
 
 namespace duet::http {
 

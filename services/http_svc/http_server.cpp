@@ -11,9 +11,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/listen_socket.h"
-#include "core/messaging.h"
-#include "core/run_dir.h"
+#include "core/ipc/listen_socket.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
 #include "services/http_svc/http_context.h"
 
 namespace duet::http {

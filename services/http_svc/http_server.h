@@ -1,7 +1,7 @@
 #pragma once
 // http_svc's server: OpenAI's HTTP API (and llama-server's /health, /tokenize, /detokenize,
 // Prometheus /metrics) in front of a stack, as a client of the frontend's client API
-// (core/client.h) and of the supervisor's status: no second path into the engine.
+// (core/ipc/client.h) and of the supervisor's status: no second path into the engine.
 //
 // Threading: cpp-httplib runs each connection on a worker of its thread pool (`workers`,
 // default 96). A request opens its own DEALER to the frontend, so a streaming response is one

@@ -1,12 +1,12 @@
 // http_svc: the OpenAI-compatible HTTP service of a stack (services/http_svc/http_server.h),
-// supervised like the other services; the runtime (core/service.h) answers its heartbeats.
+// supervised like the other services; the runtime (core/ipc/service.h) answers its heartbeats.
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <fstream>
 #include <memory>
 
-#include "core/service.h"
+#include "core/ipc/service.h"
 #include "services/http_svc/http_server.h"
 
 int main(int argc, char** argv) {

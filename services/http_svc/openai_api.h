@@ -1,6 +1,6 @@
 #pragma once
 // OpenAI's request and response shapes (POST /v1/completions, /v1/chat/completions), mapped to
-// and from the client API (core/client.h). Parsing is strict where a value would change the
+// and from the client API (core/ipc/client.h). Parsing is strict where a value would change the
 // output (a bad type, an n other than 1, a penalty we do not apply: 400 naming the field) and
 // lenient where it would not (unknown fields, "user"), as OpenAI's own server is.
 #include <cstdint>
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/client.h"
-#include "core/error.h"
+#include "core/base/error.h"
+#include "core/ipc/client.h"
 
 namespace duet::http {
 

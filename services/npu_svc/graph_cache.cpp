@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "core/error.h"
-#include "core/npu_timing.h"
+#include "core/base/error.h"
+#include "core/planner/npu_timing.h"
 
 namespace duet::npu {
 

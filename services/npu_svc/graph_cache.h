@@ -10,9 +10,9 @@
 #include <tuple>
 #include <vector>
 
-#include "core/op_shape.h"
-#include "core/plan.h"
-#include "core/soc_profile.h"
+#include "core/planner/op_shape.h"
+#include "core/planner/soc_profile.h"
+#include "core/program/plan.h"
 
 namespace duet::npu {
 
@@ -34,7 +34,7 @@ class GraphCache {
   // the shape.
   double prepare(const OpShape& shape, bool allow_online);
 
-  // The graphs that run `shape` under a graph mode (core/plan.h NpuGraphMode), in order:
+  // The graphs that run `shape` under a graph mode (core/program/plan.h NpuGraphMode), in order:
   //   exact           its own graph (not_found if none);
   //   padding         the smallest cached graph of the same op with n' >= n (padded);
   //   online_prepare  its own graph, compiled now if missing (compile_us > 0 then);

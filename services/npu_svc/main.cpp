@@ -1,10 +1,10 @@
 // npu_svc: the NPU emulator (static-shape graphs, compile cache, systolic-array timing). The
-// service runtime (core/service.h) answers hello/heartbeat/status/shutdown; the NPU handlers
+// service runtime (core/ipc/service.h) answers hello/heartbeat/status/shutdown; the NPU handlers
 // (services/npu_svc/npu_service.h) register below.
 #include <memory>
 
-#include "core/service.h"
-#include "core/soc_profile.h"
+#include "core/ipc/service.h"
+#include "core/planner/soc_profile.h"
 #include "services/npu_svc/npu_service.h"
 
 int main(int argc, char** argv) {

@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/fp16.h"
-#include "core/quant.h"
-#include "core/stream_dispatch.h"
+#include "core/base/fp16.h"
+#include "core/base/stream_dispatch.h"
+#include "core/model/quant.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define DUET_NPU_DOT_AVX512 1

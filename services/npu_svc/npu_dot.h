@@ -18,7 +18,7 @@
 // first, then multiplied" models.
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "core/model/dtype.h"
 
 namespace duet::npu {
 

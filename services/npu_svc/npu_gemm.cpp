@@ -4,9 +4,9 @@
 #include <string>
 #include <thread>
 
-#include "core/error.h"
-#include "core/fp16.h"
-#include "core/quant.h"
+#include "core/base/error.h"
+#include "core/base/fp16.h"
+#include "core/model/quant.h"
 #include "services/npu_svc/npu_dot.h"
 
 namespace duet::npu {

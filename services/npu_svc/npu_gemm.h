@@ -1,18 +1,18 @@
 #pragma once
 // Functional NPU matmul on host threads with the NPU's numerics:
 //   activations are rounded to fp16 on the way in and the results to fp16 on the way out,
-//   products accumulate in fp32, and the weights (any core/dtype.h type: W4A16 for Q4_0, Q4_1,
-//   Q4_K, W5/W6A16 for Q5_*, Q6_K, W8A16 for Q8_0, W16A16 for F16/BF16) are dequantised on the fly:
-//   in registers for decode, one tile of rows at a time into a bounded per-thread buffer for
-//   prefill (never a full dequantised copy), then multiplied by the dot products of npu_dot.h,
+//   products accumulate in fp32, and the weights (any core/model/dtype.h type: W4A16 for Q4_0,
+//   Q4_1, Q4_K, W5/W6A16 for Q5_*, Q6_K, W8A16 for Q8_0, W16A16 for F16/BF16) are dequantised on
+//   the fly: in registers for decode, one tile of rows at a time into a bounded per-thread buffer
+//   for prefill (never a full dequantised copy), then multiplied by the dot products of npu_dot.h,
 //   which give a token the same bits whatever the token count.
 // Results equal ops::matmul within fp16 tolerance (|rel err| ~ 1e-3).
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "core/ops.h"
-#include "core/thread_pool.h"
+#include "core/base/thread_pool.h"
+#include "core/model/ops.h"
 
 namespace duet::npu {
 

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <string>
 
-#include "core/error.h"
-#include "core/npu_timing.h"
+#include "core/base/error.h"
+#include "core/planner/npu_timing.h"
 
 namespace duet::npu {
 namespace {
@@ -65,7 +65,7 @@ void NpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
       throw Error(Errc::invalid_argument, "npu: " + op_where(*op, i) + " has unknown graph mode " +
                                               std::to_string(op->npu_mode));
     if (op->weight) {
-      // Every core/dtype.h type: the emulator dequantises each on the fly (W4A16 for the
+      // Every core/model/dtype.h type: the emulator dequantises each on the fly (W4A16 for the
       // 4-bit K and legacy types), fp16 activations in and out (npu_gemm.h).
       const auto raw = static_cast<uint32_t>(op->weight->dtype());
       if (!dtype_known(raw))

@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/op_shape.h"
-#include "core/program.h"
+#include "core/planner/op_shape.h"
+#include "core/program/program.h"
 #include "services/npu_svc/graph_cache.h"
 #include "services/npu_svc/npu_gemm.h"
 

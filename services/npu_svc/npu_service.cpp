@@ -6,11 +6,11 @@
 #include <random>
 #include <string>
 
-#include "core/error.h"
-#include "core/fp16.h"
-#include "core/npu_timing.h"
-#include "core/quant.h"
-#include "core/service.h"
+#include "core/base/error.h"
+#include "core/base/fp16.h"
+#include "core/ipc/service.h"
+#include "core/model/quant.h"
+#include "core/planner/npu_timing.h"
 #include "shm/doorbell_step.h"
 
 namespace duet::npu {

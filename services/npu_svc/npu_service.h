@@ -1,7 +1,7 @@
 #pragma once
 // npu_svc's control-plane handlers: RegisterProgram, RunStep, CompileGraph, ProfileOp and
 // StatusRequest, as functions from a verified request Message to a finished reply buffer. Tests
-// call them directly; main.cpp registers them on the ServiceLoop (core/service.h).
+// call them directly; main.cpp registers them on the ServiceLoop (core/ipc/service.h).
 //
 // Where a program's memory comes from is the resolver's business: shm_memory_resolver() maps
 // the shm segments a Program names (arena, KV, flags) and its GGUF file; tests may hand in
@@ -18,9 +18,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/messaging.h"
-#include "core/program.h"
-#include "core/soc_profile.h"
+#include "core/ipc/messaging.h"
+#include "core/planner/soc_profile.h"
+#include "core/program/program.h"
 #include "services/device/program_memory.h"
 #include "services/device/step_trace.h"
 #include "services/npu_svc/graph_cache.h"

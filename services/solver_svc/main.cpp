@@ -1,8 +1,8 @@
-// solver_svc: the profiler and the partition solver. The service runtime (core/service.h)
+// solver_svc: the profiler and the partition solver. The service runtime (core/ipc/service.h)
 // answers hello/heartbeat/status/shutdown; the solver's handlers register below.
 #include <memory>
 
-#include "core/service.h"
+#include "core/ipc/service.h"
 #include "services/solver_svc/solver_service.h"
 
 int main(int argc, char** argv) {

@@ -1,9 +1,9 @@
 #include "services/solver_svc/solver_service.h"
-#include "core/model_access.h"
+#include "core/ipc/model_access.h"
 
-#include "core/error.h"
-#include "core/run_dir.h"
-#include "core/service.h"
+#include "core/base/error.h"
+#include "core/ipc/run_dir.h"
+#include "core/ipc/service.h"
 
 namespace duet::solver {
 

@@ -1,7 +1,7 @@
 #pragma once
 // solver_svc's control-plane handlers. PlanRequest -> PlanReply{version, json}: the plan of the
 // named shape (or model file; or the stack's model when the request names neither) for the SoC,
-// timing mode, phase and token count asked, through the plan cache (core/plan_store.h).
+// timing mode, phase and token count asked, through the plan cache (core/planner/plan_store.h).
 //
 // Measured timing needs a profile of the stack's own gpu_svc and npu_svc. Profiling takes far
 // longer than a control request may block the loop (heartbeats must keep being answered), so the
@@ -15,8 +15,8 @@
 #include <string>
 #include <thread>
 
-#include "core/messaging.h"
-#include "core/plan_store.h"
+#include "core/ipc/messaging.h"
+#include "core/planner/plan_store.h"
 
 namespace duet {
 class ServiceLoop;

@@ -1,7 +1,7 @@
 // The Agent.xpu rules one by one (services/frontend/agent_policy.h): pure logic, no devices.
 #include <gtest/gtest.h>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/agent_policy.h"
 #include "services/frontend/proactive_time.h"
 

@@ -11,7 +11,7 @@
 #include <future>
 #include <thread>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/program_engine.h"
 #include "tests/support/local_flags.h"
 

@@ -14,7 +14,7 @@
 #include <future>
 #include <thread>
 
-#include "core/run_dir.h"
+#include "core/ipc/run_dir.h"
 #include "services/frontend/program_engine.h"
 
 extern char** environ;

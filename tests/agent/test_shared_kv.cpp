@@ -12,7 +12,7 @@
 #include <future>
 #include <thread>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/program_engine.h"
 #include "shm/segment.h"
 #include "tests/support/local_flags.h"

@@ -19,9 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/client.h"
-#include "core/messaging.h"
-#include "core/run_dir.h"
+#include "core/ipc/client.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
 #include "shm/segment.h"
 #include "tests/support/stack_support.h"
 

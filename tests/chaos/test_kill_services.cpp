@@ -399,7 +399,7 @@ TEST_F(ChaosRun, EveryRequestCompletesRightUnderKillsOfEveryProcess) {
   // other kill costs time, not requests: nothing fails. An http_svc kill cuts its clients' TCP
   // connections and they send again (the SDKs' two retries); while http_svc restarts, new
   // connections wait in the backlog of the listening socket the supervisor holds for it
-  // (core/listen_socket.h), so none is refused, however slowly http_svc comes back.
+  // (core/ipc/listen_socket.h), so none is refused, however slowly http_svc comes back.
   EXPECT_EQ(failed, 0);
   EXPECT_EQ(http_failed, 0);
   EXPECT_GT(completed, 0);

@@ -13,11 +13,11 @@
 #include <thread>
 #include <vector>
 
-#include "core/client.h"
-#include "core/forward.h"
-#include "core/model.h"
-#include "core/run_dir.h"
-#include "core/tokenizer.h"
+#include "core/ipc/client.h"
+#include "core/ipc/run_dir.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+#include "core/model/tokenizer.h"
 #include "services/frontend/frontend.h"
 #include "services/frontend/reference_engine.h"
 

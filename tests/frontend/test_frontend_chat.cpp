@@ -4,7 +4,7 @@
 // answers bad templates and roles with an Error while it keeps serving.
 #include <algorithm>
 
-#include "core/chat_template.h"
+#include "core/model/chat_template.h"
 #include "frontend_fixture.h"
 
 namespace duet::frontend::testing {

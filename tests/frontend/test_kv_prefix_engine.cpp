@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/program_engine.h"
 #include "tests/support/local_flags.h"
 

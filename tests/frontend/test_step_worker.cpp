@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/frontend/step_worker.h"
 
 namespace duet::frontend {

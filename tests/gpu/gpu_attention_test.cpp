@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/ops.h"
-#include "core/quant.h"
+#include "core/model/ops.h"
+#include "core/model/quant.h"
 #include "services/gpu_svc/gpu_kernels.h"
 #include "tests/gpu/gpu_test_util.h"
 

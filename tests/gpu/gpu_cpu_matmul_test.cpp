@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "core/fp16.h"
-#include "core/ops.h"
-#include "core/quant.h"
+#include "core/base/fp16.h"
+#include "core/model/ops.h"
+#include "core/model/quant.h"
 #include "services/gpu_svc/gpu_kernels.h"
 #include "tests/gpu/gpu_test_util.h"
 

@@ -19,10 +19,10 @@
 #include <tuple>
 #include <vector>
 
-#include "core/error.h"
-#include "core/fp16.h"
-#include "core/ops.h"
-#include "core/quant.h"
+#include "core/base/error.h"
+#include "core/base/fp16.h"
+#include "core/model/ops.h"
+#include "core/model/quant.h"
 #include "services/gpu_svc/gpu_kernels.h"
 #include "services/gpu_svc/tiled_weights.h"
 #include "tests/gpu/gpu_test_util.h"

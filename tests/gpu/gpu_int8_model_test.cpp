@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "core/model.h"
-#include "core/soc_profile.h"
+#include "core/model/model.h"
+#include "core/planner/soc_profile.h"
 #include "services/device/program_memory.h"
 #include "services/frontend/program_engine.h"
 #include "services/gpu_svc/gpu_service.h"

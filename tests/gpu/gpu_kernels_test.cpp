@@ -1,4 +1,4 @@
-// Every gpu_svc kernel against its core reference op (core/ops.h), over odd sizes (1, 31, 33,
+// Every gpu_svc kernel against its core reference op (core/model/ops.h), over odd sizes (1, 31, 33,
 // 257 tokens or rows) and every weight type the kernels read.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "core/ops.h"
+#include "core/model/ops.h"
 #include "services/gpu_svc/gpu_kernels.h"
 #include "tests/gpu/gpu_test_util.h"
 

@@ -15,9 +15,9 @@
 #include <tuple>
 #include <vector>
 
-#include "core/error.h"
-#include "core/ops.h"
-#include "core/quant.h"
+#include "core/base/error.h"
+#include "core/model/ops.h"
+#include "core/model/quant.h"
 #include "services/gpu_svc/gpu_kernels.h"
 #include "services/gpu_svc/tiled_weights.h"
 #include "tests/gpu/gpu_test_util.h"

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "core/program.h"
+#include "core/base/error.h"
+#include "core/program/program.h"
 #include "services/gpu_svc/kv_pieces.h"
 
 namespace duet::gpu {

@@ -1,7 +1,7 @@
 // The packed weight layout of discrete GPUs (services/gpu_svc/weight_pack.h) and the kernels
 // that read it (kernels/matmul_gpu.cl), here on PoCL: packing puts every byte where the layout
 // says; GEMV (every tuning variant), GEMM, row and token ranges, Logits and embedding lookup
-// over packed Q4_0/Q8_0 equal core/ops on the file's bytes; the fast F16/F32 GEMV too; the
+// over packed Q4_0/Q8_0 equal core/model/ops on the file's bytes; the fast F16/F32 GEMV too; the
 // runner's packing record refuses overlapping tensors.
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <cstring>
 #include <string>
 
-#include "core/error.h"
-#include "core/ops.h"
-#include "core/quant.h"
+#include "core/base/error.h"
+#include "core/model/ops.h"
+#include "core/model/quant.h"
 #include "services/gpu_svc/gpu_kernels.h"
 #include "services/gpu_svc/weight_pack.h"
 #include "tests/gpu/gpu_test_util.h"

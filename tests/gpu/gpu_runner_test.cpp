@@ -1,5 +1,5 @@
-// GpuRunner runs the lead's Programs (core/program.h) for the tiny-fortune model: gpu-only, and
-// weight-split with the reference interpreter standing in for the NPU on another thread (real
+// GpuRunner runs the lead's Programs (core/program/program.h) for the tiny-fortune model: gpu-only,
+// and weight-split with the reference interpreter standing in for the NPU on another thread (real
 // cross-thread completion flags, published from OpenCL event callbacks). Logits match the
 // reference forward pass within 1e-3 for F16, Q8_0 and Q4_0 (5e-3 with CPU devices' integer
 // matmul); bad programs and steps get clear errors.
@@ -12,12 +12,12 @@
 #include <filesystem>
 #include <thread>
 
-#include "core/error.h"
-#include "core/forward.h"
-#include "core/model.h"
-#include "core/program.h"
-#include "core/shapes.h"
-#include "core/soc_profile.h"
+#include "core/base/error.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+#include "core/model/shapes.h"
+#include "core/planner/soc_profile.h"
+#include "core/program/program.h"
 #include "services/gpu_svc/gpu_runner.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/support/arch_models.h"

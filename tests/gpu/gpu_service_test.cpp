@@ -7,10 +7,10 @@
 #include <cmath>
 #include <thread>
 
-#include "core/error.h"
-#include "core/forward.h"
-#include "core/model.h"
-#include "core/program.h"
+#include "core/base/error.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+#include "core/program/program.h"
 #include "services/gpu_svc/gpu_service.h"
 #include "tests/gpu/gpu_test_util.h"
 

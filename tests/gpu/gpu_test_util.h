@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/quant.h"
+#include "core/model/dtype.h"
+#include "core/model/quant.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
 

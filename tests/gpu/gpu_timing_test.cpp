@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "core/error.h"
-#include "core/gpu_timing.h"
+#include "core/base/error.h"
+#include "core/planner/gpu_timing.h"
 
 namespace duet {
 namespace {

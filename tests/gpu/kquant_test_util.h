@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/fp16.h"
+#include "core/base/fp16.h"
+#include "core/model/dtype.h"
 
 namespace duet::gpu::testing {
 

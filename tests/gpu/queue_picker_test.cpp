@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/gpu_svc/queue_picker.h"
 #include "tests/gpu/gpu_test_util.h"
 

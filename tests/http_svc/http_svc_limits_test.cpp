@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/client.h"
+#include "core/ipc/client.h"
 #include "tests/http_svc/http_test_support.h"
 #include "tests/support/stack_support.h"
 

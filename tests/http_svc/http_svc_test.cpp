@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/client.h"
+#include "core/ipc/client.h"
 #include "tests/http_svc/http_test_support.h"
 #include "tests/support/stack_support.h"
 
@@ -294,7 +294,7 @@ TEST_F(HttpSvcTest, KillNineMidStreamRestartsAndCancelsTheCutRequest) {
   EXPECT_EQ(status, 200) << body;
 }
 
-// Issue 22: kill -9 of the frontend mid-stream. http_svc's client (core/client.h) reconnects to
+// Issue 22: kill -9 of the frontend mid-stream. http_svc's client (core/ipc/client.h) reconnects to
 // the restarted frontend, which adopted the request from its journal, and resumes: curl's SSE
 // stream goes on without a break and carries the undisturbed run's text, once.
 TEST_F(HttpSvcTest, KillNineOfTheFrontendMidStreamResumesTheSseStream) {
@@ -336,7 +336,7 @@ TEST_F(HttpSvcTest, KillNineOfTheFrontendMidStreamResumesTheSseStream) {
 
 }  // namespace
 // The supervisor holds http_svc's listening socket and hands it to every http_svc it starts
-// (core/listen_socket.h): a request sent while http_svc is dead waits in the kernel's accept queue
+// (core/ipc/listen_socket.h): a request sent while http_svc is dead waits in the kernel's accept queue
 // and the next http_svc serves it. Without that it is refused (curl connects once, no retry).
 TEST_F(HttpSvcTest, RequestsSentWhileHttpSvcIsDeadAreServedByTheNextOne) {
   const auto healthy_until = std::chrono::steady_clock::now() + 20s;

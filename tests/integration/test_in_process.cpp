@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "core/forward.h"
+#include "core/model/forward.h"
 #include "services/frontend/program_engine.h"
 #include "tests/support/in_process_services.h"
 

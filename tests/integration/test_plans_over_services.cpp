@@ -16,13 +16,13 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/error.h"
-#include "core/forward.h"
-#include "core/plan_store.h"
-#include "core/run_dir.h"
-#include "core/solver.h"
+#include "core/base/error.h"
+#include "core/ipc/run_dir.h"
+#include "core/model/forward.h"
+#include "core/planner/plan_store.h"
+#include "core/planner/solver.h"
 #include "services/frontend/program_engine.h"
-#include "tests/core/llamacpp_data.h"
+#include "tests/core/model/llamacpp_data.h"
 #include "tests/support/arch_models.h"
 #include "tests/support/llamacpp_agreement.h"
 #include "tests/support/teacher_forced.h"

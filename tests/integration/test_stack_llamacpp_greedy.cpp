@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "core/client.h"
-#include "core/run_dir.h"
-#include "tests/core/llamacpp_data.h"
+#include "core/ipc/client.h"
+#include "core/ipc/run_dir.h"
+#include "tests/core/model/llamacpp_data.h"
 #include "tests/support/llamacpp_tolerance.h"
 #include "tests/support/stack_support.h"
 

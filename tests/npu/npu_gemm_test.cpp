@@ -6,10 +6,10 @@
 #include <random>
 #include <vector>
 
-#include "core/error.h"
-#include "core/fp16.h"
-#include "core/ops.h"
-#include "core/quant.h"
+#include "core/base/error.h"
+#include "core/base/fp16.h"
+#include "core/model/ops.h"
+#include "core/model/quant.h"
 #include "services/npu_svc/npu_gemm.h"
 
 namespace duet {

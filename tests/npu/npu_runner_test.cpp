@@ -12,12 +12,12 @@
 #include <string>
 #include <thread>
 
-#include "core/error.h"
-#include "core/forward.h"
-#include "core/model.h"
-#include "core/npu_timing.h"
-#include "core/program.h"
-#include "core/shapes.h"
+#include "core/base/error.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+#include "core/model/shapes.h"
+#include "core/planner/npu_timing.h"
+#include "core/program/program.h"
 #include "services/npu_svc/npu_runner.h"
 #include "tests/support/error_code.h"
 #include "tests/support/local_flags.h"

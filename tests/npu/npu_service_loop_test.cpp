@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/messaging.h"
-#include "core/service.h"
-#include "core/soc_profile.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/service.h"
+#include "core/planner/soc_profile.h"
 #include "services/npu_svc/npu_service.h"
 
 namespace duet {

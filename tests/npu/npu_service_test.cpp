@@ -11,12 +11,12 @@
 #include <string>
 #include <thread>
 
-#include "core/error.h"
-#include "core/forward.h"
-#include "core/messaging.h"
-#include "core/model.h"
-#include "core/npu_timing.h"
-#include "core/program.h"
+#include "core/base/error.h"
+#include "core/ipc/messaging.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+#include "core/planner/npu_timing.h"
+#include "core/program/program.h"
 #include "services/npu_svc/npu_service.h"
 #include "shm/completion_flag.h"
 #include "shm/flag_sync.h"

@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/error.h"
-#include "core/npu_timing.h"
-#include "core/soc_profile.h"
+#include "core/base/error.h"
+#include "core/planner/npu_timing.h"
+#include "core/planner/soc_profile.h"
 #include "services/npu_svc/graph_cache.h"
 #include "tests/support/error_code.h"
 

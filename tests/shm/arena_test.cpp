@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "shm/segment.h"
 #include "tests/shm/child_process.h"
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <thread>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "shm/segment.h"
 #include "tests/shm/child_process.h"
 

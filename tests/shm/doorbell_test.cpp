@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "shm/segment.h"
 #include "tests/shm/child_process.h"
 

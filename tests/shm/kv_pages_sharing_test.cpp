@@ -9,7 +9,7 @@
 #include <random>
 #include <set>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "shm/kv_pages.h"
 #include "shm/segment.h"
 #include "tests/shm/child_process.h"

@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "shm/segment.h"
 #include "tests/shm/child_process.h"
 

@@ -8,7 +8,7 @@
 
 #include <cstring>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "tests/shm/child_process.h"
 
 namespace duet::shm {

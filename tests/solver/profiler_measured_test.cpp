@@ -9,9 +9,9 @@
 #include <optional>
 #include <thread>
 
-#include "core/error.h"
-#include "core/plan_store.h"
-#include "core/service.h"
+#include "core/base/error.h"
+#include "core/ipc/service.h"
+#include "core/planner/plan_store.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_service.h"
 #include "services/npu_svc/npu_service.h"

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "core/service.h"
-#include "core/solver.h"
+#include "core/ipc/service.h"
+#include "core/planner/solver.h"
 
 namespace duet {
 namespace {

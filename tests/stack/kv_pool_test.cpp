@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/run_dir.h"
+#include "core/ipc/run_dir.h"
 #include "tests/support/stack_support.h"
 
 namespace duet {

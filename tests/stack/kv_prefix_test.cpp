@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/run_dir.h"
+#include "core/ipc/run_dir.h"
 #include "shm/kv_pages.h"
 #include "shm/segment.h"
 #include "tests/support/stack_support.h"

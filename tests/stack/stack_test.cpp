@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/messaging.h"
-#include "core/run_dir.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
 #include "shm/segment.h"
 #include "tests/support/stack_support.h"
 

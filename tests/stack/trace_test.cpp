@@ -13,7 +13,7 @@
 #include <set>
 #include <string>
 
-#include "core/run_dir.h"
+#include "core/ipc/run_dir.h"
 #include "tests/support/stack_support.h"
 
 namespace duet {

@@ -13,16 +13,16 @@
 #include <string>
 #include <vector>
 
-#include "core/arch.h"
-#include "core/dtype.h"
-#include "core/shapes.h"
+#include "core/model/arch.h"
+#include "core/model/dtype.h"
+#include "core/model/shapes.h"
 
 namespace duet::test_support {
 
 struct ArchModel {
   std::string name;  // file stem
   Arch arch;
-  std::string shape;  // core/shapes.h
+  std::string shape;  // core/model/shapes.h
   float rope_scale_linear = 0.0f;
 };
 

@@ -3,7 +3,7 @@
 // Header-only.
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace duet::test_support {
 

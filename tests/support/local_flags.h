@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.h"
-#include "core/program.h"
+#include "core/base/error.h"
+#include "core/program/program.h"
 
 namespace duet::test_support {
 

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/model.h"
-#include "core/program.h"
+#include "core/model/model.h"
+#include "core/program/program.h"
 
 namespace duet::test_support {
 

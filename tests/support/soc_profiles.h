@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "core/soc_profile.h"
+#include "core/planner/soc_profile.h"
 
 namespace duet::test_support {
 

@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "core/messaging.h"
-#include "core/run_dir.h"
-#include "core/stack_record.h"
+#include "core/base/error.h"
+#include "core/ipc/messaging.h"
+#include "core/ipc/run_dir.h"
+#include "core/ipc/stack_record.h"
 #include "shm/segment.h"
 
 namespace duet::test_support {

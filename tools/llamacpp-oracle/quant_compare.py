@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama.cpp's reference K quantisers (ggml's quantize_row_q{4,5,6}_K_ref, no importance matrix:
 what llama-quantize runs without --imatrix) on fixed weight-like rows, for duet's quantisers to be
-compared with (tests/core/test_quant_ggml.cpp):
+compared with (tests/core/model/test_quant_ggml.cpp):
 
   tests/data/llamacpp/quant-ggml.json  per type: RMSE of ggml's quantise -> dequantise, and the
                                        sha256 of each quantised row

@@ -1,6 +1,6 @@
 """The client API's bytes (schemas/client.fbs): ClientMessage buffers with the file identifier
 "DUCL", built and read with the code `flatc --python` generates at build time (duet.fb.*), exactly
-as core/client.cpp builds and reads them."""
+as core/ipc/client.cpp builds and reads them."""
 
 import dataclasses
 from typing import List, Optional

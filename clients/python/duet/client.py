@@ -1,5 +1,5 @@
 """The Python client of a stack's frontend: schemas/client.fbs over a ZeroMQ DEALER on
-ipc://<run dir>/frontend.sock, the protocol of the C++ client (core/client.h).
+ipc://<run dir>/frontend.sock, the protocol of the C++ client (core/ipc/client.h).
 
 Every call has a deadline. While a generation runs the client sends the frontend a KeepAlive
 every third of `heartbeat_ms` (default 1000; the frontend cancels a request whose KeepAlives stop
@@ -12,7 +12,7 @@ A killed frontend does not end a generation (issue 22): the client's socket has 
 identity, a socket monitor sees the frontend go and come back, and the client then sends Resume
 (ids and text bytes received so far) for every generation in flight; the restarted frontend,
 which adopted them from its request journal, streams the rest: no token twice, none missing.
-As core/client.h: KeepAlives pause until the Resume is answered (an empty chunk, never shown),
+As core/ipc/client.h: KeepAlives pause until the Resume is answered (an empty chunk, never shown),
 an `unavailable` error meanwhile is a KeepAlive's answer and skipped, a request the new
 frontend never saw is sent again when nothing of it had arrived, and a frontend that stays away
 longer than resume_timeout (30 s) fails the generation with `unavailable`."""
@@ -32,12 +32,12 @@ from duet.errors import DuetError
 from duet.fb.Code import Code
 
 _STACK_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-_MAX_MESSAGE_BYTES = 64 << 20  # msg::kMaxMessageBytes (core/messaging.h)
+_MAX_MESSAGE_BYTES = 64 << 20  # msg::kMaxMessageBytes (core/ipc/messaging.h)
 _UNIX_PATH_MAX = 107  # sockaddr_un.sun_path less its terminating zero
 
 
 def run_root() -> str:
-    """$DUET_RUN_ROOT, else $XDG_RUNTIME_DIR/duet, else /tmp/duet-<uid> (core/run_dir.h)."""
+    """$DUET_RUN_ROOT, else $XDG_RUNTIME_DIR/duet, else /tmp/duet-<uid> (core/ipc/run_dir.h)."""
     if os.environ.get("DUET_RUN_ROOT"):
         return os.environ["DUET_RUN_ROOT"]
     if os.environ.get("XDG_RUNTIME_DIR"):
@@ -125,7 +125,7 @@ class Client:
         self.endpoint = endpoint or stack_endpoint(stack, run_dir)
         self._ctx = zmq.Context.instance()
         self._socket = self._ctx.socket(zmq.DEALER)
-        # As core/client.cpp: no lingering, requests queue until the connection is up (set
+        # As core/ipc/client.cpp: no lingering, requests queue until the connection is up (set
         # before connect), quick reconnects, the frontend's message size limit, bounded sends.
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IMMEDIATE, 0)

@@ -1,5 +1,5 @@
 """duet's errors as Python sees them: the frontend's Error replies (a code of duet::Errc,
-core/error.h, mirrored by the Code enum of schemas/control.fbs) and the client's own failures
+core/base/error.h, mirrored by the Code enum of schemas/control.fbs) and the client's own failures
 raise DuetError."""
 
 import re

@@ -1,0 +1,101 @@
+// The KV pool sized by a memory budget (core/model/kv_budget.h): pages from the budget, capped by
+// what the stack's sequences could use, refused with the numbers when one sequence does not fit.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/base/error.h"
+#include "core/model/kv_budget.h"
+#include "core/model/shapes.h"
+
+namespace duet {
+namespace {
+
+KvPoolRequest llama32_1b(uint64_t budget, uint32_t bytes_per_value) {
+  const ModelShape& s = model_shape("llama3.2-1b");
+  KvPoolRequest r;
+  r.n_layer = s.n_layer;
+  r.kv_dim = s.n_head_kv * (s.n_embd / s.n_head);
+  r.model_ctx = s.n_ctx;
+  r.max_seqs = 16;
+  r.sharers = 2;
+  r.bytes_per_value = bytes_per_value;
+  r.budget_bytes = budget;
+  return r;
+}
+
+TEST(KvBudget, PagesComeFromTheBudgetNotFromSequencesTimesContext) {
+  const KvPoolPlan p = plan_kv_pool(llama32_1b(uint64_t{6} << 30, 2));
+  EXPECT_EQ(p.ctx, 131072u);                        // the model's full trained context
+  EXPECT_EQ(p.bytes_per_token, 2u * 16 * 512 * 2);  // 2 x layers x kv_dim x 2 at f16
+  EXPECT_EQ(p.page_bytes, p.bytes_per_token * 16);
+  EXPECT_EQ(p.pages_per_seq, 131072u / 16);
+  EXPECT_EQ(p.n_pages, (uint64_t{6} << 30) / p.page_bytes);  // 32 x 131072 would be 128 GiB
+  EXPECT_LE(p.pool_bytes, uint64_t{6} << 30);
+}
+
+// q8_0 counts its real bytes: 34 per block of 32 values (an f16 scale and 32 int8).
+TEST(KvBudget, Q8_0CountsThirtyFourBytesPerThirtyTwoValues) {
+  KvPoolRequest r = llama32_1b(uint64_t{6} << 30, 34);
+  r.values_per_block = 32;
+  const KvPoolPlan p = plan_kv_pool(r);
+  EXPECT_EQ(p.bytes_per_token, 2u * 16 * 512 / 32 * 34);  // 17408: 53% of f16's 32768
+  EXPECT_EQ(p.n_pages, (uint64_t{6} << 30) / p.page_bytes);
+  EXPECT_EQ(parse_kv_type("q8_0"), DType::Q8_0);
+  r.kv_dim = 500;  // not whole blocks
+  EXPECT_THROW(plan_kv_pool(r), Error);
+}
+
+TEST(KvBudget, SmallModelsTakeNoMoreThanTheirSequencesCanUse) {
+  KvPoolRequest r;
+  r.n_layer = 6;
+  r.kv_dim = 128;
+  r.model_ctx = 512;
+  r.max_seqs = 16;
+  r.sharers = 2;
+  r.budget_bytes = uint64_t{4} << 30;
+  const KvPoolPlan p = plan_kv_pool(r);
+  EXPECT_EQ(p.n_pages, 2u * 16 * (512 / 16));
+}
+
+TEST(KvBudget, ABudgetBelowOneSequenceIsRefusedWithTheNumbers) {
+  try {
+    plan_kv_pool(llama32_1b(uint64_t{1} << 30, 4));  // one f32 sequence is 8 GiB
+    FAIL() << "a 1 GiB budget held a 131072-token f32 sequence of the 1B";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("less than one sequence"), std::string::npos) << what;
+    EXPECT_NE(what.find("131072"), std::string::npos) << what;
+    EXPECT_NE(what.find("--kv-memory"), std::string::npos) << what;
+  }
+  // A smaller context (DUET_MAX_CTX) fits the same budget.
+  KvPoolRequest shorter = llama32_1b(uint64_t{1} << 30, 4);
+  shorter.max_ctx = 4096;
+  EXPECT_EQ(plan_kv_pool(shorter).ctx, 4096u);
+}
+
+TEST(KvBudget, NoLayerRegionPastTheLargestBuffer) {
+  KvPoolRequest r = llama32_1b(uint64_t{1} << 40, 2);
+  const KvPoolPlan p = plan_kv_pool(r);
+  EXPECT_LE(uint64_t{p.n_pages} * (p.page_bytes / 16), kMaxKvLayerBytes);
+}
+
+TEST(KvBudget, MemorySizesParseAndNonsenseIsNamed) {
+  EXPECT_EQ(parse_memory_size("4G"), uint64_t{4} << 30);
+  EXPECT_EQ(parse_memory_size("512MiB"), uint64_t{512} << 20);
+  EXPECT_EQ(parse_memory_size("1.5g"), uint64_t{3} << 29);
+  EXPECT_EQ(parse_memory_size("1048576"), uint64_t{1} << 20);
+  for (const char* bad : {"", "lots", "4X", "-1G", "0", "4GG"}) {
+    try {
+      parse_memory_size(bad);
+      ADD_FAILURE() << "'" << bad << "' parsed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos);
+    }
+  }
+  EXPECT_GT(default_kv_memory_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace duet
