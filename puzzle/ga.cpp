@@ -34,17 +34,22 @@ std::vector<Subgraph> decode_subgraphs(const Genome& g, size_t model) {
   int first = 0;
   for (int u = 0; u < units; ++u) {
     if (u + 1 < units && !cuts[static_cast<size_t>(u)]) continue;
-    int npu = 0;
-    for (int i = first; i <= u; ++i) npu += maps[static_cast<size_t>(i)];
-    const int n = u - first + 1;
-    const bool on_npu = 2 * npu > n || (2 * npu == n && maps[static_cast<size_t>(first)] == 1);
-    out.push_back({first, u, on_npu ? Device::npu : Device::gpu});
+    int votes[kProcs] = {0, 0, 0};
+    for (int i = first; i <= u; ++i)
+      ++votes[std::min<int>(maps[static_cast<size_t>(i)], kProcs - 1)];
+    // The most votes; a tie goes to the first unit's vote when it is among the tied, else to
+    // the lowest (GPU before NPU before both).
+    const int first_vote = std::min<int>(maps[static_cast<size_t>(first)], kProcs - 1);
+    int pick = first_vote;
+    for (int p = 0; p < kProcs; ++p)
+      if (votes[p] > votes[pick]) pick = p;
+    out.push_back({first, u, static_cast<Proc>(pick)});
     first = u + 1;
   }
   return out;
 }
 
-void check_genome(const Genome& g, const std::vector<int>& units) {
+void check_genome(const Genome& g, const std::vector<int>& units, int choices) {
   const size_t n = units.size();
   if (g.cuts.size() != n || g.maps.size() != n || g.priority.size() != n)
     throw Error(Errc::internal, "puzzle genome: chromosome count != model count");
@@ -53,6 +58,10 @@ void check_genome(const Genome& g, const std::vector<int>& units) {
         static_cast<int>(g.cuts[m].size()) != units[m] - 1)
       throw Error(Errc::internal, "puzzle genome: model " + std::to_string(m) +
                                       "'s chromosomes do not match its units");
+  for (const auto& maps : g.maps)
+    for (uint8_t v : maps)
+      if (v >= choices)
+        throw Error(Errc::internal, "puzzle genome: a mapping gene is out of range");
   std::vector<int> p = g.priority;
   std::sort(p.begin(), p.end());
   for (size_t i = 0; i < n; ++i)
@@ -96,14 +105,19 @@ void upmx_crossover(std::vector<int>& a, std::vector<int>& b, double indpb, Rng&
   upmx_crossover_at(a, b, mask);
 }
 
-void mutate(Genome& g, double prob_priority, double prob_flip, Rng& rng) {
+// A value other than v among `choices`.
+uint8_t other(uint8_t v, int choices, Rng& rng) {
+  return static_cast<uint8_t>((v + 1 + rng.below(static_cast<uint64_t>(choices - 1))) %
+                              static_cast<uint64_t>(choices));
+}
+
+void mutate(Genome& g, int choices, double prob_priority, double prob_flip, Rng& rng) {
   for (size_t m = 0; m < g.maps.size(); ++m) {
-    for (std::vector<uint8_t>* c : {&g.cuts[m], &g.maps[m]}) {
-      if (c->empty()) continue;
-      const double p = 1.0 / static_cast<double>(c->size());
-      for (uint8_t& v : *c)
-        if (rng.unit() < p) v ^= 1;
-    }
+    const std::vector<uint8_t>::size_type nc = g.cuts[m].size(), nm = g.maps[m].size();
+    for (uint8_t& v : g.cuts[m])
+      if (rng.unit() < 1.0 / static_cast<double>(nc)) v ^= 1;
+    for (uint8_t& v : g.maps[m])
+      if (rng.unit() < 1.0 / static_cast<double>(nm)) v = other(v, choices, rng);
   }
   // A subgraph-level flip: one subgraph's units all vote for the other device. A single unit's
   // flipped vote rarely changes a subgraph's majority, so without it a placement moves slowly.
@@ -111,8 +125,8 @@ void mutate(Genome& g, double prob_priority, double prob_flip, Rng& rng) {
     const size_t m = rng.below(g.maps.size());
     const std::vector<Subgraph> subs = decode_subgraphs(g, m);
     const Subgraph& s = subs[rng.below(subs.size())];
-    for (int u = s.first; u <= s.last; ++u)
-      g.maps[m][static_cast<size_t>(u)] = s.device == Device::npu ? 0 : 1;
+    const uint8_t to = other(static_cast<uint8_t>(s.device), choices, rng);
+    for (int u = s.first; u <= s.last; ++u) g.maps[m][static_cast<size_t>(u)] = to;
   }
   if (g.priority.size() >= 2 && rng.unit() < prob_priority) {
     const size_t i = rng.below(g.priority.size());
@@ -156,7 +170,7 @@ bool move_adjacent(Genome& g, size_t model, Rng& rng) {
   const size_t joined_unit = dir < 0 ? e + 1 : e;
   for (const Subgraph& s : before)
     if (static_cast<size_t>(s.first) <= joined_unit && joined_unit <= static_cast<size_t>(s.last))
-      g.maps[model][moved] = s.device == Device::npu ? 1 : 0;
+      g.maps[model][moved] = static_cast<uint8_t>(s.device);
   return true;
 }
 
@@ -352,12 +366,12 @@ std::vector<size_t> nsga3_select(const std::vector<std::vector<double>>& objs, s
 }
 
 namespace {
-Genome random_genome(const std::vector<int>& units, double density, Rng& rng) {
+Genome random_genome(const std::vector<int>& units, int choices, double density, Rng& rng) {
   Genome g;
   for (int u : units) {
     std::vector<uint8_t> cuts(static_cast<size_t>(u - 1)), maps(static_cast<size_t>(u));
     for (uint8_t& c : cuts) c = rng.unit() < density ? 1 : 0;
-    for (uint8_t& v : maps) v = static_cast<uint8_t>(rng.below(2));
+    for (uint8_t& v : maps) v = static_cast<uint8_t>(rng.below(static_cast<uint64_t>(choices)));
     g.cuts.push_back(std::move(cuts));
     g.maps.push_back(std::move(maps));
   }
@@ -382,8 +396,9 @@ double mean_of(const std::vector<std::vector<double>>& objs, const std::vector<s
 
 SearchResult ga_search(const std::vector<int>& units, const Evaluate& evaluate,
                        const SearchOptions& o, const std::vector<Genome>& seeds) {
-  if (units.empty() || o.population < 2 || o.population % 2)
-    throw Error(Errc::invalid_argument, "ga_search: needs models and an even population >= 2");
+  if (units.empty() || o.population < 2 || o.population % 2 || o.choices < 2 || o.choices > kProcs)
+    throw Error(Errc::invalid_argument,
+                "ga_search: needs models, an even population >= 2 and 2 or 3 choices");
   Rng rng(o.seed);
   SearchResult res;
   std::vector<Genome> pop;
@@ -394,11 +409,11 @@ SearchResult ga_search(const std::vector<int>& units, const Evaluate& evaluate,
   };
   for (const Genome& g : seeds) {
     if (pop.size() == static_cast<size_t>(o.population)) break;
-    check_genome(g, units);
+    check_genome(g, units, o.choices);
     pop.push_back(g);
   }
   while (pop.size() < static_cast<size_t>(o.population))
-    pop.push_back(random_genome(units, o.cut_density, rng));
+    pop.push_back(random_genome(units, o.choices, o.cut_density, rng));
   for (const Genome& g : pop) objs.push_back(eval(g));
   const size_t n_obj = objs[0].size();
   const auto refs = reference_points(n_obj, n_obj <= 2 ? 12 : n_obj <= 4 ? 4 : 2);
@@ -423,7 +438,7 @@ SearchResult ga_search(const std::vector<int>& units, const Evaluate& evaluate,
         upmx_crossover(a.priority, b.priority, o.upmx_indpb, rng);
       }
       for (Genome* child : {&a, &b}) {
-        mutate(*child, o.mutate_priority, o.mutate_flip, rng);
+        mutate(*child, o.choices, o.mutate_priority, o.mutate_flip, rng);
         std::vector<double> f = eval(*child);
         if (rng.unit() < o.local_search) {
           Genome trial = *child;

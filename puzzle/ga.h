@@ -5,8 +5,9 @@
 //
 // A genome has three chromosomes:
 //   cuts[m]     model m's edges between consecutive units: 1 = cut (a subgraph boundary)
-//   maps[m]     model m's per-unit preferred device (0 GPU, 1 NPU); a subgraph runs where the
-//               majority of its units vote (a tie goes to its first unit's vote)
+//   maps[m]     model m's per-unit preferred processor (0 GPU, 1 NPU, and with choices = 3,
+//               2 both under duet's tensor plan); a subgraph runs where most of its units vote
+//               (a tie goes to its first unit's vote if tied, else the lowest value)
 //   priority    a permutation: priority[m] is model m's rank (0 runs first)
 // Each generation every genome is a parent (Puzzle: against premature convergence): pairs get
 // one-point crossover on each model's cuts and maps and UPMX on the priorities, then mutation,
@@ -45,7 +46,7 @@ struct Genome {
 // The subgraphs a genome's model m decodes to (cuts, then a majority vote per subgraph).
 std::vector<Subgraph> decode_subgraphs(const Genome& g, size_t model);
 // Throws Error(internal) when a chromosome has the wrong length or priority is no permutation.
-void check_genome(const Genome& g, const std::vector<int>& units);
+void check_genome(const Genome& g, const std::vector<int>& units, int choices = 2);
 
 // Operators (each leaves lengths alone; UPMX and mutation keep priority a permutation).
 void one_point_crossover(std::vector<uint8_t>& a, std::vector<uint8_t>& b, Rng& rng);
@@ -54,9 +55,10 @@ void one_point_crossover(std::vector<uint8_t>& a, std::vector<uint8_t>& b, Rng& 
 // a swap so it stays a permutation. upmx_crossover draws the mask with probability indpb.
 void upmx_crossover_at(std::vector<int>& a, std::vector<int>& b, const std::vector<bool>& mask);
 void upmx_crossover(std::vector<int>& a, std::vector<int>& b, double indpb, Rng& rng);
-// Flips each cut and map gene with probability 1/length; with prob_flip moves one random
-// subgraph to the other device (all its votes flipped); swaps two ranks with prob_priority.
-void mutate(Genome& g, double prob_priority, double prob_flip, Rng& rng);
+// Flips each cut gene and changes each map gene (to another of `choices` values) with
+// probability 1/length; with prob_flip moves one random subgraph to another processor (all its
+// votes changed); swaps two ranks with prob_priority.
+void mutate(Genome& g, int choices, double prob_priority, double prob_flip, Rng& rng);
 // Local-search moves on model m, in place; false when there is nothing to do (no cut).
 // merge: removes one cut (its two subgraphs become one). move: shifts one cut by one unit onto a
 // unit that is not a cut, the moved unit voting for the subgraph it joins.
@@ -84,6 +86,7 @@ struct SearchOptions {
   double upmx_indpb = 0.5;
   double cut_density = 0.1;  // initial genomes: the chance that an edge is cut
   uint64_t seed = 1;
+  int choices = 2;  // processors a subgraph may map to: 2 = Puzzle's GPU/NPU, 3 adds Proc::both
 };
 
 struct SearchResult {

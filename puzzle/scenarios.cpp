@@ -92,7 +92,7 @@ ScenarioModel::ScenarioModel(Scenario scenario, const SocProfile& soc, int reque
   base_us_.assign(static_cast<size_t>(scenario_.groups), 0);
   for (size_t m = 0; m < scenario_.models.size(); ++m)
     base_us_[static_cast<size_t>(scenario_.models[m].group)] +=
-        std::min(request_us(m, Device::gpu), request_us(m, Device::npu));
+        std::min(request_us(m, Proc::gpu), request_us(m, Proc::npu));
   for (double& b : base_us_) b *= scenario_.groups * 1.1;
 }
 
@@ -122,18 +122,7 @@ std::vector<std::vector<StageCost>> ScenarioModel::steps(size_t m,
   return out;
 }
 
-std::vector<std::vector<StageCost>> ScenarioModel::steps(size_t m, const Plan& prefill,
-                                                         const Plan& decode) {
-  const ModelSpec& spec = scenario_.models.at(m);
-  ModelCoster& c = coster(m);
-  std::vector<std::vector<StageCost>> out;
-  for (int64_t s = 0; s < spec.output; ++s)
-    out.push_back(
-        {s == 0 ? c.whole(prefill, spec.prompt, 0) : c.whole(decode, 1, spec.prompt + s - 1)});
-  return out;
-}
-
-double ScenarioModel::request_us(size_t m, Device d) {
+double ScenarioModel::request_us(size_t m, Proc d) {
   double total = 0;
   for (const auto& step : steps(m, {{0, coster(m).units() - 1, d}}))
     for (const StageCost& s : step) total += s.span_us;
@@ -200,7 +189,7 @@ MethodResult run_npu_only(ScenarioModel& sm) {
   std::vector<SimModel> sol;
   for (size_t m = 0; m < sm.scenario().models.size(); ++m)
     sol.push_back({sm.scenario().models[m].group, 0,
-                   sm.steps(m, {{0, sm.coster(m).units() - 1, Device::npu}})});
+                   sm.steps(m, {{0, sm.coster(m).units() - 1, Proc::npu}})});
   r.objectives.push_back(objectives_ms(sm.run(sol, 1.0)));
   r.solutions.push_back(std::move(sol));
   r.search_s = seconds_since(t0);
@@ -218,10 +207,10 @@ MethodResult run_best_mapping(ScenarioModel& sm) {
     std::vector<SimModel> sol;
     nlohmann::json map = nlohmann::json::array();
     for (size_t m = 0; m < n; ++m) {
-      const Device d = (mask >> m) & 1 ? Device::npu : Device::gpu;
+      const Proc d = (mask >> m) & 1 ? Proc::npu : Proc::gpu;
       sol.push_back(
           {sm.scenario().models[m].group, 0, sm.steps(m, {{0, sm.coster(m).units() - 1, d}})});
-      map.push_back(d == Device::npu ? "npu" : "gpu");
+      map.push_back(proc_name(d));
     }
     r.objectives.push_back(objectives_ms(sm.run(sol, 1.0)));
     r.solutions.push_back(std::move(sol));
@@ -242,13 +231,11 @@ MethodResult run_per_op_solver(ScenarioModel& sm) {
   for (size_t m = 0; m < sm.scenario().models.size(); ++m) {
     const ModelSpec& spec = sm.scenario().models[m];
     ModelCoster& c = sm.coster(m);
-    const SocModeledLatency src(*c.solver_options().soc);
-    const auto weights = model_weight_shapes(c.shape());
-    const PlanResult pre = solve_plan(weights, c.shape().n_layer, Phase::prefill, spec.prompt, src,
-                                      c.solver_options());
-    const PlanResult dec =
-        solve_plan(weights, c.shape().n_layer, Phase::decode, 1, src, c.solver_options());
-    sol.push_back({spec.group, 0, sm.steps(m, pre.plan, dec.plan)});
+    // The whole model as one subgraph under the solver's tensor plan for each step.
+    sol.push_back({spec.group, 0, sm.steps(m, {{0, c.units() - 1, Proc::both}})});
+    PlanResult pre, dec;
+    pre.plan = c.tensor_plan(spec.prompt);
+    dec.plan = c.tensor_plan(1);
     plans.push_back(
         {{"prefill", plan_to_json(pre)["matmul"]}, {"decode", plan_to_json(dec)["matmul"]}});
   }
@@ -260,15 +247,15 @@ MethodResult run_per_op_solver(ScenarioModel& sm) {
   return r;
 }
 
-MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options) {
+MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha) {
   const auto t0 = std::chrono::steady_clock::now();
   MethodResult r;
-  r.method = "puzzle-ga";
+  r.method = options.choices == 2 ? "puzzle-ga" : "puzzle-ga+tensor";
   const std::vector<int> units = sm.units();
-  // Two seeds beside the random genomes: everything on the NPU, everything on the GPU (one
-  // subgraph per model, models in order).
+  // Seeds beside the random genomes: each processor for everything (one subgraph per model,
+  // models in order).
   std::vector<Genome> seeds;
-  for (uint8_t dev : {uint8_t{1}, uint8_t{0}}) {
+  for (uint8_t dev = 0; dev < options.choices; ++dev) {
     Genome g;
     for (int u : units) {
       g.cuts.emplace_back(static_cast<size_t>(u - 1), uint8_t{0});
@@ -278,8 +265,8 @@ MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options) {
     seeds.push_back(std::move(g));
   }
   const SearchResult s = ga_search(
-      units, [&](const Genome& g) { return objectives_ms(sm.run(sm.sim_models(g), 1.0)); }, options,
-      seeds);
+      units, [&](const Genome& g) { return objectives_ms(sm.run(sm.sim_models(g), search_alpha)); },
+      options, seeds);
   r.search_s = seconds_since(t0);
   r.detail = nlohmann::json::array();
   for (size_t i = 0; i < s.pareto.size(); ++i) {
@@ -289,6 +276,7 @@ MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options) {
   }
   score_saturation(sm, r);
   r.detail = {{"solutions", r.detail},
+              {"search_alpha", search_alpha},
               {"generations", s.generations},
               {"evaluations", s.evaluations},
               {"mean_objective", s.mean_objective}};

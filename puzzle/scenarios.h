@@ -2,7 +2,8 @@
 // Puzzle's evaluation (section 6) for LLMs on the modelled SoC: random scenarios of periodic model
 // groups, the saturation multiplier, and the methods compared: NPU-only, Best Mapping (each model
 // wholly on one processor; the Pareto set over all 2^M mappings), duet's per-op HeteroInfer
-// solver applied model by model (core/solver.h's tensor plan per phase), and the GA.
+// solver applied model by model (core/solver.h's tensor plan per phase), and the GA, both as
+// Puzzle has it (subgraphs on the GPU or the NPU) and with the tensor plan as a third choice.
 //
 // Periods (6.1): a group's base period is the sum over its models of the model's request time on
 // its fastest processor alone, times the number of groups N, times 1 + 0.1; a period multiplier
@@ -50,12 +51,10 @@ class ScenarioModel {
   std::vector<int> units() const;
   const std::vector<double>& base_periods_us() const { return base_us_; }
   // Model m's request alone, wholly on one device.
-  double request_us(size_t m, Device d);
+  double request_us(size_t m, Proc d);
 
-  // Model m's request steps (prefill, then each decode step) under a subgraph placement, or
-  // under whole-model plans for the prefill and the decode steps.
+  // Model m's request steps (prefill, then each decode step) under a subgraph placement.
   std::vector<std::vector<StageCost>> steps(size_t m, const std::vector<Subgraph>& subgraphs);
-  std::vector<std::vector<StageCost>> steps(size_t m, const Plan& prefill, const Plan& decode);
   // Every model of a genome (its placements and priorities).
   std::vector<SimModel> sim_models(const Genome& g);
   SimResult run(const std::vector<SimModel>& models, double alpha) const;
@@ -97,7 +96,9 @@ double saturation_multiplier(const ScenarioModel& sm,
 MethodResult run_npu_only(ScenarioModel& sm);
 MethodResult run_best_mapping(ScenarioModel& sm);
 MethodResult run_per_op_solver(ScenarioModel& sm);
-MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options);
+// The GA scores candidates at periods search_alpha x the base (Puzzle searches at 1.0); its
+// objectives in the result are at that alpha.
+MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha = 1.0);
 
 // A genome's placements and priorities: {"priority": [...], "models": [subgraph plan...]}.
 nlohmann::json solution_to_json(const ScenarioModel& sm, const Genome& g);

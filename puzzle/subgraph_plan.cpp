@@ -4,6 +4,18 @@
 
 namespace duet::puzzle {
 
+std::string_view proc_name(Proc p) {
+  switch (p) {
+    case Proc::gpu:
+      return "gpu";
+    case Proc::npu:
+      return "npu";
+    case Proc::both:
+      return "both";
+  }
+  return "?";
+}
+
 int unit_count(const ModelShape& shape) {
   return 2 * shape.n_layer + 1;
 }
@@ -34,7 +46,7 @@ void validate_subgraph_plan(const SubgraphPlan& plan, int expected_units) {
       throw Error(Errc::bad_format, at + "leaves units " + std::to_string(next) + ".." +
                                         std::to_string(s.first - 1) + " unplaced");
     if (s.first < next) throw Error(Errc::bad_format, at + "overlaps the subgraph before it");
-    if (s.device != Device::gpu && s.device != Device::npu)
+    if (static_cast<int>(s.device) >= kProcs)
       throw Error(Errc::bad_format, at + "has an unknown device");
     next = s.last + 1;
   }
@@ -46,9 +58,7 @@ void validate_subgraph_plan(const SubgraphPlan& plan, int expected_units) {
 nlohmann::json subgraph_plan_to_json(const SubgraphPlan& plan) {
   nlohmann::json subs = nlohmann::json::array();
   for (const Subgraph& s : plan.subgraphs)
-    subs.push_back({{"first", s.first},
-                    {"last", s.last},
-                    {"device", s.device == Device::gpu ? "gpu" : "npu"}});
+    subs.push_back({{"first", s.first}, {"last", s.last}, {"device", proc_name(s.device)}});
   return {{"version", kSubgraphPlanVersion},
           {"model", plan.model},
           {"units", plan.units},
@@ -88,12 +98,15 @@ SubgraphPlan subgraph_plan_from_json(const nlohmann::json& j) {
     s.first = int_field(subs[i], "first", at);
     s.last = int_field(subs[i], "last", at);
     const nlohmann::json& d = field(subs[i], "device", at);
-    if (d == "gpu")
-      s.device = Device::gpu;
-    else if (d == "npu")
-      s.device = Device::npu;
-    else
-      throw Error(Errc::bad_format, at + ": device " + d.dump() + " is not \"gpu\" or \"npu\"");
+    bool known = false;
+    for (int k = 0; k < kProcs; ++k)
+      if (d == proc_name(static_cast<Proc>(k))) {
+        s.device = static_cast<Proc>(k);
+        known = true;
+      }
+    if (!known)
+      throw Error(Errc::bad_format,
+                  at + ": device " + d.dump() + " is not \"gpu\", \"npu\" or \"both\"");
     p.subgraphs.push_back(s);
   }
   validate_subgraph_plan(p, unit_count(model_shape(p.model)));

@@ -14,9 +14,10 @@
 // existing flags (one fast sync; memory is shared, nothing is copied).
 //
 // JSON: {"version": 1, "model": "llama3.2-1b", "units": 33,
-//        "subgraphs": [{"first": 0, "last": 9, "device": "npu"}, ...]}
+//        "subgraphs": [{"first": 0, "last": 9, "device": "npu"}, ...]}  (device: gpu, npu, both)
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/plan.h"
@@ -30,9 +31,16 @@ int unit_count(const ModelShape& shape);  // 2 * n_layer + 1
 // "layer3.attn", "layer3.ffn", "embed+layer0.attn", "head".
 std::string unit_name(int unit, int n_layer);
 
+// Where a subgraph runs: the GPU, the NPU, or both under duet's per-op tensor plan (core/solver.h:
+// each matmul placed or split by the HeteroInfer solver for the step's phase and token count;
+// an extension of Puzzle's processors for LLMs, whose large matmuls gain from co-execution).
+enum class Proc : uint8_t { gpu = 0, npu = 1, both = 2 };
+inline constexpr int kProcs = 3;
+std::string_view proc_name(Proc p);  // "gpu", "npu", "both"
+
 struct Subgraph {
   int first = 0, last = 0;  // units [first, last]
-  Device device = Device::gpu;
+  Proc device = Proc::gpu;
   bool operator==(const Subgraph&) const = default;
 };
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/profiler.h"
 #include "puzzle/subgraph_plan.h"
 
 namespace duet::puzzle {
@@ -61,14 +62,29 @@ ModelCoster::ModelCoster(const ModelShape& shape, const SocProfile& soc, int64_t
   if (context_bucket < 0)
     throw Error(Errc::invalid_argument, "puzzle: context_bucket must be >= 0");
   options_.soc = &soc_;
-  build_variant(Device::gpu);
-  build_variant(Device::npu);
 }
 
-void ModelCoster::build_variant(Device device) {
-  Variant& v = variants_[static_cast<int>(device)];
-  v.schedule = schedule_from_shape(shape_, types_,
-                                   device == Device::gpu ? Plan::gpu_only() : Plan::npu_only());
+const Plan& ModelCoster::tensor_plan(int64_t n_tokens) {
+  if (auto it = tensor_plans_.find(n_tokens); it != tensor_plans_.end()) return it->second;
+  const SocModeledLatency src(soc_);
+  const PlanResult r =
+      solve_plan(model_weight_shapes(shape_, types_.matmul), shape_.n_layer,
+                 n_tokens == 1 ? Phase::decode : Phase::prefill, n_tokens, src, options_);
+  return tensor_plans_.emplace(n_tokens, r.plan).first->second;
+}
+
+const ModelCoster::Variant& ModelCoster::variant(Proc proc, int64_t n_tokens) {
+  const std::pair<int, int64_t> key{static_cast<int>(proc), proc == Proc::both ? n_tokens : 0};
+  if (auto it = variants_.find(key); it != variants_.end()) return it->second;
+  const Plan plan = proc == Proc::gpu   ? Plan::gpu_only()
+                    : proc == Proc::npu ? Plan::npu_only()
+                                        : tensor_plan(n_tokens);
+  return variants_.emplace(key, build_variant(plan)).first->second;
+}
+
+ModelCoster::Variant ModelCoster::build_variant(const Plan& plan) const {
+  Variant v;
+  v.schedule = schedule_from_shape(shape_, types_, plan);
   const int head = units_ - 1;
   std::vector<bool> seen_add(static_cast<size_t>(shape_.n_layer), false);
   for (const ScheduleOp& op : v.schedule.gpu) {
@@ -125,14 +141,22 @@ void ModelCoster::build_variant(Device device) {
     for (auto& [delta, hashes] : links[u]) l.push_back({delta, merkle_root(std::move(hashes))});
     v.unit_links.push_back(std::move(l));
   }
+  // A tensor plan's hash: its placements, so two token counts with one plan share profiles.
+  v.plan_hash =
+      combine(mix(static_cast<uint64_t>(plan.npu_mode)), std::hash<std::string>{}(plan.name));
+  for (const Placement& p : plan.matmul)
+    v.plan_hash = combine(combine(combine(v.plan_hash, static_cast<uint64_t>(p.strategy)),
+                                  static_cast<uint64_t>(p.gpu_rows)),
+                          static_cast<uint64_t>(p.npu_tokens));
+  return v;
 }
 
-uint64_t ModelCoster::subgraph_hash(int first, int last, Device device) const {
+uint64_t ModelCoster::subgraph_hash(int first, int last, Proc proc, int64_t n_tokens) {
   if (first < 0 || last >= units_ || last < first)
     throw Error(Errc::invalid_argument, "puzzle: subgraph [" + std::to_string(first) + ", " +
                                             std::to_string(last) + "] outside the model's " +
                                             std::to_string(units_) + " units");
-  const Variant& v = variants_[static_cast<int>(device)];
+  const Variant& v = variant(proc, n_tokens);
   std::vector<uint64_t> units;
   for (int u = first; u <= last; ++u) {
     uint64_t h = v.unit_hash[u];
@@ -140,12 +164,12 @@ uint64_t ModelCoster::subgraph_hash(int first, int last, Device device) const {
       if (delta <= u - first) h = combine(h, combine(static_cast<uint64_t>(delta), link));
     units.push_back(h);
   }
-  return combine(merkle_root(std::move(units)), static_cast<uint64_t>(device) + 1);
+  return combine(merkle_root(std::move(units)), v.plan_hash);
 }
 
-Schedule ModelCoster::subgraph_schedule(int first, int last, Device device) const {
-  (void)subgraph_hash(first, last, device);  // checks the range
-  const Variant& v = variants_[static_cast<int>(device)];
+Schedule ModelCoster::subgraph_schedule(int first, int last, Proc proc, int64_t n_tokens) {
+  (void)subgraph_hash(first, last, proc, n_tokens);  // checks the range
+  const Variant& v = variant(proc, n_tokens);
   Schedule s;
   s.npu_mode = v.schedule.npu_mode;
   std::vector<int64_t> new_index[2];
@@ -195,39 +219,17 @@ StageCost ModelCoster::run(const Schedule& s, int64_t n_tokens, int64_t context,
   return c;
 }
 
-StageCost ModelCoster::subgraph(int first, int last, Device device, int64_t n_tokens,
-                                int64_t context) {
+StageCost ModelCoster::subgraph(int first, int last, Proc proc, int64_t n_tokens, int64_t context) {
   context = bucket(context);
-  const Key key{subgraph_hash(first, last, device), n_tokens, context};
+  const Key key{subgraph_hash(first, last, proc, n_tokens), n_tokens, context};
   if (auto it = cache_.find(key); it != cache_.end()) {
     ++stats_.hits;
     return it->second;
   }
   ++stats_.misses;
-  const StageCost c = run(subgraph_schedule(first, last, device), n_tokens, context,
-                          device == Device::gpu ? Proc::gpu : Proc::npu);
-  cache_.emplace(key, c);
-  return c;
-}
-
-StageCost ModelCoster::whole(const Plan& plan, int64_t n_tokens, int64_t context) {
-  context = bucket(context);
-  uint64_t h = combine(mix(0x706c616e + static_cast<uint64_t>(plan.npu_mode)),
-                       std::hash<std::string>{}(plan.name));
-  for (const Placement& p : plan.matmul)
-    h = combine(
-        combine(combine(h, static_cast<uint64_t>(p.strategy)), static_cast<uint64_t>(p.gpu_rows)),
-        static_cast<uint64_t>(p.npu_tokens));
-  const Key key{h, n_tokens, context};
-  if (auto it = cache_.find(key); it != cache_.end()) {
-    ++stats_.hits;
-    return it->second;
-  }
-  ++stats_.misses;
-  const Proc proc = !plan.uses_npu()                     ? Proc::gpu
-                    : plan.name == Plan::npu_only().name ? Proc::npu
-                                                         : Proc::both;
-  const StageCost c = run(schedule_from_shape(shape_, types_, plan), n_tokens, context, proc);
+  StageCost c = run(subgraph_schedule(first, last, proc, n_tokens), n_tokens, context, proc);
+  // A tensor plan that keeps this subgraph's matmuls on the GPU leaves the NPU free.
+  if (proc == Proc::both && c.npu_us == 0) c.proc = Proc::gpu;
   cache_.emplace(key, c);
   return c;
 }

@@ -13,6 +13,7 @@
 // shape, so layers 3-5 and 10-12 hash alike and share one profile: the cache turns the GA's tens
 // of thousands of subgraph lookups into a few hundred timeline runs.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -21,12 +22,9 @@
 #include "core/soc_profile.h"
 #include "core/solver.h"
 #include "core/timeline.h"
+#include "puzzle/subgraph_plan.h"
 
 namespace duet::puzzle {
-
-// Where a stage runs: one device, or both (a whole model under duet's per-op tensor plan: the
-// HeteroInfer baseline, which co-executes every op across the two).
-enum class Proc : uint8_t { gpu = 0, npu = 1, both = 2 };
 
 // One stage's cost as the simulator uses it.
 struct StageCost {
@@ -42,7 +40,8 @@ struct ProfileStats {
   uint64_t hits = 0, misses = 0;
 };
 
-// One model shape on one SoC: its units' op lists under the GPU-only and NPU-only plans, their
+// One model shape on one SoC: its units' op lists under the GPU-only and NPU-only plans and under
+// the per-op solver's tensor plans (one per phase and token count, solved on first use), their
 // hashes, and a profile cache. Not thread-safe.
 class ModelCoster {
  public:
@@ -53,27 +52,30 @@ class ModelCoster {
 
   const ModelShape& shape() const { return shape_; }
   int units() const { return units_; }
-  // The Merkle hash of units [first, last] placed on `device`.
-  uint64_t subgraph_hash(int first, int last, Device device) const;
+  // The Merkle hash of units [first, last] placed on `proc` (Proc::both: under the tensor plan
+  // for a step of n_tokens).
+  uint64_t subgraph_hash(int first, int last, Proc proc, int64_t n_tokens = 1);
   // The subgraph alone on the SoC at a step of n_tokens with `context` positions cached.
-  StageCost subgraph(int first, int last, Device device, int64_t n_tokens, int64_t context);
-  // The whole model under a core/plan.h plan (Proc::both when it uses both devices).
-  StageCost whole(const Plan& plan, int64_t n_tokens, int64_t context);
+  StageCost subgraph(int first, int last, Proc proc, int64_t n_tokens, int64_t context);
+  // duet's per-op solver's plan for a step of n_tokens (decode at 1, prefill above).
+  const Plan& tensor_plan(int64_t n_tokens);
   // The subgraph's schedule (ops of units [first, last], waits outside it dropped).
-  Schedule subgraph_schedule(int first, int last, Device device) const;
+  Schedule subgraph_schedule(int first, int last, Proc proc, int64_t n_tokens = 1);
   int64_t bucket(int64_t context) const;
   const ProfileStats& stats() const { return stats_; }
   const SolverOptions& solver_options() const { return options_; }
 
  private:
-  struct Variant {  // the model under the GPU-only or NPU-only plan
+  struct Variant {  // the model under one plan
     Schedule schedule;
     std::vector<int> gpu_unit, npu_unit;  // each op's unit
     std::vector<uint64_t> unit_hash;      // its ops and the waits among them
     // Waits on earlier units: (how many units back, their hash), kept where that unit is inside.
     std::vector<std::vector<std::pair<int, uint64_t>>> unit_links;
+    uint64_t plan_hash = 0;
   };
-  void build_variant(Device device);
+  const Variant& variant(Proc proc, int64_t n_tokens);
+  Variant build_variant(const Plan& plan) const;
   StageCost run(const Schedule& s, int64_t n_tokens, int64_t context, Proc proc) const;
 
   ModelShape shape_;
@@ -82,7 +84,8 @@ class ModelCoster {
   ShapeTypes types_;
   SolverOptions options_;
   int units_;
-  Variant variants_[2];
+  std::map<std::pair<int, int64_t>, Variant> variants_;  // (proc, tokens: 0 unless both)
+  std::map<int64_t, Plan> tensor_plans_;
   struct Key {
     uint64_t hash;
     int64_t n, context;

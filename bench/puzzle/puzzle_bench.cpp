@@ -4,7 +4,8 @@
 // search time. Prints a markdown table; --out writes everything as JSON.
 //
 //   puzzle_bench [--soc sd8gen3] [--seed 1] [--scenarios 10] [--population 24]
-//                [--generations 60] [--requests 8] [--out results.json]
+//                [--generations 60] [--patience 3] [--requests 8] [--search-alpha 1.0]
+//                [--out results.json]
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,7 +23,8 @@ namespace {
 struct Args {
   std::string soc = "sd8gen3", out;
   uint64_t seed = 1;
-  int scenarios = 10, population = 24, generations = 60, requests = 8;
+  int scenarios = 10, population = 24, generations = 60, requests = 8, patience = 3;
+  double search_alpha = 1.0;
 };
 
 Args parse(int argc, char** argv) {
@@ -45,6 +47,10 @@ Args parse(int argc, char** argv) {
       a.generations = std::stoi(v);
     else if (k == "--requests")
       a.requests = std::stoi(v);
+    else if (k == "--patience")
+      a.patience = std::stoi(v);
+    else if (k == "--search-alpha")
+      a.search_alpha = std::stod(v);
     else
       throw Error(Errc::invalid_argument, "puzzle_bench: unknown option " + k);
   }
@@ -81,19 +87,29 @@ int main(int argc, char** argv) try {
   so.seed = a.seed;
   so.population = a.population;
   so.max_generations = a.generations;
+  so.patience = a.patience;
   nlohmann::json out = {{"soc", soc.name},
                         {"seed", a.seed},
                         {"requests", a.requests},
                         {"population", a.population},
+                        {"patience", a.patience},
+                        {"search_alpha", a.search_alpha},
                         {"scenarios", nlohmann::json::array()}};
-  Stat sat[4], secs[4];
+  constexpr int kMethods = 5;
+  Stat sat[kMethods], best[kMethods], secs[kMethods];
+  std::string names[kMethods];
   std::printf(
-      "| scenario | models | NPU-only | Best Mapping | per-op solver | Puzzle GA | GA "
-      "Pareto | GA search s | profiles (misses/hits) |\n|---|---|---|---|---|---|---|---|---|\n");
+      "| scenario | models (shape, group, prompt/output) | NPU-only | Best Mapping | per-op solver "
+      "| "
+      "Puzzle GA | GA+tensor | GA Pareto (GA, +tensor) | GA search s (GA, +tensor) |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   for (const Scenario& sc : make_scenarios(a.seed, a.scenarios)) {
     ScenarioModel sm(sc, soc, a.requests);
-    const MethodResult rs[4] = {run_npu_only(sm), run_best_mapping(sm), run_per_op_solver(sm),
-                                run_puzzle(sm, so)};
+    SearchOptions tensor = so;
+    tensor.choices = 3;
+    const MethodResult rs[kMethods] = {run_npu_only(sm), run_best_mapping(sm),
+                                       run_per_op_solver(sm), run_puzzle(sm, so, a.search_alpha),
+                                       run_puzzle(sm, tensor, a.search_alpha)};
     nlohmann::json js = scenario_to_json(sc);
     js["base_periods_us"] = sm.base_periods_us();
     js["methods"] = nlohmann::json::array();
@@ -101,28 +117,33 @@ int main(int argc, char** argv) try {
     for (const ModelSpec& m : sc.models)
       models += (models.empty() ? "" : ", ") + m.shape + " g" + std::to_string(m.group) + " " +
                 std::to_string(m.prompt) + "/" + std::to_string(m.output);
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kMethods; ++i) {
+      names[i] = rs[i].method;
       sat[i].add(rs[i].saturation);
+      best[i].add(rs[i].saturation_best);
       secs[i].add(rs[i].search_s);
       js["methods"].push_back(method_json(rs[i]));
     }
     js["profiles"] = {{"misses", sm.profile_misses()}, {"hits", sm.profile_hits()}};
     out["scenarios"].push_back(js);
-    std::printf("| %d | %s | %.2f | %.2f | %.2f | %.2f | %zu | %.1f | %llu/%llu |\n", sc.id,
+    std::printf("| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %zu, %zu | %.2f, %.2f |\n", sc.id,
                 models.c_str(), rs[0].saturation, rs[1].saturation, rs[2].saturation,
-                rs[3].saturation, rs[3].solutions.size(), rs[3].search_s,
-                static_cast<unsigned long long>(sm.profile_misses()),
-                static_cast<unsigned long long>(sm.profile_hits()));
+                rs[3].saturation, rs[4].saturation, rs[3].solutions.size(), rs[4].solutions.size(),
+                rs[3].search_s, rs[4].search_s);
     std::fflush(stdout);
   }
-  const char* names[4] = {"npu-only", "best-mapping", "per-op-solver", "puzzle-ga"};
   nlohmann::json summary = nlohmann::json::object();
-  for (int i = 0; i < 4; ++i) {
+  std::printf(
+      "\n| method | saturation multiplier (median rule) | best single solution | search s |\n"
+      "|---|---|---|---|\n");
+  for (int i = 0; i < kMethods; ++i) {
     summary[names[i]] = {{"saturation_mean", sat[i].mean()},
                          {"saturation_sd", sat[i].sd()},
+                         {"saturation_best_mean", best[i].mean()},
+                         {"saturation_best_sd", best[i].sd()},
                          {"search_s_mean", secs[i].mean()}};
-    std::printf("%s: saturation multiplier %.2f +- %.2f, search %.2f s\n", names[i], sat[i].mean(),
-                sat[i].sd(), secs[i].mean());
+    std::printf("| %s | %.2f +- %.2f | %.2f +- %.2f | %.2f |\n", names[i].c_str(), sat[i].mean(),
+                sat[i].sd(), best[i].mean(), best[i].sd(), secs[i].mean());
   }
   out["summary"] = summary;
   if (!a.out.empty()) {

@@ -30,9 +30,18 @@ TEST(PuzzleGa, MajorityVoteDecidesASubgraphsDevice) {
   const Genome g = genome({0, 0, 1, 0, 1}, {1, 1, 0, 0, 1, 0}, {0});
   const std::vector<Subgraph> s = decode_subgraphs(g, 0);
   ASSERT_EQ(s.size(), 3u);
-  EXPECT_EQ(s[0], (Subgraph{0, 2, Device::npu}));
-  EXPECT_EQ(s[1], (Subgraph{3, 4, Device::gpu}));  // votes GPU, NPU: the first unit's
-  EXPECT_EQ(s[2], (Subgraph{5, 5, Device::gpu}));
+  EXPECT_EQ(s[0], (Subgraph{0, 2, Proc::npu}));
+  EXPECT_EQ(s[1], (Subgraph{3, 4, Proc::gpu}));  // votes GPU, NPU: the first unit's
+  EXPECT_EQ(s[2], (Subgraph{5, 5, Proc::gpu}));
+}
+
+TEST(PuzzleGa, ThreeChoicesVoteByPlurality) {
+  // Votes GPU, both, both, NPU: both wins; GPU, NPU, both: a three-way tie goes to the first.
+  const Genome g = genome({0, 0, 0, 1, 0, 0}, {0, 2, 2, 1, 1, 0, 2}, {0});
+  const std::vector<Subgraph> s = decode_subgraphs(g, 0);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0], (Subgraph{0, 3, Proc::both}));
+  EXPECT_EQ(s[1], (Subgraph{4, 6, Proc::npu}));
 }
 
 TEST(PuzzleGa, OnePointCrossoverSwapsTails) {
@@ -80,13 +89,13 @@ TEST(PuzzleGa, MutationStaysInBounds) {
   bool changed = false;
   for (int trial = 0; trial < 300; ++trial) {
     const Genome before = g;
-    mutate(g, 0.5, 0.5, rng);
+    mutate(g, 3, 0.5, 0.5, rng);
     changed = changed || !(g == before);
-    check_genome(g, {13, 5});  // lengths and the permutation
+    check_genome(g, {13, 5}, 3);  // lengths, gene values and the permutation
     for (const auto& c : g.cuts)
       for (uint8_t v : c) EXPECT_LE(v, 1);
     for (const auto& c : g.maps)
-      for (uint8_t v : c) EXPECT_LE(v, 1);
+      for (uint8_t v : c) EXPECT_LE(v, 2);
   }
   EXPECT_TRUE(changed);
 }

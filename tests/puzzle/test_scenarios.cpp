@@ -39,7 +39,7 @@ TEST(PuzzleScenarios, TheBasePeriodIsTheFastestProcessorsTimesNTimes1point1) {
   ScenarioModel sm(small(), sd8gen3(), 4);
   double g0 = 0, g1 = 0;
   for (size_t m = 0; m < 3; ++m) {
-    const double best = std::min(sm.request_us(m, Device::gpu), sm.request_us(m, Device::npu));
+    const double best = std::min(sm.request_us(m, Proc::gpu), sm.request_us(m, Proc::npu));
     (m < 2 ? g0 : g1) += best;
   }
   ASSERT_EQ(sm.base_periods_us().size(), 2u);

@@ -27,8 +27,8 @@ double step_us(const ModelShape& shape, const Plan& plan, int64_t n, int64_t con
 TEST(PuzzleProfile, TheWholeModelAsOneSubgraphIsTheTimelinesSchedule) {
   const ModelShape& shape = model_shape("llama3.2-1b");
   ModelCoster c(shape, sd8gen3(), 0);
-  for (Device d : {Device::gpu, Device::npu}) {
-    const Plan plan = d == Device::gpu ? Plan::gpu_only() : Plan::npu_only();
+  for (Proc d : {Proc::gpu, Proc::npu}) {
+    const Plan plan = d == Proc::gpu ? Plan::gpu_only() : Plan::npu_only();
     const Schedule whole = schedule_from_shape(shape, {}, plan);
     const Schedule sub = c.subgraph_schedule(0, c.units() - 1, d);
     EXPECT_EQ(sub.gpu, whole.gpu);
@@ -39,28 +39,28 @@ TEST(PuzzleProfile, TheWholeModelAsOneSubgraphIsTheTimelinesSchedule) {
 TEST(PuzzleProfile, SameShapedSubgraphsShareAHashAndAProfile) {
   ModelCoster c(model_shape("llama3.2-1b"), sd8gen3(), 256);
   // Units 2-5 (layers 1-2) and 6-9 (layers 3-4) are the same ops.
-  EXPECT_EQ(c.subgraph_hash(2, 5, Device::npu), c.subgraph_hash(6, 9, Device::npu));
-  EXPECT_NE(c.subgraph_hash(2, 5, Device::npu), c.subgraph_hash(3, 6, Device::npu));  // FFN first
-  EXPECT_NE(c.subgraph_hash(2, 5, Device::npu), c.subgraph_hash(2, 5, Device::gpu));
-  EXPECT_NE(c.subgraph_hash(2, 5, Device::gpu), c.subgraph_hash(2, 7, Device::gpu));
-  EXPECT_NE(c.subgraph_hash(0, 3, Device::gpu), c.subgraph_hash(2, 5, Device::gpu));  // embed
-  const StageCost a = c.subgraph(2, 5, Device::npu, 128, 0);
-  const StageCost b = c.subgraph(6, 9, Device::npu, 128, 0);
+  EXPECT_EQ(c.subgraph_hash(2, 5, Proc::npu), c.subgraph_hash(6, 9, Proc::npu));
+  EXPECT_NE(c.subgraph_hash(2, 5, Proc::npu), c.subgraph_hash(3, 6, Proc::npu));  // FFN first
+  EXPECT_NE(c.subgraph_hash(2, 5, Proc::npu), c.subgraph_hash(2, 5, Proc::gpu));
+  EXPECT_NE(c.subgraph_hash(2, 5, Proc::gpu), c.subgraph_hash(2, 7, Proc::gpu));
+  EXPECT_NE(c.subgraph_hash(0, 3, Proc::gpu), c.subgraph_hash(2, 5, Proc::gpu));  // embed
+  const StageCost a = c.subgraph(2, 5, Proc::npu, 128, 0);
+  const StageCost b = c.subgraph(6, 9, Proc::npu, 128, 0);
   EXPECT_EQ(c.stats().misses, 1u);
   EXPECT_EQ(c.stats().hits, 1u);
   EXPECT_EQ(a.span_us, b.span_us);
   // Contexts in one bucket share a profile; another token count does not.
-  c.subgraph(2, 5, Device::gpu, 1, 300);
-  c.subgraph(2, 5, Device::gpu, 1, 400);
-  c.subgraph(2, 5, Device::gpu, 2, 400);
+  c.subgraph(2, 5, Proc::gpu, 1, 300);
+  c.subgraph(2, 5, Proc::gpu, 1, 400);
+  c.subgraph(2, 5, Proc::gpu, 2, 400);
   EXPECT_EQ(c.stats().misses, 3u);
-  EXPECT_THROW(c.subgraph(5, 4, Device::gpu, 1, 0), Error);
-  EXPECT_THROW(c.subgraph(0, c.units(), Device::gpu, 1, 0), Error);
+  EXPECT_THROW(c.subgraph(5, 4, Proc::gpu, 1, 0), Error);
+  EXPECT_THROW(c.subgraph(0, c.units(), Proc::gpu, 1, 0), Error);
 }
 
 TEST(PuzzleProfile, AnNpuSubgraphKeepsItsNonMatmulOpsOnTheGpu) {
   ModelCoster c(model_shape("llama3.2-1b"), sd8gen3(), 0);
-  const StageCost s = c.subgraph(2, 3, Device::npu, 64, 0);
+  const StageCost s = c.subgraph(2, 3, Proc::npu, 64, 0);
   EXPECT_GT(s.npu_us, 0);
   EXPECT_GT(s.gpu_us, 0);  // norms, RoPE, attention, adds
   EXPECT_GE(s.span_us, s.npu_us);
@@ -73,13 +73,13 @@ TEST(PuzzleSimulator, OneModelOnOneDeviceMatchesTheTimeline) {
   const ModelShape& shape = model_shape("llama3.2-1b");
   ModelCoster c(shape, sd8gen3(), 0);
   const int64_t prompt = 96, output = 4;
-  for (Device d : {Device::gpu, Device::npu}) {
+  for (Proc d : {Proc::gpu, Proc::npu}) {
     SimModel m;
     double expect = 0;
     for (int64_t s = 0; s < output; ++s) {
       const int64_t n = s == 0 ? prompt : 1, ctx = s == 0 ? 0 : prompt + s - 1;
       m.steps.push_back({c.subgraph(0, c.units() - 1, d, n, ctx)});
-      expect += step_us(shape, d == Device::gpu ? Plan::gpu_only() : Plan::npu_only(), n, ctx);
+      expect += step_us(shape, d == Proc::gpu ? Plan::gpu_only() : Plan::npu_only(), n, ctx);
     }
     SimOptions o;
     o.requests = 1;
@@ -90,10 +90,23 @@ TEST(PuzzleSimulator, OneModelOnOneDeviceMatchesTheTimeline) {
   }
 }
 
+// Under Proc::both a subgraph runs the per-op solver's plan for its step: the whole model as one
+// is the timeline of that plan.
+TEST(PuzzleSimulator, TheTensorPlanSubgraphIsTheTimelinesTensorPlan) {
+  const ModelShape& shape = model_shape("llama3.2-1b");
+  ModelCoster c(shape, sd8gen3(), 0);
+  const Plan& prefill = c.tensor_plan(256);
+  EXPECT_TRUE(prefill.uses_npu());
+  const StageCost s = c.subgraph(0, c.units() - 1, Proc::both, 256, 0);
+  EXPECT_EQ(s.proc, Proc::both);
+  EXPECT_NEAR(s.span_us, step_us(shape, prefill, 256, 0), 1e-9 * s.span_us);
+  EXPECT_NE(c.subgraph_hash(0, 9, Proc::both, 256), c.subgraph_hash(0, 9, Proc::gpu));
+}
+
 TEST(PuzzleSimulator, ADeviceChangeCostsOneSync) {
   ModelCoster c(model_shape("llama3.2-1b"), sd8gen3(), 0);
-  const StageCost a = c.subgraph(0, 9, Device::gpu, 64, 0);
-  const StageCost b = c.subgraph(10, 32, Device::npu, 64, 0);
+  const StageCost a = c.subgraph(0, 9, Proc::gpu, 64, 0);
+  const StageCost b = c.subgraph(10, 32, Proc::npu, 64, 0);
   SimOptions o;
   o.requests = 1;
   o.sync_us = 30;

@@ -8,7 +8,7 @@ namespace duet::puzzle {
 namespace {
 
 SubgraphPlan three_way() {  // llama3.2-1b: 16 layers, 33 units
-  return {"llama3.2-1b", 33, {{0, 9, Device::npu}, {10, 20, Device::gpu}, {21, 32, Device::npu}}};
+  return {"llama3.2-1b", 33, {{0, 9, Proc::npu}, {10, 20, Proc::gpu}, {21, 32, Proc::both}}};
 }
 
 // The Errc and message a call fails with.
@@ -34,6 +34,7 @@ TEST(SubgraphPlan, JsonRoundTrips) {
   const SubgraphPlan p = three_way();
   const nlohmann::json j = subgraph_plan_to_json(p);
   EXPECT_EQ(j["subgraphs"][1]["device"], "gpu");
+  EXPECT_EQ(j["subgraphs"][2]["device"], "both");
   EXPECT_EQ(subgraph_plan_from_json(j), p);
 }
 
