@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -286,6 +287,14 @@ std::vector<Plan> subgraph_stack_layer_plans(const std::string& path, int n_laye
 std::string tag_of(const std::string& plan, uint32_t instance) {
   std::string tag;
   for (char ch : plan) tag += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  // A segment part holds at most 64 characters: a long plan name (subgraph:<path>) keeps its
+  // start and a hash of the whole.
+  if (tag.size() > 40) {
+    char hash[17];
+    std::snprintf(hash, sizeof hash, "%016llx",
+                  static_cast<unsigned long long>(std::hash<std::string>{}(plan)));
+    tag = tag.substr(0, 22) + "_" + hash;
+  }
   return tag + "_" + std::to_string(instance);
 }
 
