@@ -508,9 +508,17 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
                  "auto (default: executes the solver's plan for this host, measured, and models "
                  "the solver's plan for the SoC), tensor (the solver's SoC plan, executed here "
                  "too), gpu-only, npu-only (NPU graphs padded), npu-only:online-prepare, "
-                 "npu-only:pipe, layer or reference")
+                 "npu-only:pipe, layer, reference, or subgraph:PATH (a subgraph placement, "
+                 "puzzle/subgraph_plan.h's JSON, its subgraphs on gpu or npu)")
       ->check(CLI::IsMember({"auto", "tensor", "gpu-only", "npu-only", "npu-only:online-prepare",
-                             "npu-only:pipe", "layer", "reference"}));
+                             "npu-only:pipe", "layer", "reference"}) |
+              CLI::Validator(
+                  [](std::string& v) {
+                    return v.rfind("subgraph:", 0) == 0 && v.size() > 9
+                               ? std::string()
+                               : std::string("not subgraph:PATH");
+                  },
+                  "subgraph:PATH"));
   up->add_option("--timing", args->timing,
                  "what the solver optimises for the executed plan: measured (auto's default) or "
                  "modeled (tensor's default; auto then executes the SoC's plan)")

@@ -68,6 +68,11 @@ uint64_t kv_row_offset(const fb::KvLayoutT& kv, uint32_t layer, uint32_t which, 
 struct ProgramSpec {
   const LlamaModel* model = nullptr;
   Plan plan = Plan::gpu_only();
+  // A placement per layer (issue 25's subgraph placement: puzzle/subgraph_program.h): when not
+  // empty, n_layer + 1 plans; layer l's matmuls are placed by layer_plans[l] and the logits by the
+  // last, and `plan` places nothing. Hand-offs between layers on different devices are the
+  // builder's ordinary cross-device flag waits.
+  std::vector<Plan> layer_plans;
   uint32_t max_tokens = 1;      // the most tokens one step may carry
   uint32_t max_seqs = 1;        // rows of the page tables
   uint32_t max_logit_rows = 1;  // the most logits rows one step produces

@@ -125,7 +125,13 @@ class Builder {
 
 void Builder::matmul(MatmulRole role, int layer, const ops::Matrix& w, uint64_t in,
                      uint32_t in_cols, uint64_t out, uint32_t out_rows_max) {
-  const Placement& p = spec_.plan.at(role);
+  // Per-layer plans (a subgraph placement) place each layer's matmuls, and the logits by the last.
+  const Plan& plan =
+      spec_.layer_plans.empty()
+          ? spec_.plan
+          : spec_
+                .layer_plans[layer < 0 ? spec_.layer_plans.size() - 1 : static_cast<size_t>(layer)];
+  const Placement& p = plan.at(role);
   const bool logits = role == MatmulRole::logits;
   const uint32_t rows = static_cast<uint32_t>(w.rows);
   auto make = [&](uint32_t row_begin, uint32_t row_end, uint32_t seq_begin, uint32_t seq_end) {
@@ -140,7 +146,7 @@ void Builder::matmul(MatmulRole role, int layer, const ops::Matrix& w, uint64_t 
     op->role = static_cast<uint8_t>(role);
     // A padding placement is one graph padded up, whatever the plan's mode (core/program/plan.h).
     op->npu_mode = static_cast<uint8_t>(p.strategy == Strategy::padding ? NpuGraphMode::padding
-                                                                        : spec_.plan.npu_mode);
+                                                                        : plan.npu_mode);
     return op;
   };
   std::vector<std::pair<Device, std::unique_ptr<fb::OpT>>> g;
@@ -378,6 +384,12 @@ BuiltPrograms Builder::build() {
 
 BuiltPrograms build_programs(const ProgramSpec& spec) {
   if (!spec.model) throw Error(Errc::invalid_argument, "program spec: no model");
+  const size_t layers = static_cast<size_t>(spec.model->hp().n_layer);
+  if (!spec.layer_plans.empty() && spec.layer_plans.size() != layers + 1)
+    throw Error(Errc::invalid_argument, "program spec: " + std::to_string(spec.layer_plans.size()) +
+                                            " layer plans for a model of " +
+                                            std::to_string(layers) +
+                                            " layers (one per layer and one for the logits)");
   return Builder(spec).build();
 }
 

@@ -96,6 +96,7 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
       ProgramSpec spec;
       spec.model = model_.get();
       spec.plan = options_.plan_for ? options_.plan_for(b) : Plan::fixed(options_.plan_name);
+      if (options_.layer_plans_for) spec.layer_plans = options_.layer_plans_for(b);
       spec.max_tokens = b;
       spec.max_seqs = options_.max_seqs;
       spec.max_logit_rows = options_.max_seqs;

@@ -72,6 +72,9 @@ struct ProgramEngineOptions {
   std::string plan_name = "gpu-only";
   // The plan for a bucket (the largest token count its programs take). Default: by plan_name.
   std::function<Plan(uint32_t bucket_tokens)> plan_for;
+  // Per-layer plans for a bucket (a subgraph placement, issue 25: ProgramSpec::layer_plans);
+  // when set they place the matmuls and plan_for / plan_name only name the plan.
+  std::function<std::vector<Plan>(uint32_t bucket_tokens)> layer_plans_for;
   // The SoC the steps are modelled on (a profile name or .toml path; empty: no model, modelled
   // times 0) and the plan modelled there per bucket (null: the plan executed). Each step's
   // modelled time is that plan's timeline on the SoC (core/planner/timeline.h) for the step's

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -11,6 +13,7 @@
 #include "core/model/model.h"
 #include "core/planner/soc_profile.h"
 #include "core/planner/solver.h"
+#include "puzzle/subgraph_program.h"
 #include "services/frontend/program_engine.h"
 #include "services/frontend/reference_engine.h"
 
@@ -261,9 +264,37 @@ Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket, const std::str
 std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::string& plan,
                                      uint32_t instance);
 
+// The per-layer plans of the subgraph plan in `path`. A subgraph on `both` would need the
+// solver's tensor plan per bucket, which this path does not ask for: refused.
+std::vector<Plan> subgraph_stack_layer_plans(const std::string& path, int n_layer) {
+  std::ifstream f(path);
+  if (!f) throw Error(Errc::not_found, "subgraph plan '" + path + "': cannot open it");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Errc::bad_format, "subgraph plan '" + path + "': " + e.what());
+  }
+  const puzzle::SubgraphPlan p = puzzle::subgraph_plan_from_json(j);
+  for (const puzzle::Subgraph& s : p.subgraphs)
+    if (s.device == puzzle::Proc::both)
+      throw Error(Errc::unsupported, "subgraph plan '" + path +
+                                         "': a subgraph on \"both\" is not served yet (gpu "
+                                         "and npu are)");
+  return puzzle::subgraph_layer_plans(p, n_layer);
+}
+
 std::string tag_of(const std::string& plan, uint32_t instance) {
   std::string tag;
   for (char ch : plan) tag += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  // A segment part holds at most 64 characters: a long plan name (subgraph:<path>) keeps its
+  // start and a hash of the whole.
+  if (tag.size() > 40) {
+    char hash[17];
+    std::snprintf(hash, sizeof hash, "%016llx",
+                  static_cast<unsigned long long>(std::hash<std::string>{}(plan)));
+    tag = tag.substr(0, 22) + "_" + hash;
+  }
   return tag + "_" + std::to_string(instance);
 }
 
@@ -277,6 +308,8 @@ const std::vector<std::string>& stack_plan_names() {
 }
 
 bool is_stack_plan(std::string_view plan) {
+  if (plan.starts_with(kSubgraphPlanPrefix) && plan.size() > kSubgraphPlanPrefix.size())
+    return true;
   const auto& names = stack_plan_names();
   return std::find(names.begin(), names.end(), plan) != names.end();
 }
@@ -284,7 +317,7 @@ bool is_stack_plan(std::string_view plan) {
 std::string stack_plan_list() {
   std::string list;
   for (const std::string& n : stack_plan_names()) list += (list.empty() ? "" : ", ") + n;
-  return list;
+  return list + ", " + std::string(kSubgraphPlanPrefix) + "<plan.json>";
 }
 
 std::unique_ptr<Engine> make_stack_engine(const StackEngineConfig& c, const std::string& plan,
@@ -327,6 +360,7 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   o.segment_tag = tag_of(plan, instance);
   const uint32_t ctx =
       c.max_ctx > 0 ? static_cast<uint32_t>(c.max_ctx) : static_cast<uint32_t>(model->hp().n_ctx);
+  const int n_layer = model->hp().n_layer;
   const uint32_t sharers = c.kv_share ? StackEngineConfig::kKvSharers : 1;
   o.kv_share = c.kv_share;
   o.adopt_kv = c.adopt_kv;
@@ -339,7 +373,19 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   o.soc = c.soc;
   // By its name (the services are given the profile's .toml path).
   const std::string soc = load_soc_profile(c.soc).name;
-  if (plan == "tensor" || plan == "auto") {
+  if (plan.starts_with(kSubgraphPlanPrefix)) {
+    // A subgraph placement (puzzle/subgraph_plan.h) from a file: every bucket's programs place
+    // each layer's matmuls as the plan's units say.
+    const std::vector<Plan> layers =
+        subgraph_stack_layer_plans(plan.substr(kSubgraphPlanPrefix.size()), n_layer);
+    o.plan_for = [plan](uint32_t) {
+      Plan p = Plan::gpu_only();
+      p.name = plan;
+      return p;
+    };
+    o.layer_plans_for = [layers](uint32_t) { return layers; };
+    sources->modeled = plan + " on " + soc;
+  } else if (plan == "tensor" || plan == "auto") {
     const std::string timing = !c.timing.empty() ? c.timing
                                : plan == "auto"  ? "measured"
                                                  : "modeled";

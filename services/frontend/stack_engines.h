@@ -60,6 +60,8 @@ struct StackEngineConfig {
 
 // Every plan a stack serves, and the same list for error messages ("reference, gpu-only, ...").
 const std::vector<std::string>& stack_plan_names();
+// "subgraph:<path>": a subgraph placement from a JSON file (puzzle/subgraph_plan.h; issue 25).
+inline constexpr std::string_view kSubgraphPlanPrefix = "subgraph:";
 bool is_stack_plan(std::string_view plan);
 std::string stack_plan_list();
 

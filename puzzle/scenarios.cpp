@@ -1,0 +1,297 @@
+#include "puzzle/scenarios.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "core/base/error.h"
+#include "core/planner/profiler.h"
+
+namespace duet::puzzle {
+namespace {
+
+const std::vector<std::string>& model_pool() {
+  static const std::vector<std::string> pool{"llama3.2-1b", "llama3.2-3b", "internlm-1.8b",
+                                             "gemma-2b", "llama3-8b"};
+  return pool;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The Pareto set of candidate solutions by their objectives.
+void keep_pareto(MethodResult& r) {
+  const std::vector<size_t> front = nondominated_fronts(r.objectives)[0];
+  std::vector<std::vector<SimModel>> sols;
+  std::vector<std::vector<double>> objs;
+  nlohmann::json detail = nlohmann::json::array();
+  for (size_t i : front) {
+    sols.push_back(r.solutions[i]);
+    objs.push_back(r.objectives[i]);
+    if (r.detail.is_array() && i < r.detail.size()) detail.push_back(r.detail[i]);
+  }
+  r.solutions = std::move(sols);
+  r.objectives = std::move(objs);
+  if (r.detail.is_array()) r.detail = std::move(detail);
+}
+
+}  // namespace
+
+std::vector<Scenario> make_scenarios(uint64_t seed, int count) {
+  Rng rng(seed);
+  std::vector<Scenario> out;
+  for (int i = 0; i < count; ++i) {
+    Scenario s;
+    s.id = i;
+    const bool two_groups = i >= count / 2;
+    s.groups = two_groups ? 2 : 1;
+    const int n_models = two_groups ? 4 : 3;
+    for (int m = 0; m < n_models; ++m) {
+      ModelSpec spec;
+      spec.shape = model_pool()[rng.below(model_pool().size())];
+      spec.prompt = 32 + static_cast<int64_t>(rng.below(481));
+      spec.output = 4 + static_cast<int64_t>(rng.below(21));
+      spec.group = two_groups ? m / 2 : 0;
+      s.models.push_back(spec);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+nlohmann::json scenario_to_json(const Scenario& s) {
+  nlohmann::json models = nlohmann::json::array();
+  for (const ModelSpec& m : s.models)
+    models.push_back(
+        {{"shape", m.shape}, {"prompt", m.prompt}, {"output", m.output}, {"group", m.group}});
+  return {{"id", s.id}, {"groups", s.groups}, {"models", models}};
+}
+
+ScenarioModel::ScenarioModel(Scenario scenario, const SocProfile& soc, int requests)
+    : scenario_(std::move(scenario)), soc_(soc) {
+  if (scenario_.models.empty() || scenario_.groups < 1)
+    throw Error(Errc::invalid_argument, "puzzle scenario: no models or groups");
+  for (const ModelSpec& m : scenario_.models) {
+    if (m.group < 0 || m.group >= scenario_.groups || m.prompt < 1 || m.output < 1)
+      throw Error(Errc::invalid_argument,
+                  "puzzle scenario: model '" + m.shape + "' has a bad group or length");
+    if (!costers_.count(m.shape))
+      costers_.emplace(m.shape, std::make_unique<ModelCoster>(model_shape(m.shape), soc));
+  }
+  const SolverOptions so = solver_options_for(soc);
+  options_.requests = requests;
+  options_.sync_us = so.sync_us;
+  options_.dual_gbps = soc.mem.dual_gbps;
+  base_us_.assign(static_cast<size_t>(scenario_.groups), 0);
+  for (size_t m = 0; m < scenario_.models.size(); ++m)
+    base_us_[static_cast<size_t>(scenario_.models[m].group)] +=
+        std::min(request_us(m, Proc::gpu), request_us(m, Proc::npu));
+  for (double& b : base_us_) b *= scenario_.groups * 1.1;
+}
+
+ModelCoster& ScenarioModel::coster(size_t m) {
+  return *costers_.at(scenario_.models.at(m).shape);
+}
+
+std::vector<int> ScenarioModel::units() const {
+  std::vector<int> u;
+  for (const ModelSpec& m : scenario_.models) u.push_back(costers_.at(m.shape)->units());
+  return u;
+}
+
+std::vector<std::vector<StageCost>> ScenarioModel::steps(size_t m,
+                                                         const std::vector<Subgraph>& subgraphs) {
+  const ModelSpec& spec = scenario_.models.at(m);
+  ModelCoster& c = coster(m);
+  std::vector<std::vector<StageCost>> out;
+  for (int64_t s = 0; s < spec.output; ++s) {
+    const int64_t n = s == 0 ? spec.prompt : 1;
+    const int64_t context = s == 0 ? 0 : spec.prompt + s - 1;
+    std::vector<StageCost> step;
+    for (const Subgraph& g : subgraphs)
+      step.push_back(c.subgraph(g.first, g.last, g.device, n, context));
+    out.push_back(std::move(step));
+  }
+  return out;
+}
+
+double ScenarioModel::request_us(size_t m, Proc d) {
+  double total = 0;
+  for (const auto& step : steps(m, {{0, coster(m).units() - 1, d}}))
+    for (const StageCost& s : step) total += s.span_us;
+  return total;
+}
+
+std::vector<SimModel> ScenarioModel::sim_models(const Genome& g) {
+  std::vector<SimModel> out;
+  for (size_t m = 0; m < scenario_.models.size(); ++m)
+    out.push_back({scenario_.models[m].group, g.priority[m], steps(m, decode_subgraphs(g, m))});
+  return out;
+}
+
+SimResult ScenarioModel::run(const std::vector<SimModel>& models, double alpha) const {
+  std::vector<double> periods = base_us_;
+  for (double& p : periods) p *= alpha;
+  return simulate(models, periods, options_);
+}
+
+double ScenarioModel::score(const std::vector<SimModel>& models, double alpha) const {
+  std::vector<double> periods = base_us_;
+  for (double& p : periods) p *= alpha;
+  return xrbench_score(simulate(models, periods, options_), periods);
+}
+
+uint64_t ScenarioModel::profile_misses() const {
+  uint64_t n = 0;
+  for (const auto& [name, c] : costers_) n += c->stats().misses;
+  return n;
+}
+uint64_t ScenarioModel::profile_hits() const {
+  uint64_t n = 0;
+  for (const auto& [name, c] : costers_) n += c->stats().hits;
+  return n;
+}
+
+double saturation_multiplier(const ScenarioModel& sm,
+                             const std::vector<std::vector<SimModel>>& solutions,
+                             const SaturationGrid& grid) {
+  if (solutions.empty()) throw Error(Errc::invalid_argument, "saturation_multiplier: no solutions");
+  const int steps = static_cast<int>(std::lround((grid.to - grid.from) / grid.step));
+  for (int i = 0; i <= steps; ++i) {
+    const double alpha = grid.from + i * grid.step;
+    std::vector<double> scores;
+    for (const auto& s : solutions) scores.push_back(sm.score(s, alpha));
+    if (median(scores) >= grid.threshold) return alpha;
+  }
+  return grid.to + grid.step;
+}
+
+namespace {
+void score_saturation(const ScenarioModel& sm, MethodResult& r) {
+  r.saturation = saturation_multiplier(sm, r.solutions);
+  r.saturation_best = std::numeric_limits<double>::infinity();
+  for (const auto& s : r.solutions)
+    r.saturation_best = std::min(r.saturation_best, saturation_multiplier(sm, {s}));
+}
+}  // namespace
+
+MethodResult run_npu_only(ScenarioModel& sm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MethodResult r;
+  r.method = "npu-only";
+  std::vector<SimModel> sol;
+  for (size_t m = 0; m < sm.scenario().models.size(); ++m)
+    sol.push_back({sm.scenario().models[m].group, 0,
+                   sm.steps(m, {{0, sm.coster(m).units() - 1, Proc::npu}})});
+  r.objectives.push_back(objectives_ms(sm.run(sol, 1.0)));
+  r.solutions.push_back(std::move(sol));
+  r.search_s = seconds_since(t0);
+  score_saturation(sm, r);
+  return r;
+}
+
+MethodResult run_best_mapping(ScenarioModel& sm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MethodResult r;
+  r.method = "best-mapping";
+  r.detail = nlohmann::json::array();
+  const size_t n = sm.scenario().models.size();
+  for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+    std::vector<SimModel> sol;
+    nlohmann::json map = nlohmann::json::array();
+    for (size_t m = 0; m < n; ++m) {
+      const Proc d = (mask >> m) & 1 ? Proc::npu : Proc::gpu;
+      sol.push_back(
+          {sm.scenario().models[m].group, 0, sm.steps(m, {{0, sm.coster(m).units() - 1, d}})});
+      map.push_back(proc_name(d));
+    }
+    r.objectives.push_back(objectives_ms(sm.run(sol, 1.0)));
+    r.solutions.push_back(std::move(sol));
+    r.detail.push_back(map);
+  }
+  keep_pareto(r);
+  r.search_s = seconds_since(t0);
+  score_saturation(sm, r);
+  return r;
+}
+
+MethodResult run_per_op_solver(ScenarioModel& sm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MethodResult r;
+  r.method = "per-op-solver";
+  std::vector<SimModel> sol;
+  nlohmann::json plans = nlohmann::json::array();
+  for (size_t m = 0; m < sm.scenario().models.size(); ++m) {
+    const ModelSpec& spec = sm.scenario().models[m];
+    ModelCoster& c = sm.coster(m);
+    // The whole model as one subgraph under the solver's tensor plan for each step.
+    sol.push_back({spec.group, 0, sm.steps(m, {{0, c.units() - 1, Proc::both}})});
+    PlanResult pre, dec;
+    pre.plan = c.tensor_plan(spec.prompt);
+    dec.plan = c.tensor_plan(1);
+    plans.push_back(
+        {{"prefill", plan_to_json(pre)["matmul"]}, {"decode", plan_to_json(dec)["matmul"]}});
+  }
+  r.objectives.push_back(objectives_ms(sm.run(sol, 1.0)));
+  r.solutions.push_back(std::move(sol));
+  r.detail = plans;
+  r.search_s = seconds_since(t0);
+  score_saturation(sm, r);
+  return r;
+}
+
+MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MethodResult r;
+  r.method = options.choices == 2 ? "puzzle-ga" : "puzzle-ga+tensor";
+  const std::vector<int> units = sm.units();
+  // Seeds beside the random genomes: each processor for everything (one subgraph per model,
+  // models in order).
+  std::vector<Genome> seeds;
+  for (uint8_t dev = 0; dev < options.choices; ++dev) {
+    Genome g;
+    for (int u : units) {
+      g.cuts.emplace_back(static_cast<size_t>(u - 1), uint8_t{0});
+      g.maps.emplace_back(static_cast<size_t>(u), dev);
+    }
+    for (size_t m = 0; m < units.size(); ++m) g.priority.push_back(static_cast<int>(m));
+    seeds.push_back(std::move(g));
+  }
+  const SearchResult s = ga_search(
+      units, [&](const Genome& g) { return objectives_ms(sm.run(sm.sim_models(g), search_alpha)); },
+      options, seeds);
+  r.search_s = seconds_since(t0);
+  r.detail = nlohmann::json::array();
+  for (size_t i = 0; i < s.pareto.size(); ++i) {
+    r.solutions.push_back(sm.sim_models(s.pareto[i]));
+    r.objectives.push_back(s.pareto_objectives[i]);
+    r.detail.push_back(solution_to_json(sm, s.pareto[i]));
+  }
+  score_saturation(sm, r);
+  r.detail = {{"solutions", r.detail},
+              {"search_alpha", search_alpha},
+              {"generations", s.generations},
+              {"evaluations", s.evaluations},
+              {"mean_objective", s.mean_objective}};
+  return r;
+}
+
+nlohmann::json solution_to_json(const ScenarioModel& sm, const Genome& g) {
+  nlohmann::json models = nlohmann::json::array();
+  const std::vector<int> units = sm.units();
+  for (size_t m = 0; m < units.size(); ++m) {
+    SubgraphPlan p{sm.scenario().models[m].shape, units[m], decode_subgraphs(g, m)};
+    validate_subgraph_plan(p, units[m]);
+    models.push_back(subgraph_plan_to_json(p));
+  }
+  return {{"priority", g.priority}, {"models", models}};
+}
+
+}  // namespace duet::puzzle

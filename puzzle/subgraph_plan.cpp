@@ -1,0 +1,116 @@
+#include "puzzle/subgraph_plan.h"
+
+#include "core/base/error.h"
+
+namespace duet::puzzle {
+
+std::string_view proc_name(Proc p) {
+  switch (p) {
+    case Proc::gpu:
+      return "gpu";
+    case Proc::npu:
+      return "npu";
+    case Proc::both:
+      return "both";
+  }
+  return "?";
+}
+
+int unit_count(const ModelShape& shape) {
+  return 2 * shape.n_layer + 1;
+}
+
+std::string unit_name(int unit, int n_layer) {
+  if (unit == 2 * n_layer) return "head";
+  const std::string layer = "layer" + std::to_string(unit / 2);
+  if (unit == 0) return "embed+" + layer + ".attn";
+  return layer + (unit % 2 == 0 ? ".attn" : ".ffn");
+}
+
+void validate_subgraph_plan(const SubgraphPlan& plan, int expected_units) {
+  const std::string what = "subgraph plan for '" + plan.model + "': ";
+  if (plan.units != expected_units)
+    throw Error(Errc::bad_format, what + "units is " + std::to_string(plan.units) +
+                                      ", the model has " + std::to_string(expected_units));
+  if (plan.subgraphs.empty()) throw Error(Errc::bad_format, what + "no subgraphs");
+  int next = 0;
+  for (size_t i = 0; i < plan.subgraphs.size(); ++i) {
+    const Subgraph& s = plan.subgraphs[i];
+    const std::string at = what + "subgraph " + std::to_string(i) + " [" + std::to_string(s.first) +
+                           ", " + std::to_string(s.last) + "] ";
+    if (s.first < 0 || s.last >= plan.units)
+      throw Error(Errc::bad_format,
+                  at + "is outside units [0, " + std::to_string(plan.units) + ")");
+    if (s.last < s.first) throw Error(Errc::bad_format, at + "ends before it starts");
+    if (s.first > next)
+      throw Error(Errc::bad_format, at + "leaves units " + std::to_string(next) + ".." +
+                                        std::to_string(s.first - 1) + " unplaced");
+    if (s.first < next) throw Error(Errc::bad_format, at + "overlaps the subgraph before it");
+    if (static_cast<int>(s.device) >= kProcs)
+      throw Error(Errc::bad_format, at + "has an unknown device");
+    next = s.last + 1;
+  }
+  if (next != plan.units)
+    throw Error(Errc::bad_format, what + "units " + std::to_string(next) + ".." +
+                                      std::to_string(plan.units - 1) + " are unplaced");
+}
+
+nlohmann::json subgraph_plan_to_json(const SubgraphPlan& plan) {
+  nlohmann::json subs = nlohmann::json::array();
+  for (const Subgraph& s : plan.subgraphs)
+    subs.push_back({{"first", s.first}, {"last", s.last}, {"device", proc_name(s.device)}});
+  return {{"version", kSubgraphPlanVersion},
+          {"model", plan.model},
+          {"units", plan.units},
+          {"subgraphs", subs}};
+}
+
+namespace {
+const nlohmann::json& field(const nlohmann::json& j, const char* name, const std::string& where) {
+  if (!j.is_object() || !j.contains(name))
+    throw Error(Errc::bad_format, where + ": missing field '" + name + "'");
+  return j.at(name);
+}
+int int_field(const nlohmann::json& j, const char* name, const std::string& where) {
+  const nlohmann::json& v = field(j, name, where);
+  if (!v.is_number_integer())
+    throw Error(Errc::bad_format, where + ": field '" + name + "' is not an integer");
+  return v.get<int>();
+}
+}  // namespace
+
+SubgraphPlan subgraph_plan_from_json(const nlohmann::json& j) {
+  const std::string where = "subgraph plan";
+  if (int_field(j, "version", where) != kSubgraphPlanVersion)
+    throw Error(Errc::bad_format, where + ": version " + field(j, "version", where).dump() +
+                                      ", this build reads " + std::to_string(kSubgraphPlanVersion));
+  SubgraphPlan p;
+  const nlohmann::json& model = field(j, "model", where);
+  if (!model.is_string()) throw Error(Errc::bad_format, where + ": field 'model' is not a string");
+  p.model = model.get<std::string>();
+  p.units = int_field(j, "units", where);
+  const nlohmann::json& subs = field(j, "subgraphs", where);
+  if (!subs.is_array())
+    throw Error(Errc::bad_format, where + ": field 'subgraphs' is not an array");
+  for (size_t i = 0; i < subs.size(); ++i) {
+    const std::string at = where + " subgraph " + std::to_string(i);
+    Subgraph s;
+    s.first = int_field(subs[i], "first", at);
+    s.last = int_field(subs[i], "last", at);
+    const nlohmann::json& d = field(subs[i], "device", at);
+    bool known = false;
+    for (int k = 0; k < kProcs; ++k)
+      if (d == proc_name(static_cast<Proc>(k))) {
+        s.device = static_cast<Proc>(k);
+        known = true;
+      }
+    if (!known)
+      throw Error(Errc::bad_format,
+                  at + ": device " + d.dump() + " is not \"gpu\", \"npu\" or \"both\"");
+    p.subgraphs.push_back(s);
+  }
+  validate_subgraph_plan(p, unit_count(model_shape(p.model)));
+  return p;
+}
+
+}  // namespace duet::puzzle

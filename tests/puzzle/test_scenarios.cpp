@@ -1,0 +1,101 @@
+// Scenarios from a seed, their periods, the baselines and the GA end to end on a small scenario.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "puzzle/scenarios.h"
+#include "tests/support/soc_profiles.h"
+
+namespace duet::puzzle {
+namespace {
+
+using test_support::sd8gen3;
+
+TEST(PuzzleScenarios, TenScenariosFromASeed) {
+  const std::vector<Scenario> a = make_scenarios(1), b = make_scenarios(1), c = make_scenarios(2);
+  ASSERT_EQ(a.size(), 10u);
+  EXPECT_EQ(scenario_to_json(a[3]), scenario_to_json(b[3]));
+  EXPECT_NE(scenario_to_json(a[3]), scenario_to_json(c[3]));
+  for (const Scenario& s : a) {
+    EXPECT_EQ(s.groups, s.id < 5 ? 1 : 2);
+    for (const ModelSpec& m : s.models) {
+      EXPECT_NO_THROW(model_shape(m.shape));
+      EXPECT_GE(m.prompt, 32);
+      EXPECT_LE(m.prompt, 512);
+      EXPECT_GE(m.output, 4);
+      EXPECT_LE(m.output, 24);
+    }
+  }
+}
+
+Scenario small() {
+  Scenario s;
+  s.groups = 2;
+  s.models = {{"llama3.2-1b", 64, 4, 0}, {"internlm-1.8b", 128, 3, 0}, {"llama3.2-1b", 32, 5, 1}};
+  return s;
+}
+
+TEST(PuzzleScenarios, TheBasePeriodIsTheFastestProcessorsTimesNTimes1point1) {
+  ScenarioModel sm(small(), sd8gen3(), 4);
+  double g0 = 0, g1 = 0;
+  for (size_t m = 0; m < 3; ++m) {
+    const double best = std::min(sm.request_us(m, Proc::gpu), sm.request_us(m, Proc::npu));
+    (m < 2 ? g0 : g1) += best;
+  }
+  ASSERT_EQ(sm.base_periods_us().size(), 2u);
+  EXPECT_NEAR(sm.base_periods_us()[0], g0 * 2 * 1.1, 1e-6 * g0);
+  EXPECT_NEAR(sm.base_periods_us()[1], g1 * 2 * 1.1, 1e-6 * g1);
+}
+
+TEST(PuzzleScenarios, TheSaturationMultiplierIsTheFirstAlphaThatScoresOne) {
+  ScenarioModel sm(small(), sd8gen3(), 4);
+  const MethodResult r = run_best_mapping(sm);
+  ASSERT_FALSE(r.solutions.empty());
+  const SaturationGrid grid;
+  const double a = saturation_multiplier(sm, r.solutions, grid);
+  ASSERT_LT(a, grid.to);
+  EXPECT_DOUBLE_EQ(a, r.saturation);
+  // At alpha the median score reaches the threshold; one step below it does not.
+  auto median_score = [&](double alpha) {
+    std::vector<double> s;
+    for (const auto& sol : r.solutions) s.push_back(sm.score(sol, alpha));
+    std::sort(s.begin(), s.end());
+    return s.size() % 2 ? s[s.size() / 2] : (s[s.size() / 2 - 1] + s[s.size() / 2]) / 2;
+  };
+  EXPECT_GE(median_score(a), grid.threshold);
+  if (a > grid.from + grid.step / 2) {
+    EXPECT_LT(median_score(a - grid.step), grid.threshold);
+  }
+  EXPECT_LE(r.saturation_best, r.saturation);
+}
+
+TEST(PuzzleScenarios, TheGaIsReproducibleAndItsPlansValid) {
+  SearchOptions o;
+  o.population = 12;
+  o.max_generations = 8;
+  o.seed = 5;
+  ScenarioModel a(small(), sd8gen3(), 4), b(small(), sd8gen3(), 4);
+  const MethodResult ra = run_puzzle(a, o), rb = run_puzzle(b, o);
+  EXPECT_EQ(ra.detail["solutions"], rb.detail["solutions"]);
+  EXPECT_EQ(ra.objectives, rb.objectives);
+  EXPECT_EQ(ra.saturation, rb.saturation);
+  for (const auto& sol : ra.detail["solutions"])
+    for (const auto& plan : sol["models"]) EXPECT_NO_THROW(subgraph_plan_from_json(plan));
+  // The NPU-only and GPU-only placements seed the search, so its front is never dominated by
+  // them.
+  const MethodResult npu = run_npu_only(a);
+  for (const auto& obj : ra.objectives) EXPECT_FALSE(dominates(npu.objectives[0], obj));
+}
+
+TEST(PuzzleScenarios, ThePerOpSolverHoldsBothDevices) {
+  ScenarioModel sm(small(), sd8gen3(), 4);
+  const MethodResult r = run_per_op_solver(sm);
+  ASSERT_EQ(r.solutions.size(), 1u);
+  bool both = false;
+  for (const SimModel& m : r.solutions[0])
+    for (const auto& step : m.steps) both = both || step[0].proc == Proc::both;
+  EXPECT_TRUE(both);  // the tensor plan splits some matmul across GPU and NPU
+}
+
+}  // namespace
+}  // namespace duet::puzzle
