@@ -326,6 +326,17 @@ ElementwiseLaunch elementwise2(ClDevice& dev, const char* name, cl_mem arena, ui
 cl_event GpuKernels::swiglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
                             uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                             TokenRange t) {
+  if (int8_matmul_ && cols % kQK == 0) {
+    // CPU devices with the integer path: by 32-value blocks, the bits of the fused swiglu_q8
+    // (kernels/matmul_int8.cl), so a step's tokens do not depend on what fused.
+    forget_quantized_input();
+    cl_kernel k = dev_.kernel("swiglu_blocks");
+    set_args(k, arena, cl_ulong{g_off}, cl_uint{g_stride}, cl_ulong{u_off}, cl_uint{u_stride},
+             cl_ulong{out_off}, cl_uint{out_stride}, cl_uint{cols}, cl_uint{t.begin},
+             cl_uint{t.end});
+    const size_t global[2] = {cols / static_cast<size_t>(kQK), t.count()};
+    return launch("swiglu_blocks", k, 2, global, nullptr);
+  }
   return binary("swiglu", arena, g_off, g_stride, u_off, u_stride, out_off, out_stride, cols, t);
 }
 
@@ -393,10 +404,7 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
     const size_t none[1] = {0};
     return launch("matmul_i8", nullptr, 1, none, nullptr);
   }
-  const int bits = a.role ? int8_act_bits(*a.role) : int8_act_bits();
-  // The weights' zero point as a shift: Q4_0 nibbles are w + 8, Q8_0 bytes w + 128 (the XOR);
-  // K types have none (their mins are applied per sub-block in the kernel).
-  const uint32_t zp_shift = a.wtype == DType::Q4_0 ? 3 : a.wtype == DType::Q8_0 ? 7 : 0;
+  const auto [bits, zp_shift] = int8_bits_zp(a);
   quantize_int8_input(arena, a, bits, zp_shift);
 
   // 8-token tiles measured best of 8, 12 and 16 (bench/gpu/RESULTS.md).
@@ -421,22 +429,33 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   return launch(name.c_str(), k, 2, global, local);
 }
 
+std::pair<int, uint32_t> GpuKernels::int8_bits_zp(const MatmulArgs& a) const {
+  const int bits = a.role ? int8_act_bits(*a.role) : int8_act_bits();
+  // The weights' zero point as a shift: Q4_0 nibbles are w + 8, Q8_0 bytes w + 128 (the XOR);
+  // K types have none (their mins are applied per sub-block in the kernel).
+  const uint32_t zp_shift = a.wtype == DType::Q4_0 ? 3 : a.wtype == DType::Q8_0 ? 7 : 0;
+  return {bits, zp_shift};
+}
+
+void GpuKernels::reserve_int8_tiles(uint32_t k, uint32_t n) {
+  const size_t tile_bytes = int8_tile_bytes(k);
+  const size_t tiles = (n + kInt8TileTokens - 1) / kInt8TileTokens;
+  if (tile_bytes * tiles <= int8_tiles_bytes_) return;
+  forget_quantized_input();
+  if (int8_tiles_) clReleaseMemObject(int8_tiles_);  // queued users keep it alive
+  int8_tiles_ = nullptr;
+  int8_tiles_bytes_ = 0;
+  cl_int err = CL_SUCCESS;
+  const size_t bytes = tile_bytes * std::max<size_t>(tiles, 8);
+  int8_tiles_ = clCreateBuffer(dev_.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
+  check_cl(err, "clCreateBuffer(int8 tiles)");
+  int8_tiles_bytes_ = bytes;
+}
+
 void GpuKernels::quantize_int8_input(cl_mem arena, const MatmulArgs& a, int bits,
                                      uint32_t zp_shift) {
   const uint32_t n = a.tokens.count();
-  const size_t tile_bytes = int8_tile_bytes(a.k);
-  const size_t tiles = (n + kInt8TileTokens - 1) / kInt8TileTokens;
-  if (tile_bytes * tiles > int8_tiles_bytes_) {
-    forget_quantized_input();
-    if (int8_tiles_) clReleaseMemObject(int8_tiles_);  // queued users keep it alive
-    int8_tiles_ = nullptr;
-    int8_tiles_bytes_ = 0;
-    cl_int err = CL_SUCCESS;
-    const size_t bytes = tile_bytes * std::max<size_t>(tiles, 8);
-    int8_tiles_ = clCreateBuffer(dev_.context(), CL_MEM_READ_WRITE, bytes, nullptr, &err);
-    check_cl(err, "clCreateBuffer(int8 tiles)");
-    int8_tiles_bytes_ = bytes;
-  }
+  reserve_int8_tiles(a.k, n);
   const QuantizedInput input{true,    arena,          a.x_off,      a.x_stride,
                              a.k,     a.tokens.begin, a.tokens.end, static_cast<uint32_t>(bits),
                              zp_shift};

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "core/model/dtype.h"
 #include "core/program/plan.h"
@@ -132,6 +133,35 @@ class GpuKernels {
   void reuse_quantized_inputs();
   void forget_quantized_input() { quantized_.valid = false; }
 
+  // Fused launches for the CPU integer path (gpu_kernels_fused.cpp; the runner's op_fusion.h
+  // picks them): each writes exactly what the launches it replaces write, with the same bits,
+  // and the *_quantize ones also `next`'s quantised input, so that matmul(next) skips its
+  // quantisation. They need int8_matmul() (a CPU device) and, for the quantised input to be
+  // reused, reuse_quantized_inputs(); `next` must read all of t's tokens.
+  // [The residual add a + b into x when `add`;] out = rmsnorm(x) * w; next's input = out.
+  struct ResidualAdd {
+    uint64_t a_off = 0;
+    uint32_t a_stride = 0;
+    uint64_t b_off = 0;
+    uint32_t b_stride = 0;
+  };
+  cl_event add_rmsnorm_quantize(cl_mem arena, const std::optional<ResidualAdd>& add, uint64_t x_off,
+                                uint32_t x_stride, uint64_t out_off, uint32_t out_stride, cl_mem w,
+                                uint64_t w_off, uint32_t dim, float eps, TokenRange t,
+                                const MatmulArgs& next);
+  // out = silu(g) * u (swiglu); next's input = out.
+  cl_event swiglu_quantize(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
+                           uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
+                           TokenRange t, const MatmulArgs& next);
+  // rope of x (x_heads heads) and y (y_heads heads, e.g. K) with the same parameters and tokens
+  // in one launch (rope_heads' bits; CPU devices).
+  cl_event rope_pair(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t x_heads,
+                     uint64_t y_off, uint32_t y_stride, uint32_t y_heads, uint32_t head_dim,
+                     const RopeArgs& r, uint64_t tok_off, TokenRange t);
+  // Whether matmul(a) runs on the integer path (and so quantises its input): what the fused
+  // *_quantize launches can feed.
+  bool quantizes_input(const MatmulArgs& a) const;
+
   // packed_rows: as MatmulArgs::packed_rows (a tied table the runner packed for Logits).
   cl_event embed(cl_mem arena, DType wtype, cl_mem w, uint64_t w_off, uint32_t cols,
                  uint64_t tok_off, uint64_t out_off, uint32_t out_stride, TokenRange t,
@@ -216,6 +246,10 @@ class GpuKernels {
   // The integer path's first launch: the input rows' quantised blocks into int8_tiles_ (unless
   // they are there already), for weights whose zero point is 1 << zp_shift.
   void quantize_int8_input(cl_mem arena, const MatmulArgs& a, int bits, uint32_t zp_shift);
+  // The activation bits and weight zero point's shift of the integer path for a.
+  std::pair<int, uint32_t> int8_bits_zp(const MatmulArgs& a) const;
+  // Grows int8_tiles_ for k-wide input rows of n tokens (forgetting what it held then).
+  void reserve_int8_tiles(uint32_t k, uint32_t n);
   // K-quant weights (Q4_K, Q5_K, Q6_K; gpu_kernels_kq.cpp): the integer path on CPU devices
   // (matmul_kq_cpu.cl), else the fp32 kernels of matmul_kq_gpu.cl.
   cl_event matmul_kq(cl_mem arena, const MatmulArgs& a);

@@ -73,6 +73,7 @@ struct GpuRunner::Program {
   bool uses_kv = false;
   // CPU integer path: the tiled copies of its Q4_0/Q8_0/K-quant matmul weights, by offset.
   std::map<uint64_t, std::shared_ptr<const TiledTensor>> tiled;
+  std::vector<FusedGroup> fusion;  // per op (op_fusion.h); empty where nothing can fuse
 };
 
 GpuRunner::GpuRunner(ClDevice& dev, const SocProfile* soc)
@@ -199,12 +200,38 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
     p->kv = map_kv_pieces(
         *program.kv, mem.kv, mem.kv_bytes, kv_buffer_limit(dev_.info().max_alloc_bytes),
         [this](const void* host, uint64_t bytes) { return wrap(host, bytes, false); });
+  // Fused launches read the matmuls' inputs in place: a copying device has none of them.
+  if (kernels_.int8_matmul() && !copies()) p->fusion = plan_fusion(program);
   p->prog = std::move(program);
   programs_[id] = std::move(p);
 }
 
 void GpuRunner::unregister_program(uint32_t id) {
   programs_.erase(id);
+}
+
+MatmulArgs GpuRunner::matmul_args(const Program& p, const fb::OpT& op, uint32_t n,
+                                  uint64_t tok_off) {
+  const uint32_t t0 = std::min(op.seq_begin, n);
+  const uint32_t t1 = op.seq_end ? std::min(op.seq_end, n) : n;
+  MatmulArgs a;
+  a.wtype = static_cast<DType>(op.weight->dtype());
+  a.w = p.weights;
+  a.w_off = op.weight->offset();
+  a.k = op.weight->cols();
+  a.x_off = op.in0->offset();
+  a.x_stride = op.in0->cols();
+  a.y_off = op.out->offset();
+  a.y_stride = op.out->cols();
+  a.row_begin = op.row_begin;
+  a.row_end = op.row_end ? op.row_end : op.weight->rows();
+  a.tokens = TokenRange{t0, std::max(t0, t1)};
+  a.tok_off = tok_off;
+  a.rows_from_table = op.kind == fb::OpKind::Logits;
+  a.packed_rows = packed_.rows(p.weights, op.weight->offset());
+  if (auto t = p.tiled.find(op.weight->offset()); t != p.tiled.end()) a.tiled = t->second->mem();
+  if (op.role < kMatmulRoles) a.role = static_cast<MatmulRole>(op.role);
+  return a;
 }
 
 cl_event GpuRunner::read_back_output(const Program& p, const fb::OpT& op, const void* token_rows,
@@ -458,98 +485,100 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
                                         step.page_tables_offset, step.page_table_cols)
                             : KvArgs{};
       cl_event first = nullptr, last = nullptr;
-      switch (op.kind) {
-        case fb::OpKind::Embed:
-          last = kernels_.embed(p.arena, static_cast<DType>(op.weight->dtype()), p.weights,
-                                op.weight->offset(), op.weight->cols(), tok, op.out->offset(),
-                                op.out->cols(), all, packed_.rows(p.weights, op.weight->offset()));
-          if (op.scale != 1.0f) {
-            first = last;
-            last = kernels_.scale(p.arena, op.out->offset(), op.out->cols(), op.scale,
-                                  op.out->cols(), all);
-          }
-          break;
-        case fb::OpKind::RmsNorm:
-          last = kernels_.rmsnorm(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
-                                  op.out->cols(), p.weights, op.weight->offset(), op.in0->cols(),
-                                  op.eps, all);
-          break;
-        case fb::OpKind::MatMul:
-        case fb::OpKind::Logits: {
-          MatmulArgs a;
-          a.wtype = static_cast<DType>(op.weight->dtype());
-          a.w = p.weights;
-          a.w_off = op.weight->offset();
-          a.k = op.weight->cols();
-          a.x_off = op.in0->offset();
-          a.x_stride = op.in0->cols();
-          a.y_off = op.out->offset();
-          a.y_stride = op.out->cols();
-          a.row_begin = op.row_begin;
-          a.row_end = op.row_end ? op.row_end : op.weight->rows();
-          a.tokens = TokenRange{t0, std::max(t0, t1)};
-          a.tok_off = tok;
-          a.rows_from_table = op.kind == fb::OpKind::Logits;
-          a.packed_rows = packed_.rows(p.weights, op.weight->offset());
-          if (auto t = p.tiled.find(op.weight->offset()); t != p.tiled.end())
-            a.tiled = t->second->mem();
-          if (op.role < kMatmulRoles) a.role = static_cast<MatmulRole>(op.role);
-          last = kernels_.matmul(p.arena, a);
-          break;
-        }
-        case fb::OpKind::Rope: {
-          RopeArgs r;
-          r.freq_base = op.freq_base;
-          r.freq_scale = op.freq_scale;
-          r.mode = op.rope_mode;
-          r.w = p.weights;
-          r.has_factors = op.freq_factors != nullptr;
-          if (op.freq_factors) r.factors_off = op.freq_factors->offset();
-          last = kernels_.rope(p.arena, op.in0->offset(), op.in0->cols(), op.n_heads, op.head_dim,
-                               r, tok, all);
-          break;
-        }
-        case fb::OpKind::AddBias: {
-          const TokenRange rows{t0, std::max(t0, t1)};
-          last = kernels_.add_bias(p.arena, op.in0->offset(), op.in0->cols(), p.weights,
-                                   op.weight->offset(), op.in0->cols(), rows);
-          break;
-        }
-        case fb::OpKind::KvWrite:
-          last = kernels_.kv_write(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
-                                   op.in1->cols(), kv, tok, all);
-          break;
-        case fb::OpKind::Attention:
-          last = kernels_.attention(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
-                                    op.out->cols(), kv, tok, op.n_heads, op.n_kv_heads, op.head_dim,
-                                    all, context, &first);
-          break;
-        case fb::OpKind::SwiGlu:
-          last = op.ffn_act == static_cast<uint8_t>(ops::FfnAct::gelu_tanh)
-                     ? kernels_.geglu(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
-                                      op.in1->cols(), op.out->offset(), op.out->cols(),
-                                      op.out->cols(), all)
-                     : kernels_.swiglu(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
-                                       op.in1->cols(), op.out->offset(), op.out->cols(),
-                                       op.out->cols(), all);
-          break;
-        case fb::OpKind::Add:
-          last =
-              kernels_.add(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
-                           op.in1->cols(), op.out->offset(), op.out->cols(), op.out->cols(), all);
-          break;
+      // A fused group (op_fusion.h) launches ops [i, i + covered) as one kernel.
+      size_t covered = 1;
+      if (fuse_ && !p.fusion.empty() && p.fusion[i].kind != Fusion::none) {
+        const FusedGroup g = p.fusion[i];
+        const bool feeds = g.kind != Fusion::rope_pair;
+        std::optional<MatmulArgs> next;
+        if (feeds) next = matmul_args(p, *prog.ops[i + g.ops], n, tok);
+        last = launch_fused(kernels_, prog, i, g, p.arena, p.weights, tok, all,
+                            next ? &*next : nullptr);
+        if (last) covered = g.ops;
       }
+      if (!last) switch (op.kind) {
+          case fb::OpKind::Embed:
+            last =
+                kernels_.embed(p.arena, static_cast<DType>(op.weight->dtype()), p.weights,
+                               op.weight->offset(), op.weight->cols(), tok, op.out->offset(),
+                               op.out->cols(), all, packed_.rows(p.weights, op.weight->offset()));
+            if (op.scale != 1.0f) {
+              first = last;
+              last = kernels_.scale(p.arena, op.out->offset(), op.out->cols(), op.scale,
+                                    op.out->cols(), all);
+            }
+            break;
+          case fb::OpKind::RmsNorm:
+            last = kernels_.rmsnorm(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
+                                    op.out->cols(), p.weights, op.weight->offset(), op.in0->cols(),
+                                    op.eps, all);
+            break;
+          case fb::OpKind::MatMul:
+          case fb::OpKind::Logits:
+            last = kernels_.matmul(p.arena, matmul_args(p, op, n, tok));
+            break;
+          case fb::OpKind::Rope: {
+            RopeArgs r;
+            r.freq_base = op.freq_base;
+            r.freq_scale = op.freq_scale;
+            r.mode = op.rope_mode;
+            r.w = p.weights;
+            r.has_factors = op.freq_factors != nullptr;
+            if (op.freq_factors) r.factors_off = op.freq_factors->offset();
+            last = kernels_.rope(p.arena, op.in0->offset(), op.in0->cols(), op.n_heads, op.head_dim,
+                                 r, tok, all);
+            break;
+          }
+          case fb::OpKind::AddBias: {
+            const TokenRange rows{t0, std::max(t0, t1)};
+            last = kernels_.add_bias(p.arena, op.in0->offset(), op.in0->cols(), p.weights,
+                                     op.weight->offset(), op.in0->cols(), rows);
+            break;
+          }
+          case fb::OpKind::KvWrite:
+            last = kernels_.kv_write(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                                     op.in1->cols(), kv, tok, all);
+            break;
+          case fb::OpKind::Attention:
+            last = kernels_.attention(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
+                                      op.out->cols(), kv, tok, op.n_heads, op.n_kv_heads,
+                                      op.head_dim, all, context, &first);
+            break;
+          case fb::OpKind::SwiGlu:
+            last = op.ffn_act == static_cast<uint8_t>(ops::FfnAct::gelu_tanh)
+                       ? kernels_.geglu(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                                        op.in1->cols(), op.out->offset(), op.out->cols(),
+                                        op.out->cols(), all)
+                       : kernels_.swiglu(p.arena, op.in0->offset(), op.in0->cols(),
+                                         op.in1->offset(), op.in1->cols(), op.out->offset(),
+                                         op.out->cols(), op.out->cols(), all);
+            break;
+          case fb::OpKind::Add:
+            last =
+                kernels_.add(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                             op.in1->cols(), op.out->offset(), op.out->cols(), op.out->cols(), all);
+            break;
+        }
       if (!first) first = last;
       op_events.emplace_back(first, last);
       op_wait_us.push_back(report.wait_us - waited_before);
+      // The ops the fused launch also did: no time of their own (the trace shows the launch on
+      // its first op), the launch's end as their end (what a preemption check waits for).
+      for (size_t c = 1; c < covered; ++c) {
+        clRetainEvent(last);
+        op_events.emplace_back(nullptr, last);
+        op_wait_us.push_back(0);
+      }
+      i += covered - 1;
+      const fb::OpT& done = *prog.ops[i];  // the last op launched: its flag says it is done
       if (preemptible) check_cl(clFlush(q), "clFlush");  // start it before the host checks again
       // Copies mode: host memory is where the other device and the frontend look, so bring back
       // exactly what this op wrote (never more: the other device may be writing the rest).
       cl_event readback =
           copies() ? read_back_output(p, op, rows, page_tables, step, t0, t1) : nullptr;
-      if (op.publish_flag >= 0) {
+      if (done.publish_flag >= 0) {
         pending_callbacks_.fetch_add(1, std::memory_order_acq_rel);
-        auto* ctx = new PublishContext{flags, static_cast<uint32_t>(op.publish_flag), step.seq,
+        auto* ctx = new PublishContext{flags, static_cast<uint32_t>(done.publish_flag), step.seq,
                                        &pending_callbacks_};
         const cl_int err =
             clSetEventCallback(readback ? readback : last, CL_COMPLETE, publish_on_complete, ctx);
@@ -593,9 +622,11 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   // [enqueued, done_at].
   int64_t offset_ns = 0;
   const int64_t lo_ns = ns_of(enqueued), hi_ns = ns_of(done_at);
-  if (!op_events.empty()) {
-    const cl_ulong last_end = event_span(op_events.back().first, op_events.back().second).second;
+  for (size_t j = op_events.size(); j-- > 0;) {
+    if (!op_events[j].first) continue;  // an op a fused launch did (no span of its own)
+    const cl_ulong last_end = event_span(op_events[j].first, op_events[j].second).second;
     if (last_end > 0) offset_ns = hi_ns - static_cast<int64_t>(last_end);
+    break;
   }
   for (size_t j = 0; j < op_events.size(); ++j) {
     const size_t i = step.first_op + j;

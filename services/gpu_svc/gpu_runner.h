@@ -23,6 +23,7 @@
 #include "core/program/program.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "services/gpu_svc/op_fusion.h"
 #include "services/gpu_svc/queue_picker.h"
 #include "services/gpu_svc/tiled_weights.h"
 #include "services/gpu_svc/weight_pack.h"
@@ -76,6 +77,11 @@ class GpuRunner {
   StepReport run_step(uint32_t id, const StepArgs& step, std::chrono::milliseconds deadline,
                       FlagSync* flags = nullptr);
 
+  // Fused launches of consecutive ops on the CPU integer path (op_fusion.h): on unless
+  // DUET_GPU_FUSE=0; the same bits either way (tests compare both).
+  void set_fusion(bool on) { fuse_ = on; }
+  bool fusion() const { return fuse_; }
+
   bool copies() const { return !dev_.zero_copy(); }
   ClDevice& device() { return dev_; }
   // Which queue small steps run on, as measured (gpu_svc's status shows it).
@@ -90,6 +96,8 @@ class GpuRunner {
                             const int32_t* page_tables, const StepArgs& step, uint32_t t0,
                             uint32_t t1);
   void wait_callbacks(std::chrono::steady_clock::time_point deadline);
+  // A MatMul/Logits op's kernel arguments for a step of n tokens (token table at tok_off).
+  MatmulArgs matmul_args(const Program& p, const fb::OpT& op, uint32_t n, uint64_t tok_off);
 
   ClDevice& dev_;
   GpuKernels kernels_;
@@ -104,6 +112,7 @@ class GpuRunner {
   TiledWeights tiled_;
   std::atomic<int> pending_callbacks_{0};
   QueuePicker picker_;
+  bool fuse_ = fusion_from_env();
 };
 
 }  // namespace duet::gpu

@@ -165,29 +165,30 @@ TEST_F(GpuKernelsTest, AddBiasAddsTheWeightsVectorToEveryTokenRow) {
   }
 }
 
+// 96 columns: CPU devices with the integer path run SwiGLU by 32-value blocks (swiglu_blocks).
 TEST_F(GpuKernelsTest, SwiGluAndAddMatchReference) {
-  const uint32_t cols = 33;
-  for (uint32_t n : kOddCounts) {
-    const size_t count = size_t{n} * cols;
-    const auto g = random_floats(count, 1, 4.0f), u = random_floats(count, 2, 4.0f);
-    HostBuffer arena(dev, 3 * count * 4);
-    std::memcpy(arena.at(0), g.data(), count * 4);
-    std::memcpy(arena.at(count * 4), u.data(), count * 4);
-    arena.upload();
-    run(k.swiglu(arena.mem(), 0, cols, count * 4, cols, 2 * count * 4, cols, cols, {0, n}));
-    arena.download();
-    std::vector<float> want(count);
-    ops::swiglu(g.data(), u.data(), static_cast<int64_t>(count), want.data());
-    EXPECT_LT(max_abs_diff(arena.at<float>(2 * count * 4), want.data(), count), 1e-5f)
-        << "swiglu n=" << n;
+  for (uint32_t cols : {33u, 96u})
+    for (uint32_t n : kOddCounts) {
+      const size_t count = size_t{n} * cols;
+      const auto g = random_floats(count, 1, 4.0f), u = random_floats(count, 2, 4.0f);
+      HostBuffer arena(dev, 3 * count * 4);
+      std::memcpy(arena.at(0), g.data(), count * 4);
+      std::memcpy(arena.at(count * 4), u.data(), count * 4);
+      arena.upload();
+      run(k.swiglu(arena.mem(), 0, cols, count * 4, cols, 2 * count * 4, cols, cols, {0, n}));
+      arena.download();
+      std::vector<float> want(count);
+      ops::swiglu(g.data(), u.data(), static_cast<int64_t>(count), want.data());
+      EXPECT_LT(max_abs_diff(arena.at<float>(2 * count * 4), want.data(), count), 1e-5f)
+          << "swiglu cols=" << cols << " n=" << n;
 
-    // Residual add in place: out = in0.
-    run(k.add(arena.mem(), 0, cols, count * 4, cols, 0, cols, cols, {0, n}));
-    arena.download();
-    want = g;
-    ops::add(want.data(), u.data(), static_cast<int64_t>(count));
-    EXPECT_EQ(max_abs_diff(arena.at<float>(0), want.data(), count), 0.0f) << "add n=" << n;
-  }
+      // Residual add in place: out = in0.
+      run(k.add(arena.mem(), 0, cols, count * 4, cols, 0, cols, cols, {0, n}));
+      arena.download();
+      want = g;
+      ops::add(want.data(), u.data(), static_cast<int64_t>(count));
+      EXPECT_EQ(max_abs_diff(arena.at<float>(0), want.data(), count), 0.0f) << "add n=" << n;
+    }
 }
 
 // Gemma's GeGLU and embedding scale against ops::geglu / ops::scale.

@@ -179,3 +179,36 @@ kernel void rope_heads(global uchar* arena, ulong x_off, uint x_stride, uint hea
     }
   }
 }
+
+// rope_heads of two tensors of the same tokens in one launch (a layer's Q and K: the runner's
+// op_fusion.h): the same angle per pair and token, the same arithmetic per element, so the same
+// bits as two rope_heads launches; one kernel fewer per layer.
+kernel void rope_heads_pair(global uchar* arena, ulong x_off, uint x_stride, uint x_heads,
+                            ulong y_off, uint y_stride, uint y_heads, uint head_dim,
+                            float freq_base, ulong tok_off, uint t_begin, uint t_count,
+                            float freq_scale, uint mode, global const uchar* w, ulong ff_off,
+                            uint has_ff) {
+  const uint i = get_global_id(0);
+  const uint t0 = get_global_id(1) * ROPE_TOKENS;
+  global const int* tok = (global const int*)(arena + tok_off);
+  const ROPE_REAL freq = rope_freq(i, head_dim, freq_base, freq_scale, w, ff_off, has_ff);
+  const uint first = mode == 2 ? i : 2 * i;
+  const uint partner = mode == 2 ? head_dim / 2 : 1;
+  for (uint k = 0; k < ROPE_TOKENS && t0 + k < t_count; ++k) {
+    const uint t = t_begin + t0 + k;
+    const ROPE_REAL theta = (ROPE_REAL)tok[4 * t + TOK_POS] * freq;
+    const float c = (float)cos(theta);
+    const float s = (float)sin(theta);
+    for (uint which = 0; which < 2; ++which) {
+      global float* row = (global float*)(arena + (which ? y_off : x_off)) +
+                          (ulong)t * (which ? y_stride : x_stride) + first;
+      const uint heads = which ? y_heads : x_heads;
+      for (uint h = 0; h < heads; ++h) {
+        global float* pair = row + h * head_dim;
+        const float a = pair[0], b = pair[partner];
+        pair[0] = a * c - b * s;
+        pair[partner] = a * s + b * c;
+      }
+    }
+  }
+}

@@ -40,14 +40,11 @@
 #define MMI_SUMS0 544
 #define MMI_SUMS1 576
 #define MMI_HALF_SUMS 608  // the first 16 quants' sums (as SUMS1 for 16 bits): matmul_kq_cpu.cl
-kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_stride, uint k,
-                            uint t_begin, uint t_end, global uchar* q, uint bits, uint zp_shift) {
-  const uint b = get_global_id(0), i = get_global_id(1);
-  const uint n_blocks = k / QK;
-  if (b >= n_blocks || t_begin + i >= t_end) return;
-  global const float* x =
-      (global const float*)(arena + x_off) + (ulong)(t_begin + i) * x_stride + b * QK;
-  const float16 lo = vload16(0, x), hi = vload16(1, x);
+// One block of 32 values (lo, hi) of token slot i (counted from t_begin) into the group of block
+// b: quantize_q8_act's work-item, and the fused kernels' below (the same bits by construction).
+__attribute__((always_inline)) inline void q8_act_block(float16 lo, float16 hi, global uchar* q,
+                                                        uint n_blocks, uint b, uint i, uint bits,
+                                                        uint zp_shift) {
   const float16 m16 = fmax(fabs(lo), fabs(hi));
   const float8 m8 = fmax(m16.lo, m16.hi);
   const float4 m4 = fmax(m8.lo, m8.hi);
@@ -85,6 +82,111 @@ kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_strid
   const int8 f8 = first.lo + first.hi;
   const int4 f4 = f8.lo + f8.hi;
   ((global int*)(group + MMI_HALF_SUMS))[slot] = -((f4.x + f4.y + f4.z + f4.w) << zp_shift);
+}
+
+kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_stride, uint k,
+                            uint t_begin, uint t_end, global uchar* q, uint bits, uint zp_shift) {
+  const uint b = get_global_id(0), i = get_global_id(1);
+  const uint n_blocks = k / QK;
+  if (b >= n_blocks || t_begin + i >= t_end) return;
+  global const float* x =
+      (global const float*)(arena + x_off) + (ulong)(t_begin + i) * x_stride + b * QK;
+  q8_act_block(vload16(0, x), vload16(1, x), q, n_blocks, b, i, bits, zp_shift);
+}
+
+// ---- Fused per-token ops ahead of an integer matmul (the runner's op_fusion.h): each writes
+// what the ops it replaces write, with their arithmetic (so the same bits), and also the
+// consumer matmul's quantised input (q8_act_block), so that a decode layer launches 4 kernels
+// fewer: PoCL wakes its worker threads for every kernel, which on this path cost more than
+// these ops' own work (bench/kquant/RESULTS.md, 2026-11-26 decode19).
+
+// [x = a + b when has_add (the residual add; x may be a)]; out = rmsnorm(x) * w, as kernel
+// rmsnorm (one work-group per token, the same partial sums in the same order: the same scale);
+// then out's blocks quantised as quantize_q8_act's (token slot = the group's token).
+kernel void add_rmsnorm_q8(global uchar* arena, ulong a_off, uint a_stride, ulong b_off,
+                           uint b_stride, uint has_add, ulong x_off, uint x_stride, ulong out_off,
+                           uint out_stride, global const uchar* w, ulong w_off, uint dim, float eps,
+                           uint t_begin, global uchar* q, uint bits, uint zp_shift,
+                           local float* partial) {
+  const uint lid = get_local_id(0);
+  const uint lsz = get_local_size(0);
+  const uint slot = get_group_id(1);
+  const uint t = t_begin + slot;
+  global float* x = (global float*)(arena + x_off) + (ulong)t * x_stride;
+  float s = 0.0f;
+  if (has_add) {
+    global const float* a = (global const float*)(arena + a_off) + (ulong)t * a_stride;
+    global const float* b = (global const float*)(arena + b_off) + (ulong)t * b_stride;
+    for (uint i = lid; i < dim; i += lsz) {
+      const float v = a[i] + b[i];
+      x[i] = v;
+      s += v * v;
+    }
+  } else {
+    for (uint i = lid; i < dim; i += lsz) s += x[i] * x[i];
+  }
+  partial[lid] = s;
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);  // x's sums, and x's new values
+  for (uint half_n = lsz / 2; half_n > 0; half_n /= 2) {
+    if (lid < half_n) partial[lid] += partial[lid + half_n];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float scale = rsqrt(partial[0] / (float)dim + eps);
+  global const float* wt = (global const float*)(w + w_off);
+  global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride;
+  const uint n_blocks = dim / QK;
+  for (uint blk = lid; blk < n_blocks; blk += lsz) {
+    const uint c = blk * QK;
+    const float16 lo = vload16(0, x + c) * scale * vload16(0, wt + c);
+    const float16 hi = vload16(1, x + c) * scale * vload16(1, wt + c);
+    vstore16(lo, 0, out + c);
+    vstore16(hi, 1, out + c);
+    q8_act_block(lo, hi, q, n_blocks, blk, slot, bits, zp_shift);
+  }
+}
+
+// out = silu(g) * u over one 32-value block of a token (out may be g): swiglu_blocks and
+// swiglu_q8 share it, so a product has the same bits whether or not the down matmul's
+// quantisation was fused in. (Kernel swiglu, a work-item per value, calls the scalar exp, whose
+// results differ from the vector one's in the last bit: CPU devices with this path run
+// swiglu_blocks instead.)
+__attribute__((always_inline)) inline void swiglu_block(global const uchar* arena, ulong g_off,
+                                                        uint g_stride, ulong u_off, uint u_stride,
+                                                        ulong out_off, uint out_stride, ulong t,
+                                                        uint b, float16* lo, float16* hi) {
+  global const float* g = (global const float*)(arena + g_off) + t * g_stride + b * QK;
+  global const float* u = (global const float*)(arena + u_off) + t * u_stride + b * QK;
+  global float* out = (global float*)(arena + out_off) + t * out_stride + b * QK;
+  const float16 glo = vload16(0, g), ghi = vload16(1, g);
+  *lo = glo / (1.0f + exp(-glo)) * vload16(0, u);
+  *hi = ghi / (1.0f + exp(-ghi)) * vload16(1, u);
+  vstore16(*lo, 0, out);
+  vstore16(*hi, 1, out);
+}
+
+// The SwiGlu op on CPU devices with the integer path: a work-item per 32-value block and token.
+kernel void swiglu_blocks(global uchar* arena, ulong g_off, uint g_stride, ulong u_off,
+                          uint u_stride, ulong out_off, uint out_stride, uint k, uint t_begin,
+                          uint t_end) {
+  const uint b = get_global_id(0), i = get_global_id(1);
+  if (b >= k / QK || t_begin + i >= t_end) return;
+  float16 lo, hi;
+  swiglu_block(arena, g_off, g_stride, u_off, u_stride, out_off, out_stride, t_begin + i, b, &lo,
+               &hi);
+}
+
+// swiglu_blocks, and the blocks quantised as quantize_q8_act's: the gated FFN's product straight
+// into the down matmul's input.
+kernel void swiglu_q8(global uchar* arena, ulong g_off, uint g_stride, ulong u_off, uint u_stride,
+                      ulong out_off, uint out_stride, uint k, uint t_begin, uint t_end,
+                      global uchar* q, uint bits, uint zp_shift) {
+  const uint b = get_global_id(0), i = get_global_id(1);
+  const uint n_blocks = k / QK;
+  if (b >= n_blocks || t_begin + i >= t_end) return;
+  float16 lo, hi;
+  swiglu_block(arena, g_off, g_stride, u_off, u_stride, out_off, out_stride, t_begin + i, b, &lo,
+               &hi);
+  q8_act_block(lo, hi, q, n_blocks, b, i, bits, zp_shift);
 }
 
 // vpdpbusd, emulated: per 32-bit lane, acc + the 4 products of u's unsigned bytes and s's signed

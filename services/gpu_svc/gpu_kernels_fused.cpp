@@ -1,0 +1,114 @@
+// Fused launches of the CPU integer path (gpu_kernels.h; the runner's op_fusion.h decides where):
+// a decode step of a 1B model is ~340 kernels, and on PoCL every one wakes the worker threads and
+// waits for the slowest; these do the work of two or three of them in one, with the same bits.
+#include <string>
+
+#include "core/error.h"
+#include "services/gpu_svc/gpu_kernels.h"
+
+namespace duet::gpu {
+namespace {
+
+struct LocalBytes {
+  size_t n;
+};
+
+void set_arg(cl_kernel k, cl_uint i, const LocalBytes& v) {
+  check_cl(clSetKernelArg(k, i, v.n, nullptr), "clSetKernelArg(local)");
+}
+template <typename T>
+void set_arg(cl_kernel k, cl_uint i, const T& v) {
+  check_cl(clSetKernelArg(k, i, sizeof(T), &v), "clSetKernelArg");
+}
+template <typename... A>
+void set_args(cl_kernel k, const A&... a) {
+  cl_uint i = 0;
+  (set_arg(k, i++, a), ...);
+}
+
+}  // namespace
+
+bool GpuKernels::quantizes_input(const MatmulArgs& a) const {
+  if (!int8_matmul_ || a.packed_rows || a.tokens.count() == 0 || a.row_end <= a.row_begin)
+    return false;
+  if (dtype_is_k_quant(a.wtype)) return a.k % kQK_K == 0;  // matmul_kq's integer path
+  if (a.wtype != DType::Q4_0 && a.wtype != DType::Q8_0) return false;
+  // matmul(): the cooperative GEMV (a GPU's, or a test's choice) takes few tokens first.
+  return !(coop_gemv_ && a.tokens.count() <= 4) && dev_.info().type == "cpu";
+}
+
+cl_event GpuKernels::add_rmsnorm_quantize(cl_mem arena, const std::optional<ResidualAdd>& add,
+                                          uint64_t x_off, uint32_t x_stride, uint64_t out_off,
+                                          uint32_t out_stride, cl_mem w, uint64_t w_off,
+                                          uint32_t dim, float eps, TokenRange t,
+                                          const MatmulArgs& next) {
+  if (!quantizes_input(next) || next.tokens.begin != t.begin || next.tokens.end != t.end ||
+      next.x_off != out_off || next.x_stride != out_stride || next.k != dim)
+    throw Error(Errc::invalid_argument,
+                "gpu_svc: add_rmsnorm_quantize's matmul does not read the norm's rows on the "
+                "integer path");
+  forget_quantized_input();
+  const auto [bits, zp_shift] = int8_bits_zp(next);
+  reserve_int8_tiles(dim, t.count());
+  cl_kernel k = dev_.kernel("add_rmsnorm_q8");
+  // rmsnorm()'s group size on a CPU device: the same partial sums, so the same scale.
+  size_t lsz = 16;
+  while (lsz > 1 && (lsz > dev_.info().max_work_group || lsz > dim)) lsz /= 2;
+  const ResidualAdd r = add.value_or(ResidualAdd{});
+  set_args(k, arena, cl_ulong{r.a_off}, cl_uint{r.a_stride}, cl_ulong{r.b_off}, cl_uint{r.b_stride},
+           cl_uint{add ? 1u : 0u}, cl_ulong{x_off}, cl_uint{x_stride}, cl_ulong{out_off},
+           cl_uint{out_stride}, w, cl_ulong{w_off}, cl_uint{dim}, cl_float{eps}, cl_uint{t.begin},
+           int8_tiles_, cl_uint{static_cast<uint32_t>(bits)}, cl_uint{zp_shift},
+           LocalBytes{lsz * sizeof(float)});
+  const size_t global[2] = {lsz, t.count()};
+  const size_t local[2] = {lsz, 1};
+  cl_event e = launch("add_rmsnorm_q8", k, 2, global, local);
+  quantized_ = QuantizedInput{
+      true, arena, out_off, out_stride, dim, t.begin, t.end, static_cast<uint32_t>(bits), zp_shift};
+  return e;
+}
+
+cl_event GpuKernels::swiglu_quantize(cl_mem arena, uint64_t g_off, uint32_t g_stride,
+                                     uint64_t u_off, uint32_t u_stride, uint64_t out_off,
+                                     uint32_t out_stride, uint32_t cols, TokenRange t,
+                                     const MatmulArgs& next) {
+  if (!quantizes_input(next) || next.tokens.begin != t.begin || next.tokens.end != t.end ||
+      next.x_off != out_off || next.x_stride != out_stride || next.k != cols)
+    throw Error(Errc::invalid_argument,
+                "gpu_svc: swiglu_quantize's matmul does not read the product's rows on the "
+                "integer path");
+  forget_quantized_input();
+  const auto [bits, zp_shift] = int8_bits_zp(next);
+  reserve_int8_tiles(cols, t.count());
+  cl_kernel k = dev_.kernel("swiglu_q8");
+  set_args(k, arena, cl_ulong{g_off}, cl_uint{g_stride}, cl_ulong{u_off}, cl_uint{u_stride},
+           cl_ulong{out_off}, cl_uint{out_stride}, cl_uint{cols}, cl_uint{t.begin}, cl_uint{t.end},
+           int8_tiles_, cl_uint{static_cast<uint32_t>(bits)}, cl_uint{zp_shift});
+  // quantize_q8_act's range: a work-item per block and token.
+  const size_t global[2] = {cols / static_cast<size_t>(kQK), t.count()};
+  cl_event e = launch("swiglu_q8", k, 2, global, nullptr);
+  quantized_ = QuantizedInput{true,    arena,   out_off, out_stride,
+                              cols,    t.begin, t.end,   static_cast<uint32_t>(bits),
+                              zp_shift};
+  return e;
+}
+
+cl_event GpuKernels::rope_pair(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t x_heads,
+                               uint64_t y_off, uint32_t y_stride, uint32_t y_heads,
+                               uint32_t head_dim, const RopeArgs& r, uint64_t tok_off,
+                               TokenRange t) {
+  if (dev_.info().type != "cpu")
+    throw Error(Errc::unsupported, "gpu_svc: rope_pair is the CPU devices' kernel");
+  forget_quantized_input();
+  cl_kernel k = dev_.kernel("rope_heads_pair");
+  set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{x_heads}, cl_ulong{y_off},
+           cl_uint{y_stride}, cl_uint{y_heads}, cl_uint{head_dim}, cl_float{r.freq_base},
+           cl_ulong{tok_off}, cl_uint{t.begin}, cl_uint{t.count()}, cl_float{r.freq_scale},
+           cl_uint{r.mode}, r.w, cl_ulong{r.factors_off}, cl_uint{r.has_factors ? 1u : 0u});
+  // rope()'s range on CPU devices: a work-item per pair and kRopeTokensPerItem tokens.
+  const size_t global[2] = {head_dim / 2u,
+                            (t.count() + kRopeTokensPerItem - 1) / kRopeTokensPerItem};
+  return launch("rope_heads_pair", k, 2, global, nullptr);
+}
+
+}  // namespace duet::gpu

@@ -1,0 +1,125 @@
+#include "services/gpu_svc/op_fusion.h"
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace duet::gpu {
+namespace {
+
+bool same_tensor(const fb::TensorRef* a, const fb::TensorRef* b) {
+  return a && b && a->segment() == b->segment() && a->offset() == b->offset() &&
+         a->cols() == b->cols();
+}
+
+// Whether ops[i] can be folded into the launch of the op before it: nothing makes the host stop
+// between them (a wait on another device's flag) and it covers every token of the step.
+bool joinable(const fb::OpT& op) {
+  return op.wait_flags.empty() && op.seq_begin == 0 && op.seq_end == 0;
+}
+
+// A matmul reading `in` on every token (its quantised input can come from the fused launch).
+bool matmul_of(const fb::OpT& op, const fb::TensorRef* in) {
+  return (op.kind == fb::OpKind::MatMul || op.kind == fb::OpKind::Logits) && op.weight &&
+         joinable(op) && same_tensor(op.in0.get(), in);
+}
+
+bool norm_feeding_matmul(const fb::OpT& norm, const fb::OpT& mm) {
+  return norm.kind == fb::OpKind::RmsNorm && norm.publish_flag < 0 && norm.in0 && norm.out &&
+         norm.weight && norm.in0->cols() == norm.out->cols() && norm.out->cols() % 32 == 0 &&
+         matmul_of(mm, norm.out.get());
+}
+
+bool same_rope(const fb::OpT& a, const fb::OpT& b) {
+  const bool factors = a.freq_factors != nullptr;
+  return a.freq_base == b.freq_base && a.freq_scale == b.freq_scale && a.rope_mode == b.rope_mode &&
+         a.head_dim == b.head_dim && factors == (b.freq_factors != nullptr) &&
+         (!factors || a.freq_factors->offset() == b.freq_factors->offset());
+}
+
+}  // namespace
+
+std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog) {
+  const auto& ops = prog.ops;
+  std::vector<FusedGroup> plan(ops.size());
+  for (size_t i = 0; i < ops.size();) {
+    const fb::OpT& op = *ops[i];
+    const fb::OpT* next = i + 1 < ops.size() ? ops[i + 1].get() : nullptr;
+    const fb::OpT* after = i + 2 < ops.size() ? ops[i + 2].get() : nullptr;
+    FusedGroup g;
+    if (op.kind == fb::OpKind::Add && op.publish_flag < 0 && op.in0 && op.in1 && op.out && next &&
+        after && joinable(*next) && same_tensor(next->in0.get(), op.out.get()) &&
+        op.in0->cols() == op.out->cols() && op.in1->cols() == op.out->cols() &&
+        norm_feeding_matmul(*next, *after)) {
+      g = {Fusion::add_norm_quantize, 2};
+    } else if (op.kind == fb::OpKind::RmsNorm && next && norm_feeding_matmul(op, *next)) {
+      g = {Fusion::norm_quantize, 1};
+    } else if (op.kind == fb::OpKind::SwiGlu && op.publish_flag < 0 &&
+               op.ffn_act == static_cast<uint8_t>(ops::FfnAct::silu) && op.in0 && op.in1 &&
+               op.out && op.out->cols() % 32 == 0 && op.in0->cols() == op.out->cols() &&
+               op.in1->cols() == op.out->cols() && next && matmul_of(*next, op.out.get())) {
+      g = {Fusion::swiglu_quantize, 1};
+    } else if (op.kind == fb::OpKind::Rope && op.publish_flag < 0 && op.in0 && next &&
+               next->kind == fb::OpKind::Rope && joinable(*next) && next->in0 &&
+               same_rope(op, *next) && !same_tensor(op.in0.get(), next->in0.get())) {
+      g = {Fusion::rope_pair, 2};
+    }
+    plan[i] = g;
+    i += g.ops;  // a *_quantize group's matmul opens no group: planning goes on from it
+  }
+  return plan;
+}
+
+cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, FusedGroup g,
+                      cl_mem arena, cl_mem weights, uint64_t tok_off, TokenRange all,
+                      const MatmulArgs* next) {
+  const fb::OpT& op = *prog.ops[i];
+  switch (g.kind) {
+    case Fusion::add_norm_quantize:
+    case Fusion::norm_quantize: {
+      if (!next || !kernels.quantizes_input(*next)) return nullptr;
+      const fb::OpT& norm = g.kind == Fusion::norm_quantize ? op : *prog.ops[i + 1];
+      std::optional<GpuKernels::ResidualAdd> add;
+      if (g.kind == Fusion::add_norm_quantize)
+        add = GpuKernels::ResidualAdd{op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                                      op.in1->cols()};
+      return kernels.add_rmsnorm_quantize(
+          arena, add, norm.in0->offset(), norm.in0->cols(), norm.out->offset(), norm.out->cols(),
+          weights, norm.weight->offset(), norm.in0->cols(), norm.eps, all, *next);
+    }
+    case Fusion::swiglu_quantize:
+      if (!next || !kernels.quantizes_input(*next)) return nullptr;
+      return kernels.swiglu_quantize(arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+                                     op.in1->cols(), op.out->offset(), op.out->cols(),
+                                     op.out->cols(), all, *next);
+    case Fusion::rope_pair: {
+      if (kernels.device().info().type != "cpu") return nullptr;
+      const fb::OpT& k = *prog.ops[i + 1];
+      RopeArgs r;
+      r.freq_base = op.freq_base;
+      r.freq_scale = op.freq_scale;
+      r.mode = op.rope_mode;
+      r.w = weights;
+      r.has_factors = op.freq_factors != nullptr;
+      if (op.freq_factors) r.factors_off = op.freq_factors->offset();
+      return kernels.rope_pair(arena, op.in0->offset(), op.in0->cols(), op.n_heads, k.in0->offset(),
+                               k.in0->cols(), k.n_heads, op.head_dim, r, tok_off, all);
+    }
+    case Fusion::none:
+      break;
+  }
+  return nullptr;
+}
+
+bool fusion_from_env() {
+  const char* v = std::getenv("DUET_GPU_FUSE");
+  if (!v || !*v || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  throw Error(Errc::invalid_argument,
+              std::string("gpu_svc: DUET_GPU_FUSE='") + v + "' is not 0 or 1");
+}
+
+}  // namespace duet::gpu

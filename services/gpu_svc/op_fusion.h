@@ -1,0 +1,48 @@
+#pragma once
+// Which consecutive ops of a program gpu_svc launches as one kernel on the CPU integer path
+// (GpuKernels' fused launches, gpu_kernels_fused.cpp). A llama decode step is ~20 launches per
+// layer; on PoCL each one wakes the worker threads and waits for the slowest, which costs more
+// than the per-token ops' own work. Four groups per layer are fused:
+//   add_norm_quantize: Add (the residual), RmsNorm of its output, the matmul reading the norm
+//                      (its input quantisation rides along; the matmul itself still launches)
+//   norm_quantize:     RmsNorm, the matmul reading it (the first layer's, after Embed)
+//   swiglu_quantize:   SwiGlu (silu), the down matmul reading it
+//   rope_pair:         Rope of Q, Rope of K (same parameters): one launch
+// Fused ops give the same bits as the ops apart (the tests check it), so whether a step fused
+// never changes its tokens. A group never spans a cross-device wait or a published flag (the
+// other device must see each op's output when its flag says so), nor a token sub-range.
+// DUET_GPU_FUSE=0 turns fusion off (fusion_from_env).
+#include <cstdint>
+#include <vector>
+
+#include "core/program.h"
+#include "services/gpu_svc/gpu_kernels.h"
+
+namespace duet::gpu {
+
+enum class Fusion : uint8_t { none, add_norm_quantize, norm_quantize, swiglu_quantize, rope_pair };
+
+struct FusedGroup {
+  Fusion kind = Fusion::none;
+  // The ops the one launch replaces, from this one (1: the op alone). For the *_quantize kinds
+  // the op right after them is the matmul whose input quantisation rides along: it is still
+  // launched on its own, then skipping its quantisation.
+  uint32_t ops = 1;
+};
+
+// Per op of `prog`: the group starting there (Fusion::none where none starts). Whether that
+// matmul takes the integer path (so that the *_quantize kinds apply) is the runner's check at
+// run time (GpuKernels::quantizes_input), with the ops apart as the fallback.
+std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog);
+
+// Enqueues group g at prog.ops[i] through `kernels`: its event, or null when the ops must run
+// apart after all (`next`, the args of the matmul after a *_quantize group, is not on the integer
+// path). arena/weights/tok_off as the runner passes them to the kernels; `all`: the step's tokens.
+cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, FusedGroup g,
+                      cl_mem arena, cl_mem weights, uint64_t tok_off, TokenRange all,
+                      const MatmulArgs* next);
+
+// DUET_GPU_FUSE: unset or "1" on, "0" off; anything else throws invalid_argument.
+bool fusion_from_env();
+
+}  // namespace duet::gpu
