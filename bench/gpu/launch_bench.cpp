@@ -21,8 +21,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/error.h"
+#include "core/base/error.h"
+#include "core/model/dtype.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
 

@@ -3,7 +3,7 @@
 // waits for the slowest; these do the work of two or three of them in one, with the same bits.
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "services/gpu_svc/gpu_kernels.h"
 
 namespace duet::gpu {

@@ -4,8 +4,8 @@
 #include <optional>
 #include <string>
 
-#include "core/error.h"
-#include "core/ops.h"
+#include "core/base/error.h"
+#include "core/model/ops.h"
 
 namespace duet::gpu {
 namespace {

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/program.h"
+#include "core/program/program.h"
 #include "services/gpu_svc/gpu_kernels.h"
 
 namespace duet::gpu {

@@ -10,10 +10,10 @@
 #include <map>
 #include <string>
 
-#include "core/error.h"
-#include "core/model.h"
-#include "core/program.h"
-#include "core/shapes.h"
+#include "core/base/error.h"
+#include "core/model/model.h"
+#include "core/model/shapes.h"
+#include "core/program/program.h"
 #include "services/gpu_svc/gpu_runner.h"
 #include "services/gpu_svc/op_fusion.h"
 #include "tests/gpu/gpu_test_util.h"
