@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "services/gpu_svc/tiled_weights.h"
 #include "services/gpu_svc/weight_pack.h"
 
@@ -45,8 +46,7 @@ bool host_has_vnni() {
 }
 
 bool env_off(const char* name) {
-  const char* e = std::getenv(name);
-  return e && std::string(e) == "0";
+  return setting_text(name) == "0";
 }
 
 // PoCL's own choice (pocl_default_local_size_optimizer) of a group along one dimension of
@@ -88,12 +88,11 @@ GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type ==
     } catch (const Error&) {  // built by clang only (attention.cl)
     }
   }
-  if (const char* e = std::getenv("DUET_GPU_INT8_ACT_BITS"); e && *e) {
+  if (const auto e = setting_override("DUET_GPU_INT8_ACT_BITS")) {
     try {
-      set_int8_act_bits(std::string(e));
+      set_int8_act_bits(*e);
     } catch (const Error& err) {
-      throw Error(Errc::invalid_argument,
-                  std::string("DUET_GPU_INT8_ACT_BITS='") + e + "': " + err.what());
+      throw Error(Errc::invalid_argument, "DUET_GPU_INT8_ACT_BITS='" + *e + "': " + err.what());
     }
   }
 }
