@@ -11,32 +11,12 @@
 
 #include "core/base/error.h"
 #include "core/base/settings.h"
+#include "services/gpu_svc/kernel_args.h"
 #include "services/gpu_svc/tiled_weights.h"
 #include "services/gpu_svc/weight_pack.h"
 
 namespace duet::gpu {
 namespace {
-
-struct LocalBytes {
-  size_t n;
-};
-
-void set_arg(cl_kernel k, cl_uint i, const LocalBytes& v) {
-  check_cl(clSetKernelArg(k, i, v.n, nullptr), "clSetKernelArg(local)");
-}
-template <typename T>
-void set_arg(cl_kernel k, cl_uint i, const T& v) {
-  check_cl(clSetKernelArg(k, i, sizeof(T), &v), "clSetKernelArg");
-}
-template <typename... A>
-void set_args(cl_kernel k, const A&... a) {
-  cl_uint i = 0;
-  (set_arg(k, i++, a), ...);
-}
-
-size_t round_up(size_t v, size_t m) {
-  return (v + m - 1) / m * m;
-}
 
 bool host_has_vnni() {
 #if defined(__x86_64__)
