@@ -273,7 +273,8 @@ std::vector<std::vector<unsigned char>> read_binaries(const std::string& path, s
 
 void ClDevice::build_program(const DeviceOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string build_options = "-cl-std=CL1.2 -cl-mad-enable";
+  const std::string build_options = std::string("-cl-std=CL1.2 -cl-mad-enable") +
+                                    (options.gemv_tuning ? " -DDUET_GEMV_TUNING" : "");
   const std::vector<cl_device_id> devs = devices();
   uint64_t h = 1469598103934665603ull;
   for (const std::string& s :

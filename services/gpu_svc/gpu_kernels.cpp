@@ -471,10 +471,20 @@ cl_event GpuKernels::matmul(cl_mem arena, const MatmulArgs& a) {
 }
 
 void GpuKernels::set_gemv_variant(const std::string& variant) {
-  const bool known = std::any_of(std::begin(kGemvVariants), std::end(kGemvVariants),
+  const bool known = std::any_of(std::begin(kGemvTuningVariants), std::end(kGemvTuningVariants),
                                  [&](const char* v) { return variant == v; });
   if (!variant.empty() && !known)
     throw Error(Errc::invalid_argument, "gpu_svc: no GEMV variant '" + variant + "'");
+  if (!variant.empty()) {
+    try {
+      (void)dev_.kernel("gemv_vec_f32_" + variant);
+    } catch (const Error&) {
+      throw Error(Errc::invalid_argument,
+                  "gpu_svc: GEMV variant '" + variant +
+                      "' is a tuning variant, built only with DeviceOptions::gemv_tuning "
+                      "(gpu_bench --gemv-variants opens its device so)");
+    }
+  }
   gemv_variant_ = variant;
 }
 
