@@ -21,12 +21,13 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/stack_settings.h"
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "core/ipc/messaging.h"
 #include "core/ipc/run_dir.h"
+#include "core/ipc/stack_config.h"
 #include "core/ipc/stack_record.h"
-#include "core/model/kv_budget.h"
-#include "core/model/model.h"
 
 extern char** environ;
 
@@ -36,8 +37,6 @@ using namespace duet;
 using namespace std::chrono_literals;
 
 constexpr const char* kDefaultModel = "models/fortune-q8_0.gguf";
-// The frontend's running requests (FrontendOptions::max_running): what the KV pool is capped by.
-constexpr int kStackMaxRunning = 16;
 
 struct StackArgs {
   std::string stack;
@@ -50,6 +49,8 @@ struct StackArgs {
   std::string api_key_file;  // http_svc's bearer key
   std::string kv_memory;     // the KV pool's budget (core/model/kv_budget.h); empty: the default
   std::string kv_type;       // f16 (default), f32 or q8_0
+  std::string config;        // a stack.toml of settings (core/ipc/stack_config.h)
+  bool keys = false;         // `stack config --keys`: the registry, not a stack
   int timeout_s = 30;
   int max_restarts = 5;
   int restart_window_ms = 10000;
@@ -60,8 +61,7 @@ struct StackArgs {
 };
 
 std::string default_stack() {
-  const char* env = std::getenv("DUET_STACK");
-  return env && *env ? env : std::string(kDefaultStackId);
+  return setting_override("DUET_STACK").value_or(std::string(kDefaultStackId));
 }
 
 std::string run_dir_of(const std::string& stack) {
@@ -133,8 +133,8 @@ std::string resolve_soc(const std::string& soc) {
     return absolute_path(soc);
   }
   std::vector<std::string> tried;
-  if (const char* dir = std::getenv("DUET_SOC_DIR"); dir && *dir)
-    tried.push_back(std::string(dir) + "/" + soc + ".toml");
+  if (const auto dir = setting_override("DUET_SOC_DIR"))
+    tried.push_back(*dir + "/" + soc + ".toml");
   tried.push_back("deploy/soc/" + soc + ".toml");
   tried.push_back(executable_dir() + "/../../deploy/soc/" + soc + ".toml");
   for (const auto& p : tried)
@@ -238,59 +238,20 @@ std::optional<std::string> read_ready_line(int fd, std::chrono::seconds timeout,
   }
 }
 
-// Plans the KV pool the frontend will make (core/model/kv_budget.h) before anything starts, so that
-// a setting the stack cannot serve (a budget too small for one sequence of the context, a pool
-// larger than /dev/shm) is refused here with the reason instead of failing requests later. The
-// budget goes to the frontend in bytes (DUET_KV_MEMORY): a restarted frontend makes the same
-// pool. Returns the line `up` prints about it.
-std::string plan_kv(const StackArgs& a, const std::string& model) {
-  const char* env_budget = std::getenv("DUET_KV_MEMORY");
-  const bool default_budget = a.kv_memory.empty() && !(env_budget && *env_budget);
-  const uint64_t budget = !a.kv_memory.empty()        ? parse_memory_size(a.kv_memory)
-                          : env_budget && *env_budget ? parse_memory_size(env_budget)
-                                                      : default_kv_memory_bytes();
-  setenv("DUET_KV_MEMORY", std::to_string(budget).c_str(), 1);
-  const char* env_plan = std::getenv("DUET_PLAN");
-  const std::string plan = !a.plan.empty() ? a.plan : env_plan && *env_plan ? env_plan : "auto";
-  if (plan == "reference") return "";
-  const char* env_ctx = std::getenv("DUET_MAX_CTX");
-  const int max_ctx = env_ctx && *env_ctx ? std::atoi(env_ctx) : 0;
-  const char* env_agent = std::getenv("DUET_AGENT");
-  const int sharers = env_agent && std::string(env_agent) == "off" ? 1 : 2;
-  const char* env_type = std::getenv("DUET_KV_TYPE");
-  const std::string type_text = !a.kv_type.empty()      ? a.kv_type
-                                : env_type && *env_type ? env_type
-                                                        : "f16";
-  const DType kv_type = parse_kv_type(type_text);
-  setenv("DUET_KV_TYPE", type_text.c_str(), 1);
-  KvPoolPlan kv;
-  try {
-    KvPoolRequest request =
-        kv_pool_request(LlamaModel::load(model)->hp(), max_ctx, kStackMaxRunning, sharers, budget);
-    request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
-    request.values_per_block = static_cast<uint32_t>(dtype_block_elems(kv_type));
-    kv = plan_kv_pool(request);
-  } catch (const Error& e) {
-    // The default budget is capped by /dev/shm's free space: name the real shortage.
-    const std::string shm_note = default_budget && budget >= shm_free_bytes()
-                                     ? " (the default budget is /dev/shm's free space, " +
-                                           format_bytes(budget) + ": free or enlarge /dev/shm)"
-                                     : "";
-    throw Error(e.code(), "cannot start stack " + a.stack + ": " + e.what() + shm_note);
-  }
-  const uint64_t shm_free = shm_free_bytes();
-  if (kv.pool_bytes > shm_free)
-    throw Error(Errc::invalid_argument,
-                "cannot start stack " + a.stack + ": its KV pool (" + kv.summary() + ") needs " +
-                    format_bytes(kv.pool_bytes) + " of /dev/shm, which has " +
-                    format_bytes(shm_free) + " free: give a smaller --kv-memory");
-  return "KV pool: " + kv.summary() + " of " + std::string(dtype_name(kv_type)) + ", budget " +
-         format_bytes(budget);
-}
-
 void stack_up(const StackArgs& a) {
   validate_stack_id(a.stack);
   const std::string run_dir = run_dir_of(a.stack);
+  // The settings: the file's, then DUET_* variables, then flags; a bad key or value stops here.
+  // The file's and flags' values go to the services through the supervisor's environment.
+  const std::string config = a.config.empty() ? "" : absolute_path(a.config);
+  if (!config.empty() && !exists(config))
+    throw Error(Errc::not_found, "config file '" + a.config + "' does not exist");
+  const std::vector<EffectiveSetting> settings =
+      resolve_stack_settings(config, {{"DUET_PLAN", a.plan},
+                                      {"DUET_TIMING", a.timing},
+                                      {"DUET_KV_MEMORY", a.kv_memory},
+                                      {"DUET_KV_TYPE", a.kv_type}});
+  export_stack_settings(settings);
   std::string model = absolute_path(a.model);
   // The default is relative to the repo root: found from elsewhere next to the build too.
   if (a.model == kDefaultModel && !exists(model))
@@ -305,7 +266,7 @@ void stack_up(const StackArgs& a) {
     throw Error(Errc::not_found,
                 "API key file '" + a.api_key_file + "' does not exist or is not readable");
 
-  const std::string kv_note = plan_kv(a, model);
+  const std::string kv_note = cli::plan_stack_kv(a.stack, model, a.plan, a.kv_memory, a.kv_type);
   // The supervisor passes its environment on to the services.
   if (!a.plan.empty()) setenv("DUET_PLAN", a.plan.c_str(), 1);
   if (!a.timing.empty()) setenv("DUET_TIMING", a.timing.c_str(), 1);
@@ -318,6 +279,10 @@ void stack_up(const StackArgs& a) {
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
   if (line && line->starts_with("ok")) {
+    // What `duet stack config` prints; the run dir is removed at `down`.
+    nlohmann::json record = stack_settings_json(settings);
+    record["config_file"] = config;
+    std::ofstream(stack_settings_path(run_dir)) << record.dump(2) << "\n";
     std::printf(
         "stack %s is up: %d services healthy in %lld ms (supervisor pid %d, run dir %s)%s%s\n",
         a.stack.c_str(), a.http.empty() ? 4 : 5, static_cast<long long>(ms), pid, run_dir.c_str(),
@@ -536,6 +501,9 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
                  "KV cache values: f16 (default, as llama.cpp), f32 or q8_0 (ggml's blocks of 32, "
                  "34/32 bytes a value; env DUET_KV_TYPE)")
       ->check(CLI::IsMember({"f16", "f32", "q8_0"}));
+  up->add_option("--config", args->config,
+                 "a TOML file of settings (`duet stack config --keys` lists them); flags and "
+                 "DUET_* variables override it");
   up->add_option("--timeout", args->timeout_s, "seconds to wait for healthy")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
@@ -571,6 +539,18 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
       ->required();
   restart->add_option("--timeout", args->timeout_s, "seconds to wait")->capture_default_str();
   restart->callback([args] { stack_restart(*args); });
+
+  auto* config = stack->add_subcommand(
+      "config",
+      "the stack's effective settings and where each came from (default, file, env, flag)");
+  add_stack_opt(config);
+  config->add_flag("--json", args->json, "print the settings record as JSON");
+  config->add_flag("--keys", args->keys, "list every key a config file may set, as Markdown");
+  config->callback([args] {
+    if (args->keys) return cli::print_setting_keys();
+    validate_stack_id(args->stack);
+    cli::print_stack_config(run_dir_of(args->stack), args->stack, args->json);
+  });
 
   auto* logs = stack->add_subcommand("logs", "print the end of a service's log");
   add_stack_opt(logs);

@@ -7,6 +7,8 @@
 // Time: a virtual clock advances by each step's time (measured wall time, or modelled) and jumps
 // over idle gaps; arrival rates are per trace minute, and --compress squeezes the trace so that a
 // tiny model sees a load like a real one's (1 trace minute = 60 / compress seconds).
+// Over 600 lines (issue 26): one driver whose options, trace generation and report share one
+// config; the backends are already apart (agent_backends.cpp, stack_driver.cpp).
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>

@@ -25,7 +25,7 @@ for t in ${TESTS:-gpu_kernels_test gpu_packed_test gpu_runner_test gpu_service_t
   echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "/tmp/$t.log" | tr '\n' ' ')"
 done
 [ "${BENCH:-1}" = 0 ] && exit $status  # conformance only
-variants=l32r2,l32r4,l32r8,l16r8,l64r4,l128r4,l16r4p,l16r8p,l32r4p,l32r8p,l64r4p,l16r4x,l16r8x,l32r4x,l64r4x  # GpuKernels::kGemvVariants, side by side
+variants=l32r2,l32r4,l32r8,l16r8,l64r4,l128r4,l16r4p,l16r8p,l32r4p,l32r8p,l64r4p,l16r4x,l16r8x,l32r4x,l64r4x  # GpuKernels::kGemvTuningVariants, side by side
 "$dev/bin/gpu_bench" --reps 20 --gemv-rows 28672 --gemm-tokens 256 --copy-mb 1024 \
   --gemv-variants $variants >"$out/bench.json" 2>"$out/bench.err" || status=1
 # The down projection's shape too (long rows: [4096, 14336]).

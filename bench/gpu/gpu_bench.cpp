@@ -20,6 +20,7 @@
 #include <chrono>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -221,7 +222,14 @@ int main(int argc, char** argv) {
   app.add_option("--path-shapes", path_shapes, "ROWSxCOLS")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
-    auto& dev = duet::gpu::shared_device();
+    // --gemv-variants compares the tuning variants, which only a device opened for them builds.
+    std::unique_ptr<duet::gpu::ClDevice> tuning_dev;
+    if (!gemv_variants.empty()) {
+      duet::gpu::DeviceOptions options;
+      options.gemv_tuning = true;
+      tuning_dev = duet::gpu::ClDevice::open(options);
+    }
+    auto& dev = tuning_dev ? *tuning_dev : duet::gpu::shared_device();
     duet::gpu::GpuKernels kernels(dev);
     if (!path_tokens.empty()) {
       nlohmann::json out;

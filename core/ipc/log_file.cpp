@@ -10,22 +10,11 @@
 #include <string>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "core/ipc/run_dir.h"
 
 namespace duet {
 namespace {
-
-uint64_t env_number(const char* name, uint64_t fallback, uint64_t min, uint64_t max) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (errno != 0 || *end != '\0' || n < min || n > max)
-    throw Error(Errc::invalid_argument, std::string(name) + "='" + v + "' is not a number in [" +
-                                            std::to_string(min) + ", " + std::to_string(max) + "]");
-  return n;
-}
 
 // fd 2 writes to `path` (the supervisor redirected our stdio into our log).
 bool stderr_is(const std::string& path) {
@@ -39,8 +28,9 @@ bool stderr_is(const std::string& path) {
 
 LogLimits LogLimits::from_env() {
   LogLimits l;
-  l.max_bytes = env_number("DUET_LOG_MAX_BYTES", l.max_bytes, 4096, 1ull << 40);
-  l.files = static_cast<uint32_t>(env_number("DUET_LOG_FILES", l.files, 1, 100));
+  // The registry's defaults are LogLimits' own (core/base/settings.cpp).
+  l.max_bytes = static_cast<uint64_t>(setting_int("DUET_LOG_MAX_BYTES"));
+  l.files = static_cast<uint32_t>(setting_int("DUET_LOG_FILES"));
   return l;
 }
 

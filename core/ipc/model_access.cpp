@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 
 namespace duet {
 namespace {
@@ -42,8 +43,8 @@ std::vector<std::string> model_dirs_for(const std::string& model_path,
     if (!ec) dirs.push_back(real.parent_path().string());
   }
   dirs.insert(dirs.end(), extra_dirs.begin(), extra_dirs.end());
-  if (const char* env = std::getenv("DUET_MODEL_DIRS")) {
-    std::stringstream ss(env);
+  if (const auto env = setting_override("DUET_MODEL_DIRS")) {
+    std::stringstream ss(*env);
     for (std::string d; std::getline(ss, d, ':');)
       if (!d.empty()) dirs.push_back(d);
   }

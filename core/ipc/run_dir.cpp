@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 
 namespace duet {
 
@@ -76,7 +77,7 @@ void validate_stack_id(std::string_view stack_id) {
 }
 
 std::string run_root() {
-  if (const char* root = std::getenv("DUET_RUN_ROOT"); root && *root) return root;
+  if (const auto root = setting_override("DUET_RUN_ROOT")) return *root;
   if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg && *xdg) return join(xdg, "duet");
   return "/tmp/duet-" + std::to_string(getuid());
 }

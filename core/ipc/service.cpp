@@ -1,5 +1,6 @@
 #include "core/ipc/service.h"
 
+#include "core/base/settings.h"
 #include "core/ipc/log_file.h"
 #include "core/ipc/model_access.h"
 
@@ -32,9 +33,9 @@ void on_stop_signal(int) {
 }
 
 bool crash_requested(std::string_view name) {
-  const char* v = std::getenv("DUET_CRASH_AT_START");
+  const auto v = setting_override("DUET_CRASH_AT_START");
   if (!v) return false;
-  std::string_view list = v;
+  std::string_view list = *v;
   while (!list.empty()) {
     size_t comma = list.find(',');
     if (list.substr(0, comma) == name) return true;
@@ -266,8 +267,8 @@ int service_main(int argc, char** argv, ServiceId id,
   // A service outlives its supervisor (issue 22): the next `duet stack up` adopts it from the
   // supervisor's record (core/ipc/stack_record.h) and `duet stack down` stops it. Only a supervisor
   // that died before this process got here means a start nobody will record: exit then.
-  if (const char* sup = std::getenv("DUET_SUPERVISOR_PID")) {
-    if (std::to_string(getppid()) != sup) return 1;
+  if (const auto sup = setting_override("DUET_SUPERVISOR_PID")) {
+    if (std::to_string(getppid()) != *sup) return 1;
   }
   if (crash_requested(exe)) {
     std::fprintf(stderr, "%s: crashing at start (test hook DUET_CRASH_AT_START)\n", exe.c_str());

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "core/model/model.h"
 
 namespace duet {
@@ -93,34 +94,7 @@ KvPoolPlan plan_kv_pool(const KvPoolRequest& q) {
 }
 
 uint64_t parse_memory_size(std::string_view text) {
-  const auto bad = [&] {
-    return Error(Errc::invalid_argument,
-                 "memory size '" + std::string(text) +
-                     "' is not a size (a number with an optional K, M, G or T suffix, e.g. 4G)");
-  };
-  std::string s(text);
-  size_t end = 0;
-  double value = 0;
-  try {
-    value = std::stod(s, &end);
-  } catch (const std::exception&) {
-    throw bad();
-  }
-  std::string unit = s.substr(end);
-  std::transform(unit.begin(), unit.end(), unit.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
-  double scale = 1;
-  if (!unit.empty() && unit != "B") {
-    const std::string units = "KMGT";
-    const size_t at = units.find(unit[0]);
-    const std::string rest = unit.substr(1);
-    if (at == std::string::npos || !(rest.empty() || rest == "B" || rest == "I" || rest == "IB"))
-      throw bad();
-    scale = std::pow(1024.0, static_cast<double>(at + 1));
-  }
-  const double bytes = value * scale;
-  if (!std::isfinite(bytes) || bytes < 1 || bytes > 1e18) throw bad();
-  return static_cast<uint64_t>(bytes);
+  return parse_setting_size(text);  // one parser for --kv-memory and the kv.memory setting
 }
 
 DType parse_kv_type(std::string_view text) {

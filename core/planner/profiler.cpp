@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "core/ipc/messaging.h"
 #include "core/model/model.h"
 #include "core/planner/gpu_timing.h"
@@ -324,7 +325,7 @@ Profile run_profile(const ProfileSpec& spec, OpTimer& timer, const std::string& 
 }
 
 std::string duet_cache_dir() {
-  if (const char* d = std::getenv("DUET_CACHE_DIR"); d && *d) return d;
+  if (const auto d = setting_override("DUET_CACHE_DIR")) return *d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/duet";
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/duet";
   throw Error(Errc::not_found, "no cache directory: set DUET_CACHE_DIR, XDG_CACHE_HOME or HOME");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 
 namespace duet {
 namespace {
@@ -167,8 +168,8 @@ SocProfile load_soc_profile(std::string_view name_or_path) {
     candidates.emplace_back(arg);
   } else {
     const std::string file = arg + ".toml";
-    if (const char* env = std::getenv("DUET_SOC_DIR"); env && *env)
-      candidates.push_back(fs::path(env) / file);
+    if (const auto env = setting_override("DUET_SOC_DIR"))
+      candidates.push_back(fs::path(*env) / file);
     candidates.push_back(fs::path("deploy/soc") / file);
     if (const std::string dir = self_dir(); !dir.empty()) {
       candidates.push_back(fs::path(dir) / "../../deploy/soc" / file);

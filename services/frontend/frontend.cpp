@@ -1,4 +1,6 @@
 // Frontend: the client socket, request parsing and validation, replies and status.
+// Over 600 lines (issue 26): one responsibility, the client socket's protocol; split (parsing /
+// status) once the branches editing it this session have merged.
 #include "services/frontend/frontend.h"
 
 #include <algorithm>

@@ -1,4 +1,6 @@
 // Frontend: admission, the engine step, sampling, streaming and the end of a request.
+// Over 600 lines (issue 26): one responsibility, a request's path through a step; split (admission
+// / sampling and streaming) once the branches editing it this session have merged.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

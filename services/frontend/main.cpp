@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "core/ipc/service.h"
 #include "core/model/kv_budget.h"
 #include "core/model/model.h"
@@ -28,39 +29,11 @@ namespace {
 // engine's (0) and from the eval engines' (1, 2, ...).
 constexpr uint32_t kProactiveInstance = 99;
 
-// DUET_AGENT_RIDER_SLACK's default, chosen by measurement (bench/agent/RESULTS.md, 2026-11-22
-// 16:10 UTC section).
-constexpr double kDefaultRiderSlack = 0;
-// DUET_AGENT_PROACTIVE_STEP_TOKENS's default, chosen by measurement (same file, 2026-11-23).
-constexpr int kDefaultProactiveStepTokens = 256;
-
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
-
-// A number from the environment within [lo, hi]; anything else is refused by name.
-double env_number(const char* name, double fallback, double lo, double hi) {
-  const std::string v = env_or(name, "");
-  if (v.empty()) return fallback;
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (end == v.c_str() || *end != '\0' || !(x >= lo && x <= hi))
-    throw duet::Error(duet::Errc::invalid_argument,
-                      std::string("frontend: ") + name + "='" + v + "' is not a number in [" +
-                          std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return x;
-}
-
-// A whole number from the environment within [lo, hi] (64.5 is refused, not truncated).
-int env_int(const char* name, int fallback, int lo, int hi) {
-  const double x = env_number(name, fallback, lo, hi);
-  if (x != static_cast<double>(static_cast<int>(x)))
-    throw duet::Error(
-        duet::Errc::invalid_argument,
-        std::string("frontend: ") + name + "='" + env_or(name, "") + "' is not a whole number");
-  return static_cast<int>(x);
-}
+// Every DUET_* value below comes through the settings registry (core/base/settings.h): its
+// default, range and the error naming a bad value are in that one table.
+using duet::setting_int;
+using duet::setting_number;
+using duet::setting_text;
 
 }  // namespace
 
@@ -69,7 +42,7 @@ int main(int argc, char** argv) {
   const int rc =
       duet::service_main(argc, argv, duet::ServiceId::frontend, [&](duet::ServiceLoop& loop) {
         using namespace duet;
-        const std::string plan = env_or("DUET_PLAN", "auto");
+        const std::string plan = setting_text("DUET_PLAN");
         if (loop.options().model_path.empty())
           throw Error(Errc::invalid_argument, "frontend: --model is required");
         frontend::StackEngineConfig config;
@@ -78,20 +51,13 @@ int main(int argc, char** argv) {
         config.model_path = loop.options().model_path;
         config.soc = loop.options().soc;
         // Empty: the plan's own default (auto executes the measured plan, tensor the modelled).
-        config.timing = env_or("DUET_TIMING", "");
-        if (!config.timing.empty() && config.timing != "modeled" && config.timing != "measured")
-          throw Error(Errc::invalid_argument,
-                      "frontend: DUET_TIMING='" + config.timing + "' is not modeled or measured");
-        config.max_ctx = std::atoi(env_or("DUET_MAX_CTX", "0").c_str());
+        config.timing = setting_text("DUET_TIMING");
+        config.max_ctx = static_cast<int>(setting_int("DUET_MAX_CTX"));
         frontend::FrontendOptions options;
         config.max_seqs = options.max_running;
-        config.kv_type = parse_kv_type(env_or("DUET_KV_TYPE", "f16"));
-        const std::string prefix = env_or("DUET_KV_PREFIX", "on");
-        if (prefix != "on" && prefix != "off")
-          throw Error(Errc::invalid_argument,
-                      "DUET_KV_PREFIX=" + prefix + ": on (prefix sharing of KV pages) or off");
-        config.kv_prefix_sharing = prefix == "on";
-        const bool two_lanes = plan != "reference" && env_or("DUET_AGENT", "on") != "off";
+        config.kv_type = parse_kv_type(setting_text("DUET_KV_TYPE"));
+        config.kv_prefix_sharing = duet::setting_on("DUET_KV_PREFIX");
+        const bool two_lanes = plan != "reference" && setting_text("DUET_AGENT") != "off";
         // An engine for another plan (`eval --plan`) serves checks, not the stack's traffic: a
         // pool of two full sequences, not a second copy of the whole budget, which /dev/shm (the
         // default budget's cap) could not hold.
@@ -101,7 +67,7 @@ int main(int argc, char** argv) {
           // passes its budget in bytes, so a restarted frontend makes the same pool; run on its
           // own the frontend takes the default share of the memory available now. A context the
           // budget cannot hold one sequence of is refused here too: no request would ever run.
-          const std::string budget_text = env_or("DUET_KV_MEMORY", "");
+          const std::string budget_text = setting_text("DUET_KV_MEMORY");
           const uint64_t budget =
               budget_text.empty() ? default_kv_memory_bytes() : parse_memory_size(budget_text);
           KvPoolRequest request = kv_pool_request(
@@ -119,9 +85,9 @@ int main(int argc, char** argv) {
         }
         // Requests waiting beyond the running batch; one more is refused (Errc::busy) rather
         // than queued without bound. A long offered trace (agent_bench --max-queue) needs more.
-        options.max_queue = env_int("DUET_MAX_QUEUE", 64, 0, 1 << 20);
+        options.max_queue = static_cast<int>(setting_int("DUET_MAX_QUEUE"));
         // Steps kept for `duet trace` (a few words each; the devices keep their own 512).
-        options.trace_steps = static_cast<size_t>(env_int("DUET_TRACE_STEPS", 1024, 0, 1 << 20));
+        options.trace_steps = static_cast<size_t>(setting_int("DUET_TRACE_STEPS"));
         options.make_engine = [config, other_plan_kv_pages,
                                instance = 1u](const std::string& p) mutable {
           frontend::StackEngineConfig other = config;
@@ -131,38 +97,27 @@ int main(int argc, char** argv) {
         // Agent.xpu (issue 9): proactive requests run on an engine of their own whose steps a
         // reactive arrival preempts. DUET_AGENT=off serves every request on the one engine.
         // Algorithm 2's cap and the aging threshold (agent_bench --cap in stack mode).
-        options.agent.decode_cap = env_int("DUET_AGENT_DECODE_CAP", 3, 0, 1024);
-        options.agent.aging_ms = env_number("DUET_AGENT_AGING_MS", 30000, 1, 1e9);
+        options.agent.decode_cap = static_cast<int>(setting_int("DUET_AGENT_DECODE_CAP"));
+        options.agent.aging_ms = setting_number("DUET_AGENT_AGING_MS");
         // Slack-aware piggybacking (agent_policy.h): a proactive decoder rides in a step with
         // reactive work only while the step's predicted time stays within (1 + slack) of the
         // step without it; inf: the cap alone. The default is measured (bench/agent/RESULTS.md).
-        options.agent.rider_slack = env_number("DUET_AGENT_RIDER_SLACK", kDefaultRiderSlack, 0,
-                                               std::numeric_limits<double>::infinity());
+        options.agent.rider_slack = setting_number("DUET_AGENT_RIDER_SLACK");
         // Carrying (scheduler.h): proactive decoders in the proactive prefill step while no
         // reactive work runs; off (the default, measured): they decode in steps of their own.
-        auto on_off = [](const char* name, const char* fallback) {
-          const std::string v = env_or(name, fallback);
-          if (v != "on" && v != "off")
-            throw Error(Errc::invalid_argument,
-                        std::string("frontend: ") + name + "='" + v + "' is not on or off");
-          return v == "on";
-        };
-        options.agent.carry_decoders = on_off("DUET_AGENT_PROACTIVE_CARRY", "off");
+        options.agent.carry_decoders = duet::setting_on("DUET_AGENT_PROACTIVE_CARRY");
         // Proactive steps preemptible (the default) or plain (agent_policy.h).
-        options.agent.preempt_proactive = on_off("DUET_AGENT_PREEMPT", "on");
+        options.agent.preempt_proactive = duet::setting_on("DUET_AGENT_PREEMPT");
         // Overlap (agent_policy.h): the proactive prefill step beside the main engine's steps:
         // off (they take turns), proactive (beside proactive-only main steps), all (beside
         // reactive decode too; a reactive prefill parks it).
-        const std::string overlap = env_or("DUET_AGENT_OVERLAP", "off");
+        const std::string overlap = setting_text("DUET_AGENT_OVERLAP");
         if (overlap == "off")
           options.agent.overlap = frontend::agent::AgentConfig::Overlap::off;
         else if (overlap == "proactive")
           options.agent.overlap = frontend::agent::AgentConfig::Overlap::proactive;
-        else if (overlap == "all")
+        else  // "all": the registry takes nothing else
           options.agent.overlap = frontend::agent::AgentConfig::Overlap::all;
-        else
-          throw Error(Errc::invalid_argument, "frontend: DUET_AGENT_OVERLAP='" + overlap +
-                                                  "' is not off, proactive or all");
         if (overlap != "off" && options.agent.carry_decoders)
           throw Error(Errc::invalid_argument,
                       "frontend: DUET_AGENT_PROACTIVE_CARRY=on and DUET_AGENT_OVERLAP=" + overlap +
@@ -175,8 +130,8 @@ int main(int argc, char** argv) {
         // stack splits prefill across both devices (auto, tensor), the proactive engine runs
         // gpu-only; a stack pinned to one placement keeps it for both engines.
         const std::string proactive_plan =
-            env_or("DUET_AGENT_PROACTIVE_PLAN",
-                   plan == "auto" || plan == "tensor" ? "gpu-only" : plan.c_str());
+            duet::setting_override("DUET_AGENT_PROACTIVE_PLAN")
+                .value_or(plan == "auto" || plan == "tensor" ? "gpu-only" : plan);
         // The request journal (issue 22): a killed frontend's requests are adopted from it. The
         // engines are built over the KV pool as it was when a recovered request holds KV.
         if (plan != "reference") {
@@ -215,7 +170,7 @@ int main(int argc, char** argv) {
           // doubles the longest op; bench/agent/RESULTS.md, 2026-11-23 section).
           frontend::StackEngineConfig proactive = lanes;
           proactive.max_step_tokens =
-              env_int("DUET_AGENT_PROACTIVE_STEP_TOKENS", kDefaultProactiveStepTokens, 64, 512);
+              static_cast<int>(setting_int("DUET_AGENT_PROACTIVE_STEP_TOKENS"));
           options.make_proactive_engine = [proactive, proactive_plan] {
             return frontend::make_stack_engine(proactive, proactive_plan, kProactiveInstance);
           };

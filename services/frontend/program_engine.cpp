@@ -1,3 +1,5 @@
+// Over 600 lines (issue 26): one responsibility, driving the device services through a step;
+// split (registration / the step) once the branches editing it this session have merged.
 #include "services/frontend/program_engine.h"
 
 #include <algorithm>

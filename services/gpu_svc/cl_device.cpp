@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "services/gpu_svc/queue_picker.h"
 
 namespace duet::gpu {
@@ -58,7 +59,7 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
 }
 
 std::string default_cache_dir() {
-  if (const char* d = std::getenv("DUET_CACHE_DIR"); d && *d) return d;
+  if (const auto d = setting_override("DUET_CACHE_DIR")) return *d;
   if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/duet";
   if (const char* d = std::getenv("HOME"); d && *d) return std::string(d) + "/.cache/duet";
   return "";
@@ -142,8 +143,7 @@ std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
   check_cl(clGetPlatformIDs(n_platforms, platforms.data(), nullptr), "clGetPlatformIDs");
 
   std::string select = options.select;
-  if (select.empty())
-    if (const char* e = std::getenv("DUET_OPENCL_DEVICE"); e) select = e;
+  if (select.empty()) select = setting_text("DUET_OPENCL_DEVICE");
   auto devices_of = [](cl_platform_id p, cl_device_type t) {
     cl_uint n = 0;
     if (clGetDeviceIDs(p, t, 0, nullptr, &n) != CL_SUCCESS || n == 0)
@@ -205,9 +205,7 @@ std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
   in.host_unified = device_value<cl_bool>(dev->device_, CL_DEVICE_HOST_UNIFIED_MEMORY) == CL_TRUE;
   in.fp64 = in.extensions.find("cl_khr_fp64") != std::string::npos;
   dev->zero_copy_ = (type & CL_DEVICE_TYPE_CPU) || in.host_unified;
-  if (const char* e = std::getenv("DUET_GPU_FORCE_COPIES");
-      options.force_copies || (e && *e == '1'))
-    dev->zero_copy_ = false;
+  if (options.force_copies || setting_text("DUET_GPU_FORCE_COPIES") == "1") dev->zero_copy_ = false;
 
   // The narrow queue: PoCL's single-threaded driver beside its all-cores one (queue_picker.h).
   if (narrow_wanted && (type & CL_DEVICE_TYPE_CPU) && in.name.rfind("pthread", 0) == 0)
@@ -275,7 +273,8 @@ std::vector<std::vector<unsigned char>> read_binaries(const std::string& path, s
 
 void ClDevice::build_program(const DeviceOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string build_options = "-cl-std=CL1.2 -cl-mad-enable";
+  const std::string build_options = std::string("-cl-std=CL1.2 -cl-mad-enable") +
+                                    (options.gemv_tuning ? " -DDUET_GEMV_TUNING" : "");
   const std::vector<cl_device_id> devs = devices();
   uint64_t h = 1469598103934665603ull;
   for (const std::string& s :

@@ -52,6 +52,10 @@ struct DeviceOptions {
   // only when POCL_DEVICES names it: open() sets POCL_DEVICES="pthread basic" when it is unset
   // and the platform was not loaded yet in this process (a user's own POCL_DEVICES is kept).
   bool narrow = true;
+  // Also build the GEMV tuning variants (matmul_gpu.cl under DUET_GEMV_TUNING,
+  // GpuKernels::kGemvTuningVariants) for gpu_bench --gemv-variants: a second program, cached
+  // apart, ~4x the GEMV kernels of the default one, which holds only those GpuKernels picks.
+  bool gemv_tuning = false;
 };
 
 class ClDevice {

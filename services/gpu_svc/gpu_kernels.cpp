@@ -1,3 +1,5 @@
+// Over 600 lines (issue 26): the launch of every kernel (one wrapper each); split (matmul /
+// attention and KV) once the branches editing it this session have merged.
 #include "services/gpu_svc/gpu_kernels.h"
 
 #include <algorithm>
@@ -8,32 +10,13 @@
 #include <string>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
+#include "services/gpu_svc/kernel_args.h"
 #include "services/gpu_svc/tiled_weights.h"
 #include "services/gpu_svc/weight_pack.h"
 
 namespace duet::gpu {
 namespace {
-
-struct LocalBytes {
-  size_t n;
-};
-
-void set_arg(cl_kernel k, cl_uint i, const LocalBytes& v) {
-  check_cl(clSetKernelArg(k, i, v.n, nullptr), "clSetKernelArg(local)");
-}
-template <typename T>
-void set_arg(cl_kernel k, cl_uint i, const T& v) {
-  check_cl(clSetKernelArg(k, i, sizeof(T), &v), "clSetKernelArg");
-}
-template <typename... A>
-void set_args(cl_kernel k, const A&... a) {
-  cl_uint i = 0;
-  (set_arg(k, i++, a), ...);
-}
-
-size_t round_up(size_t v, size_t m) {
-  return (v + m - 1) / m * m;
-}
 
 bool host_has_vnni() {
 #if defined(__x86_64__)
@@ -45,8 +28,7 @@ bool host_has_vnni() {
 }
 
 bool env_off(const char* name) {
-  const char* e = std::getenv(name);
-  return e && std::string(e) == "0";
+  return setting_text(name) == "0";
 }
 
 // PoCL's own choice (pocl_default_local_size_optimizer) of a group along one dimension of
@@ -88,12 +70,11 @@ GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type ==
     } catch (const Error&) {  // built by clang only (attention.cl)
     }
   }
-  if (const char* e = std::getenv("DUET_GPU_INT8_ACT_BITS"); e && *e) {
+  if (const auto e = setting_override("DUET_GPU_INT8_ACT_BITS")) {
     try {
-      set_int8_act_bits(std::string(e));
+      set_int8_act_bits(*e);
     } catch (const Error& err) {
-      throw Error(Errc::invalid_argument,
-                  std::string("DUET_GPU_INT8_ACT_BITS='") + e + "': " + err.what());
+      throw Error(Errc::invalid_argument, "DUET_GPU_INT8_ACT_BITS='" + *e + "': " + err.what());
     }
   }
 }
@@ -509,10 +490,20 @@ cl_event GpuKernels::matmul(cl_mem arena, const MatmulArgs& a) {
 }
 
 void GpuKernels::set_gemv_variant(const std::string& variant) {
-  const bool known = std::any_of(std::begin(kGemvVariants), std::end(kGemvVariants),
+  const bool known = std::any_of(std::begin(kGemvTuningVariants), std::end(kGemvTuningVariants),
                                  [&](const char* v) { return variant == v; });
   if (!variant.empty() && !known)
     throw Error(Errc::invalid_argument, "gpu_svc: no GEMV variant '" + variant + "'");
+  if (!variant.empty()) {
+    try {
+      (void)dev_.kernel("gemv_vec_f32_" + variant);
+    } catch (const Error&) {
+      throw Error(Errc::invalid_argument,
+                  "gpu_svc: GEMV variant '" + variant +
+                      "' is a tuning variant, built only with DeviceOptions::gemv_tuning "
+                      "(gpu_bench --gemv-variants opens its device so)");
+    }
+  }
   gemv_variant_ = variant;
 }
 

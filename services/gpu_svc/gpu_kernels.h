@@ -99,12 +99,16 @@ class GpuKernels {
   // The cooperative GEMV for up to 4 tokens (default on GPUs; tests force it on PoCL too).
   void set_coop_gemv(bool on) { coop_gemv_ = on; }
   // The shape of the fast GPU GEMV (packed Q4_0/Q8_0, aligned F16/F32): "l<lanes>r<rows>[p|x]",
-  // one of kGemvVariants (matmul_gpu.cl instantiates those), or "" (the default) for the choice
-  // by shape measured on an H100 (bench/gpu/RESULTS.md). Throws invalid_argument for others.
+  // or "" (the default) for the choice by shape measured on an H100 (bench/gpu/RESULTS.md).
+  // kGemvVariants are the ones that choice makes, in every program; the others of
+  // kGemvTuningVariants only in a device opened with DeviceOptions::gemv_tuning (gpu_bench
+  // --gemv-variants). Throws invalid_argument for a name in neither list or one the device's
+  // program lacks.
   void set_gemv_variant(const std::string& variant);
-  static constexpr const char* kGemvVariants[] = {"l32r2",  "l32r4",  "l32r8",  "l16r8",  "l64r4",
-                                                  "l128r4", "l16r4p", "l16r8p", "l32r4p", "l32r8p",
-                                                  "l64r4p", "l16r4x", "l16r8x", "l32r4x", "l64r4x"};
+  static constexpr const char* kGemvVariants[] = {"l32r2", "l128r4", "l16r4x", "l64r4x"};
+  static constexpr const char* kGemvTuningVariants[] = {
+      "l32r2",  "l32r4",  "l32r8",  "l16r8",  "l64r4",  "l128r4", "l16r4p", "l16r8p",
+      "l32r4p", "l32r8p", "l64r4p", "l16r4x", "l16r8x", "l32r4x", "l64r4x"};
   ClDevice& device() { return dev_; }
   // The integer matmul path (see above). Turning it on where the device has no such kernels
   // (not a CPU device, or not x86) throws unsupported; set_int8_vnni(true) likewise where the

@@ -6,26 +6,9 @@
 
 #include "core/base/error.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "services/gpu_svc/kernel_args.h"
 
 namespace duet::gpu {
-namespace {
-
-size_t round_up(size_t v, size_t m) {
-  return (v + m - 1) / m * m;
-}
-
-template <typename T>
-void set_arg(cl_kernel k, cl_uint i, const T& v) {
-  check_cl(clSetKernelArg(k, i, sizeof(T), &v), "clSetKernelArg");
-}
-template <typename... A>
-void set_args(cl_kernel k, const A&... a) {
-  cl_uint i = 0;
-  (set_arg(k, i++, a), ...);
-}
-
-}  // namespace
-
 cl_event GpuKernels::matmul_kq(cl_mem arena, const MatmulArgs& a) {
   if (a.k % kQK_K != 0)
     throw Error(Errc::invalid_argument,

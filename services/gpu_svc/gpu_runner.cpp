@@ -1,3 +1,5 @@
+// Over 600 lines (issue 26): one responsibility, running a registered program's ops on the
+// device; split (weights / op dispatch) once the branches editing it this session have merged.
 #include "services/gpu_svc/gpu_runner.h"
 
 #include <algorithm>

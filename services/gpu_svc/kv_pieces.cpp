@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "core/program/program.h"
 
 namespace duet::gpu {
@@ -44,14 +45,9 @@ KvPieces map_kv_pieces(const fb::KvLayoutT& kv, const uint8_t* base, uint64_t kv
 }
 
 uint64_t kv_buffer_limit(uint64_t device_max_bytes) {
-  const char* env = std::getenv("DUET_GPU_KV_MAX_BUFFER");
-  if (!env || !*env) return device_max_bytes;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(env, &end, 10);
-  if (end == env || *end != '\0' || v == 0)
-    throw Error(Errc::invalid_argument, std::string("gpu_svc: DUET_GPU_KV_MAX_BUFFER='") + env +
-                                            "' is not a positive number of bytes");
-  return std::min<uint64_t>(device_max_bytes, v);
+  const auto v = setting_override("DUET_GPU_KV_MAX_BUFFER");  // checked: bytes >= 1
+  if (!v) return device_max_bytes;
+  return std::min<uint64_t>(device_max_bytes, std::stoull(*v));
 }
 
 const KvPiece& KvPieces::of_layer(uint32_t layer) const {

@@ -7,31 +7,16 @@
 #include <string>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 
 namespace duet::gpu {
 
 QueuePicker::Options QueuePicker::from_env() {
   Options o;
-  if (const char* v = std::getenv("DUET_GPU_NARROW"); v && *v) {
-    const std::string s = v;
-    if (s == "auto")
-      o.mode = Mode::measure;
-    else if (s == "off")
-      o.mode = Mode::off;
-    else if (s == "on")
-      o.mode = Mode::on;
-    else
-      throw Error(Errc::invalid_argument,
-                  "gpu_svc: DUET_GPU_NARROW='" + s + "' is not auto, off or on");
-  }
-  if (const char* v = std::getenv("DUET_GPU_NARROW_MAX_TOKENS"); v && *v) {
-    char* end = nullptr;
-    const long x = std::strtol(v, &end, 10);
-    if (end == v || *end != '\0' || x < 1 || x > 4096)
-      throw Error(Errc::invalid_argument, std::string("gpu_svc: DUET_GPU_NARROW_MAX_TOKENS='") + v +
-                                              "' is not a whole number in [1, 4096]");
-    o.max_tokens = static_cast<uint32_t>(x);
-  }
+  // The registry (core/base/settings.cpp) checks both and holds their defaults.
+  const std::string mode = setting_text("DUET_GPU_NARROW");
+  o.mode = mode == "auto" ? Mode::measure : mode == "off" ? Mode::off : Mode::on;
+  o.max_tokens = static_cast<uint32_t>(setting_int("DUET_GPU_NARROW_MAX_TOKENS"));
   return o;
 }
 

@@ -10,6 +10,7 @@
 
 #include "core/base/error.h"
 #include "services/frontend/program_engine.h"
+#include "tests/support/error_code.h"
 #include "tests/support/local_flags.h"
 
 namespace duet::frontend {
@@ -52,14 +53,7 @@ std::vector<float> prefill(Engine& e, uint64_t seq, const std::vector<int32_t>& 
   return logits;
 }
 
-Errc code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Errc::ok;
-}
+using test_support::error_code_of;
 
 TEST(KvPrefixEngine, ABorrowedPrefixGivesTheLogitsOfAFullPrefill) {
   std::vector<int32_t> system = tokens(40, 1);
@@ -114,9 +108,9 @@ TEST(KvPrefixEngine, NoStepWritesABorrowedPageAndTheLastPromptTokenIsComputed) {
   EXPECT_EQ(engine->share_prefix(2, prompt), 16);
   EXPECT_EQ(engine->share_prefix(2, prompt), 0) << "only an empty sequence borrows";
   prefill(*engine, 2, prompt, 16);  // its second block, in a page of its own
-  const Errc rewrite = code_of([&] { engine->step({{2, {prompt[5]}, 5, true}}, nullptr); });
+  const Errc rewrite = error_code_of([&] { engine->step({{2, {prompt[5]}, 5, true}}, nullptr); });
   EXPECT_EQ(rewrite, Errc::internal) << "position 5 is in a borrowed page";
-  EXPECT_EQ(code_of([&] { engine->truncate_seq(2, 8); }), Errc::invalid_argument)
+  EXPECT_EQ(error_code_of([&] { engine->truncate_seq(2, 8); }), Errc::invalid_argument)
       << "the next write would land in the borrowed page";
   engine->truncate_seq(2, 16);  // a block boundary: fine
   engine->close_seq(2);
@@ -176,7 +170,8 @@ TEST(KvPrefixEngine, ARestartedFrontendAttachesThePoolWithItsSharingState) {
   pool->adopt_seq(2, 128, 40);
   EXPECT_EQ(pool->seqs.at(2).pages, 3u);
   EXPECT_EQ(pool->seqs.at(2).blocks_done, 2u);
-  EXPECT_EQ(code_of([&] { pool->adopt_seq(3, 128, 20); }), Errc::out_of_range) << "holds nothing";
+  EXPECT_EQ(error_code_of([&] { pool->adopt_seq(3, 128, 20); }), Errc::out_of_range)
+      << "holds nothing";
   const uint64_t live[] = {2};
   EXPECT_EQ(pool->pages->reclaim_except(live), 3u);
   EXPECT_EQ(pool->pages->counts().shared, 2u) << "2 still borrows 1's blocks";

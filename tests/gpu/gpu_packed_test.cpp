@@ -121,6 +121,8 @@ TEST_F(PackedKernelsTest, MatmulOverPackedWeightsMatchesReference) {
   }
   k.set_gemv_variant("");  // back to the choice by shape
   EXPECT_THROW(k.set_gemv_variant("l7r3"), Error);
+  // A tuning variant GpuKernels never picks is only in a program built for gpu_bench.
+  EXPECT_THROW(k.set_gemv_variant("l32r4"), Error);
 }
 
 // The fast GEMV for F16/F32 rows at a 16-byte aligned offset (the file's layout).

@@ -15,6 +15,7 @@
 #include "core/model/quant.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "tests/support/scoped_env.h"
 
 namespace duet::gpu::testing {
 
@@ -112,26 +113,7 @@ inline MatmulArgs matmul_args(DType type, cl_mem w, uint64_t w_off, uint32_t row
                     .tokens = tokens};
 }
 
-// Sets an environment variable for its lifetime (what GpuKernels reads when it is built).
-// The value it had before is put back (or the variable removed) when it goes.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+// ScopedEnv: tests/support/scoped_env.h (what GpuKernels reads when it is built).
+using test_support::ScopedEnv;
 
 }  // namespace duet::gpu::testing

@@ -10,18 +10,12 @@
 #include "core/base/error.h"
 #include "shm/segment.h"
 #include "tests/shm/child_process.h"
+#include "tests/support/error_code.h"
 
 namespace duet::shm {
 namespace {
 
-Errc code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Errc::ok;
-}
+using test_support::error_code_of;
 
 TEST(ArenaLayout, SlotsAre64ByteAlignedInTheOrderAdded) {
   ArenaLayout layout;
@@ -33,13 +27,13 @@ TEST(ArenaLayout, SlotsAre64ByteAlignedInTheOrderAdded) {
   EXPECT_EQ(layout.find("logits"), nullptr);
   EXPECT_EQ(layout.slots().size(), 3u);
 
-  EXPECT_EQ(code_of([&] { layout.slot("logits"); }), Errc::not_found);
-  EXPECT_EQ(code_of([&] { layout.add("hidden", 8); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { layout.add("zero", 0); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { layout.add("", 8); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { layout.add("huge", std::numeric_limits<uint64_t>::max()); }),
+  EXPECT_EQ(error_code_of([&] { layout.slot("logits"); }), Errc::not_found);
+  EXPECT_EQ(error_code_of([&] { layout.add("hidden", 8); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { layout.add("zero", 0); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { layout.add("", 8); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { layout.add("huge", std::numeric_limits<uint64_t>::max()); }),
             Errc::out_of_range);
-  EXPECT_EQ(code_of([] { ArenaLayout bad(48); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([] { ArenaLayout bad(48); }), Errc::invalid_argument);
   ArenaLayout pages(4096);
   pages.add("a", 1);
   EXPECT_EQ(pages.add("b", 1), 4096u);
@@ -51,19 +45,20 @@ TEST(Arena, EveryAccessIsBoundsChecked) {
   EXPECT_EQ(arena.at(0, 256), memory);
   EXPECT_EQ(arena.at(256, 0), memory + 256);
   EXPECT_EQ(arena.as<float>(64, 48), reinterpret_cast<float*>(memory + 64));
-  EXPECT_EQ(code_of([&] { arena.at(1, 256); }), Errc::out_of_range);
-  EXPECT_EQ(code_of([&] { arena.at(257, 0); }), Errc::out_of_range);
-  EXPECT_EQ(code_of([&] { arena.at(std::numeric_limits<uint64_t>::max(), 2); }), Errc::out_of_range)
+  EXPECT_EQ(error_code_of([&] { arena.at(1, 256); }), Errc::out_of_range);
+  EXPECT_EQ(error_code_of([&] { arena.at(257, 0); }), Errc::out_of_range);
+  EXPECT_EQ(error_code_of([&] { arena.at(std::numeric_limits<uint64_t>::max(), 2); }),
+            Errc::out_of_range)
       << "offset + bytes must not wrap around";
-  EXPECT_EQ(code_of([&] { arena.as<float>(2, 1); }), Errc::invalid_argument) << "misaligned";
-  EXPECT_EQ(code_of([&] { arena.as<float>(0, uint64_t{1} << 62); }), Errc::out_of_range);
+  EXPECT_EQ(error_code_of([&] { arena.as<float>(2, 1); }), Errc::invalid_argument) << "misaligned";
+  EXPECT_EQ(error_code_of([&] { arena.as<float>(0, uint64_t{1} << 62); }), Errc::out_of_range);
 
   ArenaLayout layout;
   layout.add("a", 200);
   arena.check(layout);
   layout.add("b", 1);
-  EXPECT_EQ(code_of([&] { arena.check(layout); }), Errc::out_of_range);
-  EXPECT_EQ(code_of([&] { arena.at(layout.slot("b")); }), Errc::out_of_range);
+  EXPECT_EQ(error_code_of([&] { arena.check(layout); }), Errc::out_of_range);
+  EXPECT_EQ(error_code_of([&] { arena.at(layout.slot("b")); }), Errc::out_of_range);
 }
 
 TEST(Arena, OffsetsMeanTheSameBytesInAnotherProcess) {

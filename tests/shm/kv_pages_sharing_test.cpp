@@ -13,6 +13,7 @@
 #include "shm/kv_pages.h"
 #include "shm/segment.h"
 #include "tests/shm/child_process.h"
+#include "tests/support/error_code.h"
 
 namespace duet::shm {
 namespace {
@@ -20,14 +21,7 @@ namespace {
 using Pages = std::vector<uint32_t>;
 using Tokens = std::vector<int32_t>;
 
-Errc code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Errc::ok;
-}
+using test_support::error_code_of;
 
 class KvSharingTest : public ::testing::Test {
  protected:
@@ -98,13 +92,13 @@ TEST_F(KvSharingTest, ABorrowerReadsTheWritersBlocksAndWritesOnlyItsOwnPages) {
   EXPECT_EQ(kv.find_block(h1, 0, std::span(kSystem).subspan(kTokens), 2), KvPages::kNoPage);
 
   // Misuse is refused, naming it.
-  EXPECT_EQ(code_of([&] { kv.publish(9, 0, KvPages::kNoPage, std::span(kSystem).first(4)); }),
+  EXPECT_EQ(error_code_of([&] { kv.publish(9, 0, KvPages::kNoPage, std::span(kSystem).first(4)); }),
             Errc::invalid_argument)
       << "a borrower cannot publish its writer's page";
-  EXPECT_EQ(code_of([&] { kv.borrow(9, chain); }), Errc::invalid_argument) << "twice";
+  EXPECT_EQ(error_code_of([&] { kv.borrow(9, chain); }), Errc::invalid_argument) << "twice";
   const Pages broken = {1, 0};
-  EXPECT_EQ(code_of([&] { kv.borrow(11, broken); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { kv.publish(7, 2, 1, Tokens{1, 2}); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { kv.borrow(11, broken); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { kv.publish(7, 2, 1, Tokens{1, 2}); }), Errc::invalid_argument);
 }
 
 TEST_F(KvSharingTest, PagesOutliveTheirWriterWhileBorrowedAndAreCachedWhenTheLastUserEnds) {
@@ -136,7 +130,7 @@ TEST_F(KvSharingTest, PagesOutliveTheirWriterWhileBorrowedAndAreCachedWhenTheLas
   EXPECT_EQ(kv.alloc(2, 11).size(), 2u);
   EXPECT_EQ(kv.evictions(), 2u);
   EXPECT_TRUE(match(kv, kSystem).empty());
-  EXPECT_EQ(code_of([&] { kv.alloc(1, 12); }), Errc::busy);
+  EXPECT_EQ(error_code_of([&] { kv.alloc(1, 12); }), Errc::busy);
 }
 
 TEST_F(KvSharingTest, EvictionTakesTheLeastRecentlyUsedLeafFirstAndItsOrphansWithIt) {
@@ -168,9 +162,9 @@ TEST_F(KvSharingTest, TruncateNeverLeavesTheAppendPositionInASharedPage) {
   kv.publish(7, 1, 0, std::span(kSystem).subspan(kTokens));
   kv.borrow(9, Pages{0, 1});
   kv.alloc(1, 9);
-  EXPECT_EQ(code_of([&] { kv.truncate(9, 6); }), Errc::invalid_argument)
+  EXPECT_EQ(error_code_of([&] { kv.truncate(9, 6); }), Errc::invalid_argument)
       << "position 6 is in borrowed page 1";
-  EXPECT_EQ(code_of([&] { kv.truncate(7, 2); }), Errc::invalid_argument)
+  EXPECT_EQ(error_code_of([&] { kv.truncate(7, 2); }), Errc::invalid_argument)
       << "position 2 is in page 0, which 9 borrows";
   kv.truncate(9, 4);  // a block boundary: block 1 is dropped from its chain
   EXPECT_EQ(kv.pages_of(9), (Pages{0}));

@@ -10,20 +10,14 @@
 #include "core/base/error.h"
 #include "shm/segment.h"
 #include "tests/shm/child_process.h"
+#include "tests/support/error_code.h"
 
 namespace duet::shm {
 namespace {
 
 using Pages = std::vector<uint32_t>;
 
-Errc code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Errc::ok;
-}
+using test_support::error_code_of;
 
 class KvPagesTest : public ::testing::Test {
  protected:
@@ -66,7 +60,7 @@ TEST_F(KvPagesTest, AllocIsAllOrNothingAndPageTablesKeepAllocationOrder) {
   EXPECT_EQ(kv.free_owner(9), 0u);
   EXPECT_EQ(kv.free_count(), kPages);
   EXPECT_TRUE(kv.alloc(0, 5).empty());
-  EXPECT_EQ(code_of([&] { kv.alloc(1, KvPages::kFree); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { kv.alloc(1, KvPages::kFree); }), Errc::invalid_argument);
 }
 
 TEST_F(KvPagesTest, PagesArePageAlignedAndBoundsChecked) {
@@ -75,8 +69,8 @@ TEST_F(KvPagesTest, PagesArePageAlignedAndBoundsChecked) {
   EXPECT_EQ(kv.page_offset(3) - kv.page_offset(2), kPageBytes);
   EXPECT_EQ(kv.page_offset(kPages - 1) + kPageBytes, segment.size());
   EXPECT_EQ(kv.page(1), segment.data() + kv.page_offset(1));
-  EXPECT_EQ(code_of([&] { kv.page_offset(kPages); }), Errc::out_of_range);
-  EXPECT_EQ(code_of([&] { kv.owner_of(kPages); }), Errc::out_of_range);
+  EXPECT_EQ(error_code_of([&] { kv.page_offset(kPages); }), Errc::out_of_range);
+  EXPECT_EQ(error_code_of([&] { kv.owner_of(kPages); }), Errc::out_of_range);
 }
 
 TEST_F(KvPagesTest, RestartedFrontendRecoversAndReclaimsAfterKill9) {
@@ -99,8 +93,8 @@ TEST_F(KvPagesTest, RestartedFrontendRecoversAndReclaimsAfterKill9) {
   Segment ro = Segment::open(name, Access::read_only);  // e.g. a device service or `status`
   KvPages reader = KvPages::attach(ro);
   EXPECT_EQ(reader.pages_of(103), kv.pages_of(103));
-  EXPECT_EQ(code_of([&] { reader.alloc(1, 104); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { reader.free_owner(103); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { reader.alloc(1, 104); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { reader.free_owner(103); }), Errc::invalid_argument);
   EXPECT_EQ(kv.pages_of(102), (Pages{2, 5}));
   EXPECT_STREQ(reinterpret_cast<const char*>(kv.page(5)), "k/v of request 102");
   EXPECT_EQ(kv.free_count(), 2u);
@@ -113,17 +107,19 @@ TEST_F(KvPagesTest, RestartedFrontendRecoversAndReclaimsAfterKill9) {
 }
 
 TEST_F(KvPagesTest, BadGeometryAndForeignSegmentsAreErrors) {
-  EXPECT_EQ(code_of([&] { KvPages::attach(segment); }), Errc::bad_format) << "not formatted";
-  EXPECT_EQ(code_of([&] { KvPages::bytes_for(0, 64); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { KvPages::bytes_for(4, 100); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { KvPages::bytes_for(1u << 31, uint64_t{1} << 40); }), Errc::out_of_range);
-  EXPECT_EQ(code_of([&] { KvPages::format(segment, kPages * 2, kPageBytes); }), Errc::out_of_range);
+  EXPECT_EQ(error_code_of([&] { KvPages::attach(segment); }), Errc::bad_format) << "not formatted";
+  EXPECT_EQ(error_code_of([&] { KvPages::bytes_for(0, 64); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { KvPages::bytes_for(4, 100); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { KvPages::bytes_for(1u << 31, uint64_t{1} << 40); }),
+            Errc::out_of_range);
+  EXPECT_EQ(error_code_of([&] { KvPages::format(segment, kPages * 2, kPageBytes); }),
+            Errc::out_of_range);
   KvPages::format(segment, kPages, kPageBytes);
-  EXPECT_EQ(code_of([&] { KvPages::attach(segment.data(), segment.size() - 64); }),
+  EXPECT_EQ(error_code_of([&] { KvPages::attach(segment.data(), segment.size() - 64); }),
             Errc::bad_format)
       << "header says more pages than the region holds";
   segment.data()[8] = 99;  // version
-  EXPECT_EQ(code_of([&] { KvPages::attach(segment); }), Errc::bad_format);
+  EXPECT_EQ(error_code_of([&] { KvPages::attach(segment); }), Errc::bad_format);
 }
 
 }  // namespace

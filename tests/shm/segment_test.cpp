@@ -10,6 +10,7 @@
 
 #include "core/base/error.h"
 #include "tests/shm/child_process.h"
+#include "tests/support/error_code.h"
 
 namespace duet::shm {
 namespace {
@@ -25,26 +26,19 @@ class SegmentTest : public ::testing::Test {
   const std::string stack = testing::test_stack_id();
 };
 
-Errc code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Errc::ok;
-}
+using test_support::error_code_of;
 
 TEST_F(SegmentTest, NamesAreDuetStackWhatAndValidated) {
   EXPECT_EQ(segment_name("s1", "arena"), "/duet-s1-arena");
   EXPECT_EQ(segment_name("my-stack_2", "kv.0"), "/duet-my-stack_2-kv.0");
   for (const char* bad : {"", "a/b", "a b", "a.b", "x$", "0123456789012345678901234567890123"}) {
-    EXPECT_EQ(code_of([&] { segment_name(bad, "arena"); }), Errc::invalid_argument) << bad;
+    EXPECT_EQ(error_code_of([&] { segment_name(bad, "arena"); }), Errc::invalid_argument) << bad;
   }
   // '-' in <what> would make "/duet-a-b-c" ambiguous between stacks "a" and "a-b".
-  EXPECT_EQ(code_of([&] { segment_name("s1", "kv-cache"); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { segment_name("s1", ""); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { Segment::create("no-slash", 64); }), Errc::invalid_argument);
-  EXPECT_EQ(code_of([&] { Segment::create(name("empty"), 0); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { segment_name("s1", "kv-cache"); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { segment_name("s1", ""); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { Segment::create("no-slash", 64); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { Segment::create(name("empty"), 0); }), Errc::invalid_argument);
 }
 
 TEST_F(SegmentTest, CreateOpenUnlinkAcrossProcesses) {
@@ -66,7 +60,7 @@ TEST_F(SegmentTest, CreateOpenUnlinkAcrossProcesses) {
   EXPECT_STREQ(reinterpret_cast<const char*>(seg.data() + 4096), "from child");
 
   seg.unlink();
-  EXPECT_EQ(code_of([&] { Segment::open(name("arena")); }), Errc::not_found);
+  EXPECT_EQ(error_code_of([&] { Segment::open(name("arena")); }), Errc::not_found);
   EXPECT_STREQ(reinterpret_cast<const char*>(seg.data()), "from parent") << "mapping outlives name";
   seg.unlink();  // already gone: not an error
 }
@@ -81,7 +75,7 @@ TEST_F(SegmentTest, CreatingAnExistingNameIsAClearBusyError) {
     EXPECT_NE(std::string(e.what()).find(name("flags")), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("already exists"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(code_of([&] { Segment::open(name("missing")); }), Errc::not_found);
+  EXPECT_EQ(error_code_of([&] { Segment::open(name("missing")); }), Errc::not_found);
 }
 
 TEST_F(SegmentTest, ModeIs0600WhateverTheUmask) {
@@ -121,7 +115,7 @@ TEST_F(SegmentTest, LifetimeDecidesWhoUnlinksAndMovesCarryIt) {
     EXPECT_FALSE(a.valid());
     EXPECT_TRUE(b.valid());
   }
-  EXPECT_EQ(code_of([&] { Segment::open(name("temp")); }), Errc::not_found);
+  EXPECT_EQ(error_code_of([&] { Segment::open(name("temp")); }), Errc::not_found);
   { Segment p = Segment::create(name("kept"), 64); }
   EXPECT_EQ(Segment::open(name("kept")).size(), 64u) << "persist segments outlive their object";
 }
@@ -137,7 +131,7 @@ TEST_F(SegmentTest, RemoveStackSegmentsTakesOnlyThatStack) {
   EXPECT_TRUE(list_stack_segments(stack).empty());
   EXPECT_EQ(list_stack_segments(other).size(), 1u);
   EXPECT_EQ(remove_stack_segments(stack), 0u);
-  EXPECT_EQ(code_of([&] { remove_stack_segments("../etc"); }), Errc::invalid_argument);
+  EXPECT_EQ(error_code_of([&] { remove_stack_segments("../etc"); }), Errc::invalid_argument);
 }
 
 TEST_F(SegmentTest, SegmentsOfAKilledCreatorAreReclaimed) {
@@ -150,7 +144,7 @@ TEST_F(SegmentTest, SegmentsOfAKilledCreatorAreReclaimed) {
   auto done = wait_child(child);
   ASSERT_EQ(done.signal, SIGKILL);
   // The stale segment blocks a new create of the same name...
-  EXPECT_EQ(code_of([&] { Segment::create(name("arena"), 8192); }), Errc::busy);
+  EXPECT_EQ(error_code_of([&] { Segment::create(name("arena"), 8192); }), Errc::busy);
   // ...until the next `up` reclaims the stack's leftovers.
   EXPECT_EQ(remove_stack_segments(stack), 1u);
   Segment fresh = Segment::create(name("arena"), 8192);

@@ -3,7 +3,7 @@
 // [t_begin, t_end); with rows_from_table (Logits) token t writes y row tok[t].logits_row.
 //
 // Two weight layouts:
-// - the file's (ggml blocks, core/quant.h): gemv_coop_*, gemv_coop4_q4_0, gemv_vec_*; used on
+// - the file's (ggml blocks, core/model/quant.h): gemv_coop_*, gemv_coop4_q4_0, gemv_vec_*; used on
 //   GPUs that share host memory (zero copy) and for tensors the runner could not pack;
 // - the packed layout of services/gpu_svc/weight_pack.h, which the runner writes in place at
 //   upload on discrete GPUs (copies mode), for Q4_0/Q8_0:
@@ -424,35 +424,45 @@ inline float sum_x8(float4 a, float4 b, float4 c, float4 d, float4 e, float4 f, 
   }
 
 // Variants "l<LANES>r<RPL>[p|x]" (p: prefetching; x: x staged in local memory, prefetching;
-// both for the packed bodies only) for tuning (gpu_bench --gemv-variants); GpuKernels picks
-// one per shape. Keep in step with GpuKernels::kGemvVariants.
+// both for the packed bodies only). GpuKernels picks one per shape from the four measured best on
+// the devices it runs on (bench/gpu/RESULTS.md: l32r2 / l128r4 for F16/F32, l16r4x / l64r4x for
+// packed tensors; PoCL never runs these kernels): only those are in the default program. The
+// other eleven are built only under DUET_GEMV_TUNING (DeviceOptions::gemv_tuning, which gpu_bench
+// --gemv-variants sets) so that a new device can be tuned without every program carrying 60
+// kernels. Keep in step with GpuKernels::kGemvVariants and kGemvTuningVariants.
 #define DEFINE_GEMV_FAST(TYPE, BODY, LANES, RPL) \
   GEMV_FAST_FRAME(gemv_##TYPE##_l##LANES##r##RPL, LANES, RPL, , BODY(LANES, RPL, 0))
 #define DEFINE_GEMV_FAST_PF(TYPE, BODY, LANES, RPL) \
   GEMV_FAST_FRAME(gemv_##TYPE##_l##LANES##r##RPL##p, LANES, RPL, , BODY(LANES, RPL, 1))
 #define DEFINE_GEMV_FAST_X(TYPE, X_BODY, LOCALS, LANES, RPL) \
   GEMV_FAST_FRAME(gemv_##TYPE##_l##LANES##r##RPL##x, LANES, RPL, LOCALS, X_BODY(LANES, RPL, 1))
-#define DEFINE_GEMV_FAST_VARIANTS(TYPE, BODY, X_BODY, LOCALS) \
-  DEFINE_GEMV_FAST(TYPE, BODY, 32, 2)                         \
-  DEFINE_GEMV_FAST(TYPE, BODY, 32, 4)                         \
-  DEFINE_GEMV_FAST(TYPE, BODY, 32, 8)                         \
-  DEFINE_GEMV_FAST(TYPE, BODY, 16, 8)                         \
-  DEFINE_GEMV_FAST(TYPE, BODY, 64, 4)                         \
-  DEFINE_GEMV_FAST(TYPE, BODY, 128, 4)                        \
-  DEFINE_GEMV_FAST_PF(TYPE, BODY, 16, 4)                      \
-  DEFINE_GEMV_FAST_PF(TYPE, BODY, 16, 8)                      \
-  DEFINE_GEMV_FAST_PF(TYPE, BODY, 32, 4)                      \
-  DEFINE_GEMV_FAST_PF(TYPE, BODY, 32, 8)                      \
-  DEFINE_GEMV_FAST_PF(TYPE, BODY, 64, 4)                      \
-  DEFINE_GEMV_FAST_X(TYPE, X_BODY, LOCALS, 16, 4)             \
-  DEFINE_GEMV_FAST_X(TYPE, X_BODY, LOCALS, 16, 8)             \
-  DEFINE_GEMV_FAST_X(TYPE, X_BODY, LOCALS, 32, 4)             \
+#define DEFINE_GEMV_FAST_PICKED(TYPE, BODY, X_BODY, LOCALS) \
+  DEFINE_GEMV_FAST(TYPE, BODY, 32, 2)                       \
+  DEFINE_GEMV_FAST(TYPE, BODY, 128, 4)                      \
+  DEFINE_GEMV_FAST_X(TYPE, X_BODY, LOCALS, 16, 4)           \
   DEFINE_GEMV_FAST_X(TYPE, X_BODY, LOCALS, 64, 4)
-DEFINE_GEMV_FAST_VARIANTS(packed_q4_0, GEMV_PACKED_Q4_0_BODY, GEMV_PACKED_Q4_0_X_BODY, GEMV_X_LOCALS)
-DEFINE_GEMV_FAST_VARIANTS(packed_q8_0, GEMV_PACKED_Q8_0_BODY, GEMV_PACKED_Q8_0_X_BODY, GEMV_X_LOCALS)
+#define DEFINE_GEMV_FAST_TUNING(TYPE, BODY, X_BODY, LOCALS) \
+  DEFINE_GEMV_FAST(TYPE, BODY, 32, 4)                       \
+  DEFINE_GEMV_FAST(TYPE, BODY, 32, 8)                       \
+  DEFINE_GEMV_FAST(TYPE, BODY, 16, 8)                       \
+  DEFINE_GEMV_FAST(TYPE, BODY, 64, 4)                       \
+  DEFINE_GEMV_FAST_PF(TYPE, BODY, 16, 4)                    \
+  DEFINE_GEMV_FAST_PF(TYPE, BODY, 16, 8)                    \
+  DEFINE_GEMV_FAST_PF(TYPE, BODY, 32, 4)                    \
+  DEFINE_GEMV_FAST_PF(TYPE, BODY, 32, 8)                    \
+  DEFINE_GEMV_FAST_PF(TYPE, BODY, 64, 4)                    \
+  DEFINE_GEMV_FAST_X(TYPE, X_BODY, LOCALS, 16, 8)           \
+  DEFINE_GEMV_FAST_X(TYPE, X_BODY, LOCALS, 32, 4)
 // F16/F32 x variants are the plain bodies (no local copy): their lanes read adjacent x already.
-DEFINE_GEMV_FAST_VARIANTS(vec_f16, GEMV_VEC_F16_BODY, GEMV_VEC_F16_BODY, )
-DEFINE_GEMV_FAST_VARIANTS(vec_f32, GEMV_VEC_F32_BODY, GEMV_VEC_F32_BODY, )
+#define DEFINE_GEMV_FAST_FOR_TYPES(WHICH)                                                   \
+  WHICH(packed_q4_0, GEMV_PACKED_Q4_0_BODY, GEMV_PACKED_Q4_0_X_BODY, GEMV_X_LOCALS)         \
+  WHICH(packed_q8_0, GEMV_PACKED_Q8_0_BODY, GEMV_PACKED_Q8_0_X_BODY, GEMV_X_LOCALS)         \
+  WHICH(vec_f16, GEMV_VEC_F16_BODY, GEMV_VEC_F16_BODY, )                                    \
+  WHICH(vec_f32, GEMV_VEC_F32_BODY, GEMV_VEC_F32_BODY, )
+DEFINE_GEMV_FAST_FOR_TYPES(DEFINE_GEMV_FAST_PICKED)
+#ifdef DUET_GEMV_TUNING
+DEFINE_GEMV_FAST_FOR_TYPES(DEFINE_GEMV_FAST_TUNING)
+#endif
 
 // ---- packed layout: GEMM (register-tiled like matmul.cl's matmul_t*) and embedding lookup
 

@@ -1,0 +1,102 @@
+// What `duet stack up` settles before it starts anything (cli/stack_settings.h): the KV pool its
+// settings make; and `duet stack config --stack ID [--json]` / `--keys`: the stack's effective
+// settings with their sources, and the registry they come from.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/stack_settings.h"
+#include "core/base/error.h"
+#include "core/base/settings.h"
+#include "core/ipc/stack_config.h"
+#include "core/model/kv_budget.h"
+#include "core/model/model.h"
+
+namespace duet::cli {
+namespace {
+
+// The frontend's running requests (FrontendOptions::max_running): what the KV pool is capped by.
+constexpr int kStackMaxRunning = 16;
+
+}  // namespace
+
+// Plans the KV pool the frontend will make (core/model/kv_budget.h) before anything starts, so that
+// a setting the stack cannot serve (a budget too small for one sequence of the context, a pool
+// larger than /dev/shm) is refused here with the reason instead of failing requests later. The
+// budget goes to the frontend in bytes (DUET_KV_MEMORY): a restarted frontend makes the same
+// pool. Returns the line `up` prints about it.
+std::string plan_stack_kv(const std::string& stack, const std::string& model,
+                          const std::string& plan_flag, const std::string& kv_memory_flag,
+                          const std::string& kv_type_flag) {
+  // The file's values are in the environment by now (export_stack_settings).
+  const auto env_budget = setting_override("DUET_KV_MEMORY");
+  const bool default_budget = kv_memory_flag.empty() && !env_budget;
+  const uint64_t budget = !kv_memory_flag.empty() ? parse_memory_size(kv_memory_flag)
+                          : env_budget            ? parse_memory_size(*env_budget)
+                                                  : default_kv_memory_bytes();
+  setenv("DUET_KV_MEMORY", std::to_string(budget).c_str(), 1);
+  const std::string plan = !plan_flag.empty() ? plan_flag : setting_text("DUET_PLAN");
+  if (plan == "reference") return "";
+  const int max_ctx = static_cast<int>(setting_int("DUET_MAX_CTX"));
+  const int sharers = setting_on("DUET_AGENT") ? 2 : 1;
+  const std::string type_text = !kv_type_flag.empty() ? kv_type_flag : setting_text("DUET_KV_TYPE");
+  const DType kv_type = parse_kv_type(type_text);
+  setenv("DUET_KV_TYPE", type_text.c_str(), 1);
+  KvPoolPlan kv;
+  try {
+    KvPoolRequest request =
+        kv_pool_request(LlamaModel::load(model)->hp(), max_ctx, kStackMaxRunning, sharers, budget);
+    request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
+    request.values_per_block = static_cast<uint32_t>(dtype_block_elems(kv_type));
+    kv = plan_kv_pool(request);
+  } catch (const Error& e) {
+    // The default budget is capped by /dev/shm's free space: name the real shortage.
+    const std::string shm_note = default_budget && budget >= shm_free_bytes()
+                                     ? " (the default budget is /dev/shm's free space, " +
+                                           format_bytes(budget) + ": free or enlarge /dev/shm)"
+                                     : "";
+    throw Error(e.code(), "cannot start stack " + stack + ": " + e.what() + shm_note);
+  }
+  const uint64_t shm_free = shm_free_bytes();
+  if (kv.pool_bytes > shm_free)
+    throw Error(Errc::invalid_argument,
+                "cannot start stack " + stack + ": its KV pool (" + kv.summary() + ") needs " +
+                    format_bytes(kv.pool_bytes) + " of /dev/shm, which has " +
+                    format_bytes(shm_free) + " free: give a smaller --kv-memory");
+  return "KV pool: " + kv.summary() + " of " + std::string(dtype_name(kv_type)) + ", budget " +
+         format_bytes(budget);
+}
+
+void print_stack_config(const std::string& run_dir, const std::string& stack, bool json) {
+  const std::string path = stack_settings_path(run_dir);
+  std::ifstream f(path);
+  if (!f)
+    throw Error(Errc::not_found, "stack '" + stack + "' has no settings record (" + path +
+                                     "): is it up? (`duet stack up --stack " + stack + "`)");
+  nlohmann::json s;
+  try {
+    s = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Errc::bad_format, "'" + path + "' is not JSON: " + e.what());
+  }
+  if (json) {
+    std::printf("%s\n", s.dump(2).c_str());
+    return;
+  }
+  std::printf("stack %s: effective settings (source: default, file, env or flag)\n", stack.c_str());
+  if (s.contains("config_file") && !s["config_file"].get<std::string>().empty())
+    std::printf("config file: %s\n", s["config_file"].get<std::string>().c_str());
+  std::printf("%-30s %-24s %-8s %s\n", "KEY", "VALUE", "SOURCE", "VARIABLE");
+  for (const auto& e : s["settings"]) {
+    const std::string v = e.value("value", "");
+    std::printf("%-30s %-24s %-8s %s\n", e.value("key", "?").c_str(), v.empty() ? "-" : v.c_str(),
+                e.value("source", "?").c_str(), e.value("env", "?").c_str());
+  }
+}
+
+void print_setting_keys() {
+  std::printf("%s", settings_markdown().c_str());
+}
+
+}  // namespace duet::cli

@@ -1,0 +1,22 @@
+#pragma once
+// What cmd_stack.cpp's verbs use from cmd_stack_config.cpp: the KV plan `up` checks its
+// settings against, and `duet stack config`. Kept apart from cmd_stack.cpp, which holds the
+// verbs that start and stop a stack.
+#include <string>
+
+namespace duet::cli {
+
+// Plans the KV pool the frontend will make (core/model/kv_budget.h) from the stack's settings
+// (the flags given, else the DUET_* environment `up` exported) before anything starts; returns
+// the line `up` prints about it, or "" for the reference plan. Sets DUET_KV_MEMORY to the budget
+// in bytes and DUET_KV_TYPE for the frontend. Error naming why a setting cannot be served.
+std::string plan_stack_kv(const std::string& stack, const std::string& model,
+                          const std::string& plan_flag, const std::string& kv_memory_flag,
+                          const std::string& kv_type_flag);
+// Prints the effective settings of an up stack (<run dir>/settings.json, written by `up`) and
+// where each came from; Error(not_found) when the stack is not up.
+void print_stack_config(const std::string& run_dir, const std::string& stack, bool json);
+// Prints the registry: every key with its variable, type, default and doc (docs/CONFIG.md).
+void print_setting_keys();
+
+}  // namespace duet::cli
