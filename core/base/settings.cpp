@@ -85,6 +85,9 @@ const std::array kSettings = {
             "Q8_0/Q4_0 matmuls on int8 activations where the kernels exist; 0: off"},
     Setting{"DUET_GPU_INT8_VNNI", "gpu.int8_vnni", T::choice, "1", 0, 0, "0|1",
             "the int8 matmuls' AVX512-VNNI kernels on hosts that have it; 0: off"},
+    Setting{"DUET_GPU_FUSE", "gpu.fuse", T::choice, "1", 0, 0, "0|1",
+            "fused launches of a decode step's small ops on the CPU integer path (add + rmsnorm + "
+            "quantise, swiglu + quantise, the q/k ropes); the same bits either way; 0: off"},
     Setting{"DUET_GPU_INT8_ACT_BITS", "gpu.int8_act_bits", T::text, "", 0, 0, "",
             "activation bits of the int8 matmuls, one number or role=bits pairs "
             "(GpuKernels::set_int8_act_bits); empty: 8"},

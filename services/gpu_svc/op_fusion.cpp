@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "core/model/ops.h"
 
 namespace duet::gpu {
@@ -115,11 +116,7 @@ cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, F
 }
 
 bool fusion_from_env() {
-  const char* v = std::getenv("DUET_GPU_FUSE");
-  if (!v || !*v || std::string(v) == "1") return true;
-  if (std::string(v) == "0") return false;
-  throw Error(Errc::invalid_argument,
-              std::string("gpu_svc: DUET_GPU_FUSE='") + v + "' is not 0 or 1");
+  return setting_text("DUET_GPU_FUSE") == "1";  // checked: anything but 0 or 1 throws
 }
 
 }  // namespace duet::gpu
