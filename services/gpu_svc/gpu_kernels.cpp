@@ -88,6 +88,20 @@ GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type ==
     } catch (const Error&) {  // built by clang only (attention.cl)
     }
   }
+  // The attention kernel family (set_attention_kernel): shared (default), per_head, portable;
+  // for side-by-side runs of a whole stack (bench/longctx).
+  if (const char* e = std::getenv("DUET_GPU_ATTENTION"); e && *e) {
+    const std::string v = e;
+    if (v == "shared")
+      attention_kernel_ = AttentionKernel::shared;
+    else if (v == "per_head")
+      attention_kernel_ = AttentionKernel::per_head;
+    else if (v == "portable")
+      attention_kernel_ = AttentionKernel::portable;
+    else
+      throw Error(Errc::invalid_argument,
+                  "DUET_GPU_ATTENTION='" + v + "': shared, per_head or portable");
+  }
   if (const char* e = std::getenv("DUET_GPU_INT8_ACT_BITS"); e && *e) {
     try {
       set_int8_act_bits(std::string(e));
