@@ -249,5 +249,44 @@ TEST(GpuAttention, TheSharedKernelServesTheHeadsOfAKvHeadTogether) {
   EXPECT_EQ(k.attention_kernel_name(32, 8, 64, DType::F16), "attention_split_cpu_f16");
 }
 
+// The shared kernel does each head's arithmetic in the per-head kernel's order: the same bits,
+// decode and a prefill step with one- and many-chunk tokens.
+TEST(GpuAttention, SharedAndPerHeadKernelsGiveTheSameBits) {
+  ClDevice& dev = shared_device();
+  GpuKernels k{dev};
+  if (k.attention_kernel_name(kHeads, kKvHeads, kHeadDim, DType::F16) !=
+      "attention_gqa_cpu_f16_4x4")
+    GTEST_SKIP() << "no shared attention kernel on " << dev.info().name;
+  const uint32_t ctx = 1200, n = 24;
+  Pages pages(dev, DType::F16, ctx);
+  const uint64_t tok = 0, pt = 1024, q_off = pt + uint64_t{pages.n_pages} * 4,
+                 out_off = q_off + uint64_t{n} * kQDim * 4;
+  HostBuffer arena(dev, out_off + uint64_t{n} * kQDim * 4);
+  pages.fill_table(arena.at<int32_t>(pt));
+  const auto kv_values = random_floats(size_t{ctx} * kKvDim, 11);
+  for (uint32_t p = 0; p < ctx; ++p)
+    for (uint32_t which = 0; which < 2; ++which)
+      quantize_row(DType::F16, &kv_values[size_t{p} * kKvDim],
+                   pages.buf.at(pages.row(arena.at<int32_t>(pt), 0, p, which)), kKvDim);
+  const auto q = random_floats(size_t{n} * kQDim, 12);
+  std::memcpy(arena.at(q_off), q.data(), q.size() * 4);
+  auto* rows = arena.at<int32_t>(tok);
+  for (uint32_t t = 0; t < n; ++t) {  // positions 0..11 (one chunk) and 1188..1199 (five)
+    rows[4 * t + 1] = static_cast<int32_t>(t < 12 ? t : ctx - n + t);
+    rows[4 * t + 2] = 0;
+  }
+  arena.upload();
+  pages.buf.upload();
+  std::vector<std::vector<float>> outs;
+  for (auto kernel : {GpuKernels::AttentionKernel::shared, GpuKernels::AttentionKernel::per_head}) {
+    k.set_attention_kernel(kernel);
+    run(k.attention(arena.mem(), q_off, kQDim, out_off, kQDim, pages.args(pt), tok, kHeads,
+                    kKvHeads, kHeadDim, {0, n}, ctx));
+    arena.download();
+    outs.emplace_back(arena.at<float>(out_off), arena.at<float>(out_off) + size_t{n} * kQDim);
+  }
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0);
+}
+
 }  // namespace
 }  // namespace duet::gpu
