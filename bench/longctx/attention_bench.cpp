@@ -2,7 +2,9 @@
 // over f16 (or --kv-type) pages: a decode token at each --contexts length and a 64-token
 // prefill step ending there, per least chunk size (--min-chunks; "whole" = one chunk per token,
 // which is the kernel before the split: one work-item per head over the whole context). Median
-// of --reps launches, one JSON line per (context, shape, chunking).
+// of --reps launches, one JSON line per (kernel, context, shape, chunking), with the effective
+// K/V read rate: the context's K and V bytes (all KV heads, read once) over the median time.
+// --kernels: shared (a work-item per KV head's group of query heads), per_head, portable.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/error.h"
 #include "core/model/dtype.h"
 #include "core/model/kv_budget.h"
 #include "services/gpu_svc/cl_device.h"
@@ -45,11 +48,13 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> contexts = {512, 4096, 16384};
   std::vector<std::string> min_chunks = {"whole", "128", "256", "512"};
   std::string kv_type_text = "f16";
+  std::vector<std::string> kernels = {"shared", "per_head"};
   int reps = 5;
   app.add_option("--contexts", contexts)->delimiter(',');
   app.add_option("--min-chunks", min_chunks, "least chunk sizes (multiples of 16) or whole")
       ->delimiter(',');
   app.add_option("--kv-type", kv_type_text);
+  app.add_option("--kernels", kernels, "shared, per_head, portable")->delimiter(',');
   app.add_option("--reps", reps);
   CLI11_PARSE(app, argc, argv);
   try {
@@ -89,32 +94,46 @@ int main(int argc, char** argv) {
                                       arena.host.data(), 0, nullptr, nullptr),
                  "write");
         const KvArgs args{kv.mem, 0, page_bytes, kPageTokens, kKvDim, 0, pt, pages, type};
-        for (const std::string& mc : min_chunks) {
-          const uint32_t least = mc == "whole" ? (max_ctx + 15) / 16 * 16 : std::stoul(mc);
-          k.set_attention_min_chunk_keys(least);
-          std::vector<double> us;
-          for (int r = 0; r < reps + 1; ++r) {
-            const auto t0 = std::chrono::steady_clock::now();
-            cl_event e = k.attention(arena.mem, q_off, kQDim, out_off, kQDim, args, tok, kHeads,
-                                     kKvHeads, kHeadDim, {0, n}, ctx);
-            check_cl(clWaitForEvents(1, &e), "wait");
-            clReleaseEvent(e);
-            const double t =
-                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                    .count();
-            if (r > 0) us.push_back(t);  // the first launch of a shape compiles
+        for (const std::string& kernel : kernels)
+          for (const std::string& mc : min_chunks) {
+            if (kernel == "shared")
+              k.set_attention_kernel(GpuKernels::AttentionKernel::shared);
+            else if (kernel == "per_head")
+              k.set_attention_kernel(GpuKernels::AttentionKernel::per_head);
+            else if (kernel == "portable")
+              k.set_attention_kernel(GpuKernels::AttentionKernel::portable);
+            else
+              throw duet::Error(duet::Errc::invalid_argument,
+                                "--kernels: " + kernel + " (shared, per_head, portable)");
+            const uint32_t least = mc == "whole" ? (max_ctx + 15) / 16 * 16 : std::stoul(mc);
+            k.set_attention_min_chunk_keys(least);
+            std::vector<double> us;
+            for (int r = 0; r < reps + 1; ++r) {
+              const auto t0 = std::chrono::steady_clock::now();
+              cl_event e = k.attention(arena.mem, q_off, kQDim, out_off, kQDim, args, tok, kHeads,
+                                       kKvHeads, kHeadDim, {0, n}, ctx);
+              check_cl(clWaitForEvents(1, &e), "wait");
+              clReleaseEvent(e);
+              const double t =
+                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                      .count();
+              if (r > 0) us.push_back(t);  // the first launch of a shape compiles
+            }
+            std::sort(us.begin(), us.end());
+            const double kv_bytes = 2.0 * ctx * static_cast<double>(row);
+            nlohmann::json j = {
+                {"kernel", k.attention_kernel_name(kHeads, kKvHeads, kHeadDim, type)},
+                {"context", ctx},
+                {"tokens", n},
+                {"kv_type", kv_type_text},
+                {"min_chunk_keys", mc},
+                {"chunks", k.attention_chunks(ctx)},
+                {"median_us", us[us.size() / 2]},
+                {"min_us", us.front()},
+                {"kv_read_gbps", kv_bytes / us[us.size() / 2] / 1e3},
+                {"device", dev.info().name}};
+            std::cout << j.dump() << std::endl;
           }
-          std::sort(us.begin(), us.end());
-          nlohmann::json j = {{"context", ctx},
-                              {"tokens", n},
-                              {"kv_type", kv_type_text},
-                              {"min_chunk_keys", mc},
-                              {"chunks", k.attention_chunks(ctx)},
-                              {"median_us", us[us.size() / 2]},
-                              {"min_us", us.front()},
-                              {"device", dev.info().name}};
-          std::cout << j.dump() << std::endl;
-        }
       }
   } catch (const std::exception& e) {
     std::cerr << "attention_bench: " << e.what() << "\n";

@@ -63,7 +63,7 @@ stack_memory() {
   echo "{\"pss_bytes\":$pss,\"rss_bytes\":$rss,\"shm_touched_bytes\":${shm:-0}}"
 }
 emit() {  # engine, metric, size, result JSON
-  echo "{\"metric\":\"$2\",\"size\":$3,\"engine\":\"$1\",\"round\":$round,\"threads\":$threads,\"type\":\"$type\",\"kv_type\":\"$kv_type\",\"gen\":$gen,\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"commit\":\"$(git rev-parse --short HEAD)\",\"result\":$4}" |
+  echo "{\"metric\":\"$2\",\"size\":$3,\"engine\":\"$1\",\"round\":$round,\"threads\":$threads,\"type\":\"$type\",\"kv_type\":\"$kv_type\",\"attention\":\"${DUET_GPU_ATTENTION:-shared}\",\"gen\":$gen,\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"commit\":\"$(git rev-parse --short HEAD)\",\"result\":$4}" |
     tee -a "$out"
 }
 duet_run() {  # prompt tokens

@@ -88,6 +88,10 @@ const std::array kSettings = {
     Setting{"DUET_GPU_FUSE", "gpu.fuse", T::choice, "1", 0, 0, "0|1",
             "fused launches of a decode step's small ops on the CPU integer path (add + rmsnorm + "
             "quantise, swiglu + quantise, the q/k ropes); the same bits either way; 0: off"},
+    Setting{"DUET_GPU_ATTENTION", "gpu.attention", T::choice, "shared", 0, 0,
+            "shared|per_head|portable",
+            "attention kernels on CPU devices: shared (a KV head's query heads read its K/V once), "
+            "per_head, or portable (the GPUs' kernels)"},
     Setting{"DUET_GPU_INT8_ACT_BITS", "gpu.int8_act_bits", T::text, "", 0, 0, "",
             "activation bits of the int8 matmuls, one number or role=bits pairs "
             "(GpuKernels::set_int8_act_bits); empty: 8"},

@@ -70,6 +70,12 @@ GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type ==
     } catch (const Error&) {  // built by clang only (attention.cl)
     }
   }
+  // The attention kernel family (set_attention_kernel): shared (default), per_head, portable;
+  // for side-by-side runs of a whole stack (bench/longctx). Checked by the registry.
+  if (const std::string v = setting_text("DUET_GPU_ATTENTION"); v == "per_head")
+    attention_kernel_ = AttentionKernel::per_head;
+  else if (v == "portable")
+    attention_kernel_ = AttentionKernel::portable;
   if (const auto e = setting_override("DUET_GPU_INT8_ACT_BITS")) {
     try {
       set_int8_act_bits(*e);
@@ -583,6 +589,12 @@ uint32_t kv_units(const KvArgs& kv) {
   return kv.value_type == DType::Q8_0 ? kv.kv_dim / 32 : kv.kv_dim;
 }
 
+// Query heads one work-item of a split kernel serves: the GQ of attention_gqa_cpu_*_NVxGQ.
+uint32_t shared_heads_per_item(const std::string& kernel) {
+  if (kernel.rfind("attention_gqa_cpu_", 0) != 0) return 1;
+  return static_cast<uint32_t>(std::stoul(kernel.substr(kernel.rfind('x') + 1)));
+}
+
 size_t attention_partials_per_token(uint32_t n_heads, uint32_t head_dim) {
   return size_t{n_heads} * GpuKernels::kAttnMaxChunks * (head_dim + 2) * sizeof(float);
 }
@@ -636,6 +648,23 @@ void GpuKernels::reserve_attention(uint32_t n_heads, uint32_t head_dim, uint32_t
   attn_partials_bytes_ = bytes;
 }
 
+std::string GpuKernels::attention_kernel_name(uint32_t n_heads, uint32_t n_kv_heads,
+                                              uint32_t head_dim, DType kv_type) const {
+  const std::string type = kv_type_suffix(kv_type);
+  // CPU devices: the vectorised kernels (head_dim a multiple of 16, up to ATTN_CPU_VECS * 16)
+  // where their compiler built them (clang: PoCL).
+  if (!attention_cpu_available_ || attention_kernel_ == AttentionKernel::portable ||
+      head_dim % 16 != 0 || head_dim > 128)
+    return "attention_split_" + type;
+  const uint32_t group = n_kv_heads ? n_heads / n_kv_heads : 0;
+  if (attention_kernel_ == AttentionKernel::shared && group > 0) {
+    // attention.cl's DEFINE_ATTENTION_GQA_CPU instances: (head_dim / 16) x heads a work-item.
+    if (head_dim == 64 && group % 4 == 0) return "attention_gqa_cpu_" + type + "_4x4";
+    if (head_dim == 128 && group % 2 == 0) return "attention_gqa_cpu_" + type + "_8x2";
+  }
+  return "attention_split_cpu_" + type;
+}
+
 cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, uint64_t out_off,
                                uint32_t out_stride, const KvArgs& kv, uint64_t tok_off,
                                uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
@@ -646,12 +675,8 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
     throw Error(Errc::unsupported, "gpu_svc: Q8_0 KV needs head_dim a multiple of 32, not " +
                                        std::to_string(head_dim));
   reserve_attention(n_heads, head_dim, t.count());
-  // CPU devices: the vectorised kernel (head_dim a multiple of 16, up to ATTN_CPU_VECS * 16)
-  // where their compiler built it (clang: PoCL).
-  const bool cpu_vec =
-      attention_cpu_available_ && !portable_attention_ && head_dim % 16 == 0 && head_dim <= 128;
-  const std::string split = std::string(cpu_vec ? "attention_split_cpu_" : "attention_split_") +
-                            kv_type_suffix(kv.value_type);
+  const std::string split = attention_kernel_name(n_heads, n_kv_heads, head_dim, kv.value_type);
+  const uint32_t heads_per_item = shared_heads_per_item(split);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const uint32_t chunks = attention_chunks(std::max(max_keys, 1u));
   const size_t per_token = attention_partials_per_token(n_heads, head_dim);
@@ -668,7 +693,7 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
              cl_ulong{kv.page_table_off}, cl_uint{kv.page_table_cols}, cl_uint{n_heads},
              cl_uint{n_kv_heads}, cl_uint{head_dim}, cl_float{scale}, cl_uint{b}, attn_partials_,
              cl_uint{attn_min_chunk_keys_}, cl_uint{kAttnMaxChunks});
-    const size_t global[3] = {n_heads, count, chunks};
+    const size_t global[3] = {n_heads / heads_per_item, count, chunks};
     last = launch(split.c_str(), k, 3, global, nullptr);
     if (first && !*first) {
       *first = last;

@@ -218,8 +218,15 @@ class GpuKernels {
   uint32_t attention_chunks(uint32_t n_keys) const;
   // Another least chunk size (a multiple of 16; bench/longctx/attention_bench measures them).
   void set_attention_min_chunk_keys(uint32_t keys);
-  // The portable kernels (what GPUs run) instead of the CPU devices' vectorised ones: tests.
-  void set_portable_attention(bool on) { portable_attention_ = on; }
+  // Which split kernel runs: `shared` (CPU devices: a work-item serves the query heads that
+  // share a KV head, where head_dim is 64 or 128 and the group divides; else `per_head`),
+  // `per_head` (CPU devices: a work-item per query head), `portable` (what GPUs run). Tests and
+  // bench/longctx/attention_bench run each; serving uses the default, `shared`.
+  enum class AttentionKernel { shared, per_head, portable };
+  void set_attention_kernel(AttentionKernel kernel) { attention_kernel_ = kernel; }
+  // The kernel attention() launches for this shape and KV type, by name.
+  std::string attention_kernel_name(uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                                    DType kv_type) const;
   // The partials' scratch is at most this big; larger steps run in batches of tokens.
   static constexpr size_t kAttnScratchBytes = size_t{16} << 20;
 
@@ -264,7 +271,7 @@ class GpuKernels {
   std::string gemv_variant_;       // "": by shape
   bool int8_matmul_ = false, int8_vnni_ = false;
   bool attention_cpu_available_ = false;  // a CPU device whose compiler built attention_split_cpu_*
-  bool portable_attention_ = false;
+  AttentionKernel attention_kernel_ = AttentionKernel::shared;
   uint32_t attn_min_chunk_keys_ = kAttnMinChunkKeys;
   cl_mem attn_partials_ = nullptr;  // attention's per-chunk partials (reserve_attention)
   size_t attn_partials_bytes_ = 0;

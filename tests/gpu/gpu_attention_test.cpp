@@ -23,7 +23,7 @@ using testing::HostBuffer;
 using testing::random_floats;
 using testing::run;
 
-constexpr uint32_t kHeads = 4, kKvHeads = 2, kHeadDim = 64, kKvDim = kKvHeads * kHeadDim,
+constexpr uint32_t kHeads = 8, kKvHeads = 2, kHeadDim = 64, kKvDim = kKvHeads * kHeadDim,
                    kQDim = kHeads * kHeadDim;
 constexpr uint32_t kPageTokens = 16, kLayers = 2, kLayer = 1;
 constexpr uint64_t kPagesOffset = 256;
@@ -73,14 +73,26 @@ std::vector<float> stored(DType type, const std::vector<float>& x) {
 
 struct Case {
   DType type;
-  bool portable;
+  GpuKernels::AttentionKernel kernel;
 };
+
+const char* kernel_name(GpuKernels::AttentionKernel k) {
+  switch (k) {
+    case GpuKernels::AttentionKernel::shared:
+      return "shared";
+    case GpuKernels::AttentionKernel::per_head:
+      return "per_head";
+    case GpuKernels::AttentionKernel::portable:
+      return "portable";
+  }
+  return "?";
+}
 
 class GpuAttentionTest : public ::testing::TestWithParam<Case> {
  protected:
   ClDevice& dev = shared_device();
   GpuKernels k{dev};
-  void SetUp() override { k.set_portable_attention(GetParam().portable); }
+  void SetUp() override { k.set_attention_kernel(GetParam().kernel); }
 
   // A step of n tokens of sequence 0 at positions first_pos.. whose earlier K/V are in the pages:
   // kv_write, then attention; checks the pages and the output against the reference.
@@ -165,14 +177,17 @@ TEST_P(GpuAttentionTest, PrefillLargerThanTheScratchMatchesReference) {
   check_step(300, n);
 }
 
-INSTANTIATE_TEST_SUITE_P(KvTypes, GpuAttentionTest,
-                         ::testing::Values(Case{DType::F32, false}, Case{DType::F16, false},
-                                           Case{DType::Q8_0, false}, Case{DType::F32, true},
-                                           Case{DType::F16, true}, Case{DType::Q8_0, true}),
-                         [](const ::testing::TestParamInfo<Case>& i) {
-                           return std::string(dtype_name(i.param.type)) +
-                                  (i.param.portable ? "_portable" : "_cpu");
-                         });
+using AK = GpuKernels::AttentionKernel;
+INSTANTIATE_TEST_SUITE_P(
+    KvTypes, GpuAttentionTest,
+    ::testing::Values(Case{DType::F32, AK::shared}, Case{DType::F16, AK::shared},
+                      Case{DType::Q8_0, AK::shared}, Case{DType::F32, AK::per_head},
+                      Case{DType::F16, AK::per_head}, Case{DType::Q8_0, AK::per_head},
+                      Case{DType::F32, AK::portable}, Case{DType::F16, AK::portable},
+                      Case{DType::Q8_0, AK::portable}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      return std::string(dtype_name(i.param.type)) + "_" + kernel_name(i.param.kernel);
+    });
 
 // A token's output bits depend on its position alone: the same decode token alone in a step and
 // behind another sequence's prefill of 31 tokens.
@@ -214,6 +229,63 @@ TEST(GpuAttention, ATokensBitsDoNotDependOnTheOtherTokensOfTheStep) {
   EXPECT_EQ(std::memcmp(batched.data(), arena.at<float>(out_off) + size_t{n - 1} * kQDim,
                         size_t{kQDim} * 4),
             0);
+}
+
+// On a CPU device (PoCL) the default kernel serves a KV head's query heads together where the
+// shape has a kernel for it (the suites above run it at 8 heads on 2 KV heads), and falls back
+// to a work-item per head where it has none.
+TEST(GpuAttention, TheSharedKernelServesTheHeadsOfAKvHeadTogether) {
+  ClDevice& dev = shared_device();
+  GpuKernels k{dev};
+  if (k.attention_kernel_name(8, 2, 64, DType::F16) == "attention_split_f16")
+    GTEST_SKIP() << "no CPU-vectorised attention on " << dev.info().name;
+  EXPECT_EQ(k.attention_kernel_name(32, 8, 64, DType::F16), "attention_gqa_cpu_f16_4x4");
+  EXPECT_EQ(k.attention_kernel_name(8, 2, 64, DType::Q8_0), "attention_gqa_cpu_q8_0_4x4");
+  EXPECT_EQ(k.attention_kernel_name(16, 8, 128, DType::F32), "attention_gqa_cpu_f32_8x2");
+  EXPECT_EQ(k.attention_kernel_name(4, 2, 64, DType::F16), "attention_split_cpu_f16");
+  EXPECT_EQ(k.attention_kernel_name(8, 8, 128, DType::F16), "attention_split_cpu_f16");
+  EXPECT_EQ(k.attention_kernel_name(8, 2, 72, DType::F16), "attention_split_f16");
+  k.set_attention_kernel(GpuKernels::AttentionKernel::per_head);
+  EXPECT_EQ(k.attention_kernel_name(32, 8, 64, DType::F16), "attention_split_cpu_f16");
+}
+
+// The shared kernel does each head's arithmetic in the per-head kernel's order: the same bits,
+// decode and a prefill step with one- and many-chunk tokens.
+TEST(GpuAttention, SharedAndPerHeadKernelsGiveTheSameBits) {
+  ClDevice& dev = shared_device();
+  GpuKernels k{dev};
+  if (k.attention_kernel_name(kHeads, kKvHeads, kHeadDim, DType::F16) !=
+      "attention_gqa_cpu_f16_4x4")
+    GTEST_SKIP() << "no shared attention kernel on " << dev.info().name;
+  const uint32_t ctx = 1200, n = 24;
+  Pages pages(dev, DType::F16, ctx);
+  const uint64_t tok = 0, pt = 1024, q_off = pt + uint64_t{pages.n_pages} * 4,
+                 out_off = q_off + uint64_t{n} * kQDim * 4;
+  HostBuffer arena(dev, out_off + uint64_t{n} * kQDim * 4);
+  pages.fill_table(arena.at<int32_t>(pt));
+  const auto kv_values = random_floats(size_t{ctx} * kKvDim, 11);
+  for (uint32_t p = 0; p < ctx; ++p)
+    for (uint32_t which = 0; which < 2; ++which)
+      quantize_row(DType::F16, &kv_values[size_t{p} * kKvDim],
+                   pages.buf.at(pages.row(arena.at<int32_t>(pt), 0, p, which)), kKvDim);
+  const auto q = random_floats(size_t{n} * kQDim, 12);
+  std::memcpy(arena.at(q_off), q.data(), q.size() * 4);
+  auto* rows = arena.at<int32_t>(tok);
+  for (uint32_t t = 0; t < n; ++t) {  // positions 0..11 (one chunk) and 1188..1199 (five)
+    rows[4 * t + 1] = static_cast<int32_t>(t < 12 ? t : ctx - n + t);
+    rows[4 * t + 2] = 0;
+  }
+  arena.upload();
+  pages.buf.upload();
+  std::vector<std::vector<float>> outs;
+  for (auto kernel : {GpuKernels::AttentionKernel::shared, GpuKernels::AttentionKernel::per_head}) {
+    k.set_attention_kernel(kernel);
+    run(k.attention(arena.mem(), q_off, kQDim, out_off, kQDim, pages.args(pt), tok, kHeads,
+                    kKvHeads, kHeadDim, {0, n}, ctx));
+    arena.download();
+    outs.emplace_back(arena.at<float>(out_off), arena.at<float>(out_off) + size_t{n} * kQDim);
+  }
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0);
 }
 
 }  // namespace

@@ -247,4 +247,125 @@ inline float16 attn_hsum16x16(const float16* d) {
 DEFINE_ATTENTION_SPLIT_CPU(f32)
 DEFINE_ATTENTION_SPLIT_CPU(f16)
 DEFINE_ATTENTION_SPLIT_CPU(q8_0)
+
+// A KV head's slice of a row is 1/n_kv_heads of it (128 of 1024 bytes at f16 on the 1B), the
+// rows 16 to a page and the pages scattered: a work-item's reads are short strided runs that the
+// hardware prefetcher does not follow past a page, so at contexts past the caches (and in a
+// decode step, where the weights have just evicted the KV) the split ran at a few GB/s. The
+// shared kernel prefetches the next 16 keys' K and V slices while it computes these (x86 only:
+// prefetches never fault; elsewhere a no-op).
+inline void attn_prefetch(global const uchar* p, uint bytes) {
+#if defined(__x86_64__)
+  for (uint i = 0; i < bytes; i += 64) __asm__ volatile("prefetcht0 (%0)" : : "r"(p + i));
+#endif
+}
+
+// GQA-shared split for CPU devices: one work-item per (KV head, token, chunk) serves GQ of the
+// query heads that share the KV head (llama3.2-1b: 4 of 32 on 8), so each K and V row of a
+// chunk is loaded and converted to float once per token instead of once per query head (the
+// per-head kernel above spends as many loads and conversions as FMAs). NV (head_dim / 16) and
+// GQ are compile-time so that the GQ x NV accumulators are fixed registers rather than
+// guarded, loop-carried slots; the host picks the kernel whose NV and GQ fit the shape. Per
+// head, the arithmetic is the per-head kernel's in the same order (scores of 16 keys as one
+// transposed reduction, one max/rescale per 16 keys), so the outputs are the same bits.
+#define DEFINE_ATTENTION_GQA_CPU(T, NV, GQ)                                                     \
+  kernel void attention_gqa_cpu_##T##_##NV##x##GQ(ATTN_SPLIT_ARGS) {                            \
+    const uint wi = get_global_id(0);                                                            \
+    const uint tl = get_global_id(1);                                                            \
+    const uint c = get_global_id(2);                                                             \
+    const uint t = t_begin + tl;                                                                 \
+    global const int* tok = (global const int*)(arena + tok_off);                                \
+    global const int* page_table = (global const int*)(arena + pt_off);                         \
+    const int pos = tok[4 * t + TOK_POS];                                                        \
+    const int seq = tok[4 * t + TOK_SEQ];                                                        \
+    const uint n_keys = (uint)pos + 1;                                                           \
+    const uint per = attn_chunk_keys(n_keys, min_keys, max_chunks);                              \
+    const uint n_chunks = (n_keys + per - 1) / per;                                              \
+    if (c >= n_chunks) return;                                                                   \
+    const int k_begin = (int)(c * per);                                                          \
+    const int k_end = (int)min(n_keys, (c + 1) * per);                                           \
+    /* the GQ heads of this work-item: a KV head's group when GQ is the group, else a slice */  \
+    const uint group = n_heads / n_kv_heads;                                                     \
+    const uint h0 = (wi / (group / GQ)) * group + (wi % (group / GQ)) * GQ;                      \
+    const ulong head_off = (ulong)(h0 / group) * head_dim / KV_UNIT_VALUES_##T * KV_UNIT_BYTES_##T; \
+    const ulong v_rows = (ulong)page_tokens * kv_units * KV_UNIT_BYTES_##T;                      \
+    const uint slice_bytes = head_dim / KV_UNIT_VALUES_##T * KV_UNIT_BYTES_##T;                  \
+    global const float* q = (global const float*)(arena + q_off) + (ulong)t * q_stride + h0 * head_dim; \
+    float16 qv[GQ][NV], acc[GQ][NV];                                                             \
+    float running_max[GQ], running_sum[GQ];                                                      \
+    _Pragma("unroll") for (uint g = 0; g < GQ; ++g) {                                            \
+      _Pragma("unroll") for (uint v = 0; v < NV; ++v) {                                          \
+        qv[g][v] = vload16(g * NV + v, q);                                                       \
+        acc[g][v] = (float16)(0.0f);                                                             \
+      }                                                                                          \
+      running_max[g] = -INFINITY;                                                                \
+      running_sum[g] = 0.0f;                                                                     \
+    }                                                                                            \
+    const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);            \
+    for (int b = k_begin; b < k_end; b += ATTN_KEYS) {                                           \
+      const int n = min(ATTN_KEYS, k_end - b);                                                   \
+      for (int j = b + ATTN_KEYS; j < min(b + 2 * ATTN_KEYS, k_end); ++j) {                      \
+        global const uchar* next = ATTN_KEY_ROW(T, j);                                           \
+        attn_prefetch(next, slice_bytes);                                                        \
+        attn_prefetch(next + v_rows, slice_bytes);                                               \
+      }                                                                                          \
+      global const uchar* k[ATTN_KEYS];                                                          \
+      float16 d[GQ][ATTN_KEYS];                                                                  \
+      _Pragma("unroll") for (int j = 0; j < ATTN_KEYS; ++j) {                                    \
+        k[j] = 0;                                                                                \
+        _Pragma("unroll") for (uint g = 0; g < GQ; ++g) d[g][j] = (float16)(0.0f);               \
+        if (j < n) {                                                                             \
+          k[j] = ATTN_KEY_ROW(T, b + j);                                                         \
+          float16 kr[NV];                                                                        \
+          _Pragma("unroll") for (uint v = 0; v < NV; ++v) kr[v] = kv_load16_##T(k[j], v);        \
+          _Pragma("unroll") for (uint g = 0; g < GQ; ++g) {                                      \
+            d[g][j] = qv[g][0] * kr[0];                                                          \
+            _Pragma("unroll") for (uint v = 1; v < NV; ++v) d[g][j] =                            \
+                fma(qv[g][v], kr[v], d[g][j]);                                                   \
+          }                                                                                      \
+        }                                                                                        \
+      }                                                                                          \
+      float16 w[GQ];                                                                             \
+      _Pragma("unroll") for (uint g = 0; g < GQ; ++g) {                                          \
+        const float16 scores =                                                                   \
+            select((float16)(-INFINITY), attn_hsum16x16(d[g]) * scale, lane < n);                \
+        const float new_max = fmax(running_max[g], max16(scores));                               \
+        const float correction = exp(running_max[g] - new_max);                                  \
+        w[g] = exp(scores - new_max); /* 0 past the last key */                                  \
+        running_sum[g] = running_sum[g] * correction + sum16(w[g]);                              \
+        _Pragma("unroll") for (uint v = 0; v < NV; ++v) acc[g][v] *= correction;                 \
+        running_max[g] = new_max;                                                                \
+      }                                                                                          \
+      _Pragma("unroll") for (int j = 0; j < ATTN_KEYS; ++j) if (j < n) {                         \
+        float16 vr[NV];                                                                          \
+        _Pragma("unroll") for (uint v = 0; v < NV; ++v) vr[v] = kv_load16_##T(k[j] + v_rows, v); \
+        _Pragma("unroll") for (uint g = 0; g < GQ; ++g)                                          \
+            _Pragma("unroll") for (uint v = 0; v < NV; ++v) acc[g][v] =                          \
+                fma((float16)(w[g][j]), vr[v], acc[g][v]);                                       \
+      }                                                                                          \
+    }                                                                                            \
+    _Pragma("unroll") for (uint g = 0; g < GQ; ++g) {                                            \
+      const uint h = h0 + g;                                                                     \
+      if (n_chunks == 1) {                                                                       \
+        global float* out =                                                                      \
+            (global float*)(arena + out_off) + (ulong)t * out_stride + h * head_dim;             \
+        const float inv = 1.0f / running_sum[g];                                                 \
+        _Pragma("unroll") for (uint v = 0; v < NV; ++v) vstore16(acc[g][v] * inv, v, out);       \
+      } else {                                                                                   \
+        global float* part =                                                                     \
+            partials + (((ulong)tl * n_heads + h) * max_chunks + c) * (head_dim + 2);            \
+        _Pragma("unroll") for (uint v = 0; v < NV; ++v) vstore16(acc[g][v], v, part);            \
+        part[head_dim] = running_max[g];                                                         \
+        part[head_dim + 1] = running_sum[g];                                                     \
+      }                                                                                          \
+    }                                                                                            \
+  }
+// head_dim 64 (llama3.2-1b, the 1B shapes): 4 heads a work-item (16 + 16 vector registers of
+// q and accumulators, AVX-512's 32); head_dim 128: 2 heads (the same 32).
+DEFINE_ATTENTION_GQA_CPU(f32, 4, 4)
+DEFINE_ATTENTION_GQA_CPU(f16, 4, 4)
+DEFINE_ATTENTION_GQA_CPU(q8_0, 4, 4)
+DEFINE_ATTENTION_GQA_CPU(f32, 8, 2)
+DEFINE_ATTENTION_GQA_CPU(f16, 8, 2)
+DEFINE_ATTENTION_GQA_CPU(q8_0, 8, 2)
 #endif  // __clang__
