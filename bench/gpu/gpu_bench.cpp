@@ -13,7 +13,7 @@
 //         layout, what discrete GPUs read; Q4_0/Q8_0 only), --path-shapes
 //         ROWSxCOLS,..: several shapes in one run (default: [gemm-rows, gemm-cols]); with
 //         --rounds N each shape runs N times, the types' order rotated each round, best of each.
-//         E0M4 (duet's FP4) has only the fp32 path.
+//         E0M4 (duet's FP4) has only the fp32 path. --path-names fp32,..: only those paths.
 #include <CL/cl.h>
 #include <cblas.h>
 
@@ -93,7 +93,8 @@ double blas_gflops(int m, int k, int n, int reps) {
 // Best host wall-clock time of one matmul call (enqueue to finish) per path, in us.
 nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
                              const std::vector<int>& token_counts,
-                             const std::vector<duet::DType>& types, int reps) {
+                             const std::vector<duet::DType>& types, int reps,
+                             const std::vector<std::string>& only_paths) {
   auto& dev = kernels.device();
   nlohmann::json out;
   const int max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
@@ -146,6 +147,9 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
           Path{"int8_vnni_a8_file", true, true, 8, false},
           Path{"int8_vnni_a8", true, true, 8, true}}) {
       if ((p.tiled && !tiled) || (p.packed && !packable)) continue;
+      if (!only_paths.empty() &&
+          std::find(only_paths.begin(), only_paths.end(), p.name) == only_paths.end())
+        continue;
       try {
         kernels.set_int8_matmul(p.int8);
         if (p.int8) {
@@ -236,6 +240,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> path_type_names{"Q4_0", "Q8_0"}, path_shapes;
   app.add_option("--path-types", path_type_names)->delimiter(',');
   app.add_option("--path-shapes", path_shapes, "ROWSxCOLS")->delimiter(',');
+  std::vector<std::string> path_names;  // --paths: only these paths (default: every one)
+  app.add_option("--path-names", path_names, "fp32,fp32_packed,int8_vnni_a16,...")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
     auto& dev = duet::gpu::shared_device();
@@ -268,7 +274,7 @@ int main(int argc, char** argv) {
           std::rotate(order.begin(), order.begin() + round % static_cast<int>(order.size()),
                       order.end());
           merge_best(out["paths"][shape],
-                     compare_paths(kernels, rows, cols, path_tokens, order, reps));
+                     compare_paths(kernels, rows, cols, path_tokens, order, reps, path_names));
         }
       }
       std::cout << out.dump(2) << "\n";
