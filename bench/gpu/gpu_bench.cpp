@@ -11,7 +11,9 @@
 //         [gemm-rows, gemm-cols] x T tokens, host wall clock per call (quantisation included).
 //         --path-types Q4_0,Q4_K,..: the weight types compared ("fp32_packed": weight_pack.h's
 //         layout, what discrete GPUs read; Q4_0/Q8_0 only), --path-shapes
-//         ROWSxCOLS,..: several shapes in one run (default: [gemm-rows, gemm-cols]).
+//         ROWSxCOLS,..: several shapes in one run (default: [gemm-rows, gemm-cols]); with
+//         --rounds N each shape runs N times, the types' order rotated each round, best of each.
+//         E0M4 (duet's FP4) has only the fp32 path. --path-names fp32,..: only those paths.
 #include <CL/cl.h>
 #include <cblas.h>
 
@@ -92,7 +94,8 @@ double blas_gflops(int m, int k, int n, int reps) {
 // Best host wall-clock time of one matmul call (enqueue to finish) per path, in us.
 nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
                              const std::vector<int>& token_counts,
-                             const std::vector<duet::DType>& types, int reps) {
+                             const std::vector<duet::DType>& types, int reps,
+                             const std::vector<std::string>& only_paths) {
   auto& dev = kernels.device();
   nlohmann::json out;
   const int max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
@@ -145,6 +148,9 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
           Path{"int8_vnni_a8_file", true, true, 8, false},
           Path{"int8_vnni_a8", true, true, 8, true}}) {
       if ((p.tiled && !tiled) || (p.packed && !packable)) continue;
+      if (!only_paths.empty() &&
+          std::find(only_paths.begin(), only_paths.end(), p.name) == only_paths.end())
+        continue;
       try {
         kernels.set_int8_matmul(p.int8);
         if (p.int8) {
@@ -195,6 +201,21 @@ nlohmann::json compare_paths(duet::gpu::GpuKernels& kernels, int rows, int cols,
   return out;
 }
 
+// Folds one round of compare_paths into `best`: per type, path and token count, the entry with
+// the smaller time (error strings, for paths a device lacks, are kept as they are).
+void merge_best(nlohmann::json& best, const nlohmann::json& round) {
+  for (const auto& [type, paths] : round.items())
+    for (const auto& [path, counts] : paths.items()) {
+      nlohmann::json& b = best[type][path];
+      if (!counts.is_object()) {
+        b = counts;
+        continue;
+      }
+      for (const auto& [n, m] : counts.items())
+        if (!b.contains(n) || m["us"].get<double>() < b[n]["us"].get<double>()) b[n] = m;
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -220,6 +241,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> path_type_names{"Q4_0", "Q8_0"}, path_shapes;
   app.add_option("--path-types", path_type_names)->delimiter(',');
   app.add_option("--path-shapes", path_shapes, "ROWSxCOLS")->delimiter(',');
+  std::vector<std::string> path_names;  // --paths: only these paths (default: every one)
+  app.add_option("--path-names", path_names, "fp32,fp32_packed,int8_vnni_a16,...")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
     // --gemv-variants compares the tuning variants, which only a device opened for them builds.
@@ -234,13 +257,15 @@ int main(int argc, char** argv) {
     if (!path_tokens.empty()) {
       nlohmann::json out;
       out["device"] = dev.info().name;
+      out["extensions"] = dev.info().extensions;
       std::vector<duet::DType> types;
       for (const std::string& name : path_type_names) {
         uint32_t raw = 0;
-        while (raw < 64 &&
+        constexpr uint32_t kEnd = 2048;  // past duet's own types (E0M4 = 1024)
+        while (raw < kEnd &&
                !(duet::dtype_known(raw) && duet::dtype_name(static_cast<duet::DType>(raw)) == name))
           ++raw;
-        if (raw == 64) throw duet::Error(duet::Errc::invalid_argument, "no weight type " + name);
+        if (raw == kEnd) throw duet::Error(duet::Errc::invalid_argument, "no weight type " + name);
         types.push_back(static_cast<duet::DType>(raw));
       }
       if (path_shapes.empty())
@@ -250,7 +275,15 @@ int main(int argc, char** argv) {
         if (x == std::string::npos)
           throw duet::Error(duet::Errc::invalid_argument, "--path-shapes: not ROWSxCOLS: " + shape);
         const int rows = std::stoi(shape.substr(0, x)), cols = std::stoi(shape.substr(x + 1));
-        out["paths"][shape] = compare_paths(kernels, rows, cols, path_tokens, types, reps);
+        for (int round = 0; round < rounds; ++round) {
+          // Rounds rotate the types' order, so a burst of load lands on each type in turn; each
+          // path keeps its best time over the rounds (ratios between types from one run).
+          std::vector<duet::DType> order(types);
+          std::rotate(order.begin(), order.begin() + round % static_cast<int>(order.size()),
+                      order.end());
+          merge_best(out["paths"][shape],
+                     compare_paths(kernels, rows, cols, path_tokens, order, reps, path_names));
+        }
       }
       std::cout << out.dump(2) << "\n";
       return 0;
@@ -260,6 +293,7 @@ int main(int argc, char** argv) {
     out["platform"] = dev.info().platform;
     out["type"] = dev.info().type;
     out["compute_units"] = dev.info().compute_units;
+    out["extensions"] = dev.info().extensions;
 
     // Rounds take every yardstick and every kernel in turn, so a burst of load from other
     // processes lands on both sides of a ratio; each number is the best over the rounds, and

@@ -92,6 +92,9 @@ const std::array kSettings = {
             "shared|per_head|portable",
             "attention kernels on CPU devices: shared (a KV head's query heads read its K/V once), "
             "per_head, or portable (the GPUs' kernels)"},
+    Setting{"DUET_GPU_LOW_PRIORITY", "gpu.low_priority", T::choice, "on", 0, 0, "on|off",
+            "proactive (preemptible) steps on a CL_QUEUE_PRIORITY_LOW_KHR queue where the device "
+            "has cl_khr_priority_hints; off: one queue"},
     Setting{"DUET_GPU_INT8_ACT_BITS", "gpu.int8_act_bits", T::text, "", 0, 0, "",
             "activation bits of the int8 matmuls, one number or role=bits pairs "
             "(GpuKernels::set_int8_act_bits); empty: 8"},

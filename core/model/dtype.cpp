@@ -21,7 +21,7 @@ constexpr DTypeInfo kInfo[] = {
     {DType::Q5_0, "Q5_0", kQK, 22},    {DType::Q5_1, "Q5_1", kQK, 24},
     {DType::Q8_0, "Q8_0", kQK, 34},    {DType::Q4_K, "Q4_K", kQK_K, 144},
     {DType::Q5_K, "Q5_K", kQK_K, 176}, {DType::Q6_K, "Q6_K", kQK_K, 210},
-    {DType::BF16, "BF16", 1, 2},
+    {DType::BF16, "BF16", 1, 2},       {DType::E0M4, "E0M4", 128, 68},
 };
 
 const DTypeInfo* find(DType t) {

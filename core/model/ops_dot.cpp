@@ -233,6 +233,7 @@ void dot_rows_n(DType type, const void* const* rows, const float* const* xs, int
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:
+    case DType::E0M4:
       return dot_dequantised<N>(type, rows, xs, n, out);
   }
 }
@@ -296,6 +297,7 @@ void unpack_row(DType type, const void* row, float* q, float* scales, int64_t n)
     case DType::Q5_1:
     case DType::Q4_K:
     case DType::Q5_K:
+    case DType::E0M4:
     case DType::Q6_K:  // the dequantised row, dotted as F32 (see dot_dequantised)
       dequantize_row(type, row, q, n);
       return;

@@ -125,6 +125,7 @@ std::vector<size_t> block_scale_offsets(DType type) {
     case DType::Q5_1:
     case DType::Q4_K:
     case DType::Q5_K:
+    case DType::E0M4:
       return {0, 2};
     case DType::Q6_K:
       return {offsetof(BlockQ6_K, d)};
@@ -189,6 +190,8 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
       return dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, n);
     case DType::Q6_K:
       return dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n);
+    case DType::E0M4:
+      return dequantize_row_e0m4(static_cast<const BlockE0M4*>(src), dst, n);
   }
   throw Error(Errc::unsupported, "dequantize_row: unknown dtype");
 }
@@ -241,6 +244,8 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       return quantize_row_q5_k(src, static_cast<BlockQ5_K*>(dst), n);
     case DType::Q6_K:
       return quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), n);
+    case DType::E0M4:
+      return quantize_row_e0m4(src, static_cast<BlockE0M4*>(dst), n);
   }
   throw Error(Errc::unsupported, "quantize_row: unknown dtype");
 }

@@ -32,6 +32,8 @@
 // BF16: the upper 16 bits of an fp32 (no block). Quantising rounds to nearest even; a NaN stays
 //   a (quiet) NaN.
 //
+// E0M4: duet's FP4 type (128 weights per block), documented in core/quant_e0m4.h.
+//
 // Quantising (for mkmodel, `duet quantize` and tests), as llama.cpp's reference quantizers:
 //   Q8_0: d = max|x| / 127, q = round(x / d)
 //   Q4_0: take x_m with the largest |x| (sign kept), d = x_m / -8, q = min(15, (int)(x/d + 8.5))
@@ -97,4 +99,6 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n);
 
 }  // namespace duet
 
-#include "core/model/quant_k.h"  // IWYU pragma: export
+#include "core/model/quant_e0m4.h"  // IWYU pragma: export
+#include "core/model/quant_k.h"     // IWYU pragma: export
+#include "core/model/quant_k.h"     // IWYU pragma: export

@@ -10,13 +10,21 @@ namespace {
 
 // llama_ftype values (llama.h).
 constexpr QuantPreset kPresets[] = {
-    {"q4_k_m", 15, DType::Q4_K, true}, {"q5_k_m", 17, DType::Q5_K, true},
-    {"q6_k", 18, DType::Q6_K, true},   {"q4_k", 14, DType::Q4_K, false},
-    {"q5_k", 16, DType::Q5_K, false},  {"q8_0", 7, DType::Q8_0, true},
-    {"q4_0", 2, DType::Q4_0, true},    {"q4_1", 3, DType::Q4_1, true},
-    {"q5_0", 8, DType::Q5_0, true},    {"q5_1", 9, DType::Q5_1, true},
-    {"f32", 0, DType::F32, false},     {"f16", 1, DType::F16, false},
+    {"q4_k_m", 15, DType::Q4_K, true},
+    {"q5_k_m", 17, DType::Q5_K, true},
+    {"q6_k", 18, DType::Q6_K, true},
+    {"q4_k", 14, DType::Q4_K, false},
+    {"q5_k", 16, DType::Q5_K, false},
+    {"q8_0", 7, DType::Q8_0, true},
+    {"q4_0", 2, DType::Q4_0, true},
+    {"q4_1", 3, DType::Q4_1, true},
+    {"q5_0", 8, DType::Q5_0, true},
+    {"q5_1", 9, DType::Q5_1, true},
+    {"f32", 0, DType::F32, false},
+    {"f16", 1, DType::F16, false},
     {"bf16", 32, DType::BF16, false},
+    // duet's own (core/quant_e0m4.h): no llama_ftype; 1024 as its tensor type id.
+    {"e0m4", 1024, DType::E0M4, true},
 };
 
 bool ends_with(const std::string& s, std::string_view suffix) {
@@ -49,6 +57,9 @@ DType fallback(DType t, int64_t row) {
       break;
     case DType::Q6_K:
       f = DType::Q8_0;
+      break;
+    case DType::E0M4:  // rows not whole 128-weight groups: the 4-bit type of 32-weight blocks
+      f = DType::Q4_0;
       break;
     default:
       break;

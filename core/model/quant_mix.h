@@ -19,7 +19,8 @@
 //     - everything else: the base type (q4_k_m's other tensors Q4_K, q5_k_m's Q5_K).
 //  4. Fallback (applied after 2 and 3, also for pure presets): a K type for a tensor whose rows
 //     are not a multiple of 256 becomes Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and F16 if the
-//     row length is not even a multiple of 32 (llama.cpp's tensor_type_fallback).
+//     row length is not even a multiple of 32 (llama.cpp's tensor_type_fallback); duet's E0M4
+//     becomes Q4_0 for rows that are not whole 128-weight groups.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -37,7 +38,8 @@ struct QuantPreset {
 };
 
 // q4_k_m, q5_k_m, q6_k (rules); q4_k, q5_k (pure, file types Q4_K_S / Q5_K_S); q8_0, q4_0, q4_1,
-// q5_0, q5_1 (rules: output.weight Q6_K as llama.cpp does); f32, f16, bf16. Case-insensitive.
+// q5_0, q5_1 (rules: output.weight Q6_K as llama.cpp does); f32, f16, bf16; e0m4 (duet's FP4,
+// core/quant_e0m4.h; the rules of q4_0, rows not whole groups fall back to Q4_0). Case-insensitive.
 // Throws invalid_argument listing the names.
 const QuantPreset& quant_preset(std::string_view name);
 std::vector<std::string> quant_preset_names();

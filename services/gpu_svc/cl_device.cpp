@@ -1,5 +1,7 @@
 #include "services/gpu_svc/cl_device.h"
 
+#include <CL/cl_ext.h>
+#include <dlfcn.h>
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -228,8 +230,58 @@ std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
         clCreateCommandQueue(dev->context_, dev->narrow_device_, CL_QUEUE_PROFILING_ENABLE, &err);
     check_cl(err, "clCreateCommandQueue(narrow)");
   }
+  dev->open_low_priority_queue(options);
   dev->build_program(options);
   return dev;
+}
+
+bool has_extension(const std::string& extensions, const std::string& name) {
+  std::istringstream in(extensions);
+  std::string token;
+  while (in >> token)
+    if (token == name) return true;
+  return false;
+}
+
+void ClDevice::open_low_priority_queue(const DeviceOptions& options) {
+  if (!options.low_priority || !setting_on("DUET_GPU_LOW_PRIORITY")) {  // checked: on|off
+    info_.low_priority = "off: DUET_GPU_LOW_PRIORITY=off";
+    return;
+  }
+  if (!has_extension(info_.extensions, "cl_khr_priority_hints")) {
+    info_.low_priority = "none: the device has no cl_khr_priority_hints";
+    return;
+  }
+  // An OpenCL 2.0 entry point (queue properties); duet builds against the 1.2 API, so it is
+  // looked up in the ICD loader, which exports it when the platform is 2.0 or later.
+  using CreateWithProperties =
+      cl_command_queue(CL_API_CALL*)(cl_context, cl_device_id, const cl_ulong*, cl_int*);
+  const auto create = reinterpret_cast<CreateWithProperties>(
+      ::dlsym(RTLD_DEFAULT, "clCreateCommandQueueWithProperties"));
+  if (!create) {
+    info_.low_priority = "none: no clCreateCommandQueueWithProperties in the OpenCL loader";
+    return;
+  }
+  const cl_ulong props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, CL_QUEUE_PRIORITY_KHR,
+                            CL_QUEUE_PRIORITY_LOW_KHR, 0};
+  cl_int err = CL_SUCCESS;
+  low_queue_ = create(context_, device_, props, &err);
+  if (err != CL_SUCCESS || !low_queue_) {
+    low_queue_ = nullptr;
+    info_.low_priority =
+        "none: clCreateCommandQueueWithProperties(CL_QUEUE_PRIORITY_LOW_KHR) "
+        "failed: " +
+        cl_error_name(err);
+    return;
+  }
+  info_.low_priority = "cl_khr_priority_hints";
+}
+
+void ClDevice::use_low_priority(bool on) {
+  on = on && low_queue_;
+  if (on == low_active_) return;
+  check_cl(clFinish(queue()), "clFinish(queue switch)");
+  low_active_ = on;
 }
 
 std::vector<cl_device_id> ClDevice::devices() const {
@@ -387,6 +439,7 @@ ClDevice::~ClDevice() {
   if (program_) clReleaseProgram(program_);
   if (queue_) clReleaseCommandQueue(queue_);
   if (narrow_queue_) clReleaseCommandQueue(narrow_queue_);
+  if (low_queue_) clReleaseCommandQueue(low_queue_);
   if (context_) clReleaseContext(context_);
 }
 

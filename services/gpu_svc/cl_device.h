@@ -35,7 +35,13 @@ struct DeviceInfo {
   bool host_unified = false;
   bool fp64 = false;
   std::string narrow;  // the narrow queue's device (below), empty when there is none
+  // The low-priority queue (below): "cl_khr_priority_hints" when there is one, else why not
+  // ("none: ..." or "off: ...").
+  std::string low_priority;
 };
+
+// `name` is one of the space-separated tokens of an extension string (CL_DEVICE_EXTENSIONS).
+bool has_extension(const std::string& extensions, const std::string& name);
 
 struct DeviceOptions {
   // Which device: "" picks the first GPU, else the first device of any type;
@@ -56,6 +62,12 @@ struct DeviceOptions {
   // GpuKernels::kGemvTuningVariants) for gpu_bench --gemv-variants: a second program, cached
   // apart, ~4x the GEMV kernels of the default one, which holds only those GpuKernels picks.
   bool gemv_tuning = false;
+  // A second queue of the same device created with CL_QUEUE_PRIORITY_LOW_KHR, for background
+  // (proactive, Agent.xpu) steps: Transformer-Lite sets its kernels' priority to the lowest so
+  // the GPU's other users (on a phone, rendering) go first. Only where the device offers
+  // cl_khr_priority_hints (PoCL's CPU device does not); env DUET_GPU_LOW_PRIORITY=off turns it
+  // off.
+  bool low_priority = true;
 };
 
 class ClDevice {
@@ -71,12 +83,20 @@ class ClDevice {
   // use_narrow(true). Both devices share the context, the buffers (host memory) and the built
   // program; kernels get the same work-group sizes on both (the wide device's), so a step gives
   // the same bits on either.
-  cl_command_queue queue() const { return narrow_active_ ? narrow_queue_ : queue_; }
+  cl_command_queue queue() const {
+    return low_active_ ? low_queue_ : narrow_active_ ? narrow_queue_ : queue_;
+  }
   bool has_narrow() const { return narrow_queue_ != nullptr; }
   // Switches the queue for the commands that follow; the other queue is drained first (clFinish)
   // so nothing of it runs beside them. No-op without a narrow queue.
   void use_narrow(bool on);
   bool narrow_active() const { return narrow_active_; }
+  // The low-priority queue (DeviceOptions::low_priority): the commands that follow
+  // use_low_priority(true) go to it, the other queue drained first, as use_narrow. It takes
+  // precedence over the narrow queue while on. No-op without one.
+  bool has_low_priority() const { return low_queue_ != nullptr; }
+  void use_low_priority(bool on);
+  bool low_priority_active() const { return low_active_; }
   // Flushes the queue and waits for `e` until `deadline`: a short spin, then a blocking wait on
   // the event's completion callback. Throws Error(timeout) at the deadline, Error(internal) when
   // the command failed; both name `what`.
@@ -94,6 +114,7 @@ class ClDevice {
  private:
   ClDevice() = default;
   void build_program(const DeviceOptions& options);
+  void open_low_priority_queue(const DeviceOptions& options);
   std::vector<cl_device_id> devices() const;  // the device, then the narrow one if any
 
   DeviceInfo info_;
@@ -104,6 +125,8 @@ class ClDevice {
   cl_device_id narrow_device_ = nullptr;
   cl_command_queue narrow_queue_ = nullptr;
   bool narrow_active_ = false;
+  cl_command_queue low_queue_ = nullptr;
+  bool low_active_ = false;
   cl_program program_ = nullptr;
   std::map<std::string, cl_kernel> kernels_;
   bool zero_copy_ = false;

@@ -190,6 +190,8 @@ const char* kernel_type_suffix(DType t) {
       return "q5_0";
     case DType::Q5_1:
       return "q5_1";
+    case DType::E0M4:  // fp32 kernels only (matmul_qx_e0m4.cl)
+      return "e0m4";
     default:  // BF16 has no gpu_svc kernels yet
       break;
   }

@@ -82,7 +82,8 @@ GpuRunner::GpuRunner(ClDevice& dev, const SocProfile* soc)
     : dev_(dev), kernels_(dev), soc_(soc), picker_(QueuePicker::from_env()) {}
 
 GpuRunner::~GpuRunner() {
-  dev_.use_narrow(false);  // drains the narrow queue
+  dev_.use_low_priority(false);  // drains the low-priority queue
+  dev_.use_narrow(false);        // drains the narrow queue
   clFinish(dev_.queue());
   wait_callbacks(Clock::now() + std::chrono::seconds(5));
   for (auto& [key, mem] : buffers_) clReleaseMemObject(mem);
@@ -387,11 +388,16 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   const bool preemptible = step.preempt_flag >= 0;
   if (preemptible && !flags) bad(Errc::invalid_argument, "a preemptible step needs the flags");
 
-  // A small step may run on the narrow queue (queue_picker.h); whole steps are timed for it.
+  // A proactive step (Agent.xpu: the preemptible ones, which only the proactive engine posts)
+  // runs on the low-priority queue where the device has one (cl_device.h). Otherwise a small
+  // step may run on the narrow queue (queue_picker.h); whole steps are timed for it.
+  const bool low = preemptible && dev_.has_low_priority();
   const uint32_t context =
       static_cast<uint32_t>(*std::max_element(max_pos.begin(), max_pos.end()) + 1);
-  const StepQueue on = dev_.has_narrow() ? picker_.pick(id, n, context) : StepQueue::wide;
+  const StepQueue on = !low && dev_.has_narrow() ? picker_.pick(id, n, context) : StepQueue::wide;
+  dev_.use_low_priority(low);
   dev_.use_narrow(on == StepQueue::narrow);
+  if (low) ++low_priority_steps_;
   const auto enqueued = Clock::now();
   cl_command_queue q = dev_.queue();
   if (copies()) {
@@ -603,7 +609,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     dev_.wait(end, deadline, "the step's kernels");
     done_at = Clock::now();
     wait_callbacks(deadline);
-    if (dev_.has_narrow() && step.first_op == 0 && !report.preempted) {
+    if (dev_.has_narrow() && !low && step.first_op == 0 && !report.preempted) {
       // Its own time: what it waited for the other device's flags is not the queue's doing.
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - enqueued).count();
       picker_.observe(id, n, context, on, std::max(0.0, us - report.wait_us));

@@ -86,6 +86,8 @@ class GpuRunner {
   ClDevice& device() { return dev_; }
   // Which queue small steps run on, as measured (gpu_svc's status shows it).
   const QueuePicker& queue_picker() const { return picker_; }
+  // Steps run on the device's low-priority queue (proactive steps, where it has one).
+  uint64_t low_priority_steps() const { return low_priority_steps_; }
 
  private:
   struct Program;
@@ -113,6 +115,7 @@ class GpuRunner {
   std::atomic<int> pending_callbacks_{0};
   QueuePicker picker_;
   bool fuse_ = fusion_from_env();
+  uint64_t low_priority_steps_ = 0;
 };
 
 }  // namespace duet::gpu

@@ -121,6 +121,7 @@ msg::Bytes GpuService::profile_op(const fb::Message& request) {
   if (!body->modeled_only()) {
     std::lock_guard lock(mu_);  // the device's queue: never beside a step
     // A profile describes the device itself (all cores), whichever queue the last step used.
+    dev_.use_low_priority(false);
     dev_.use_narrow(false);
     measured = measure_op(kernels_, shape, body->reps());
   }
@@ -162,7 +163,9 @@ nlohmann::json GpuService::status_json() const {
           {"doorbell_steps", doorbell_steps_},
           {"doorbells", doorbells_.size()},
           {"narrow_device", d.narrow},
-          {"narrow", runner_.queue_picker().to_json()}};
+          {"narrow", runner_.queue_picker().to_json()},
+          {"low_priority_queue", d.low_priority},
+          {"low_priority_steps", runner_.low_priority_steps()}};
 }
 
 }  // namespace duet::gpu

@@ -1,7 +1,7 @@
 // Every plan, executed by the real gpu_svc (OpenCL on PoCL) and npu_svc (the NPU emulator)
 // processes over ZeroMQ and shared memory, gives the reference's tokens on tiny-fortune:
 // teacher-forced top-1 agreement wherever the reference's top-1 margin exceeds 0.05, for F16,
-// Q8_0 and Q4_0. Then a device is killed in the middle of decoding and the engine recovers.
+// Q8_0, Q4_0 and E0M4. Then a device is killed in the middle of decoding and the engine recovers.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -19,6 +19,7 @@
 #include "core/base/error.h"
 #include "core/ipc/run_dir.h"
 #include "core/model/forward.h"
+#include "core/model/quantize_file.h"
 #include "core/planner/plan_store.h"
 #include "core/planner/solver.h"
 #include "services/frontend/program_engine.h"
@@ -229,6 +230,53 @@ TEST_F(PlansOverServices, EveryPlanMatchesLlamacppTeacherForcedOnKQuantFiles) {
   }
   std::filesystem::remove_all(dir);
   EXPECT_EQ(files, 3);  // q4_k_m, q5_k_m, q6_k
+}
+
+// E0M4 (duet's FP4, core/quant_e0m4.h) has no llama.cpp or HF answer: `duet quantize --type
+// e0m4` of the F16 file is held to duet's reference forward pass on that same file (the
+// reference op's dequantisation), teacher-forced on the reference sequences, in every plan.
+TEST_F(PlansOverServices, EveryPlanMatchesTheReferenceTeacherForcedOnE0M4) {
+  const auto dir =
+      std::filesystem::path(::testing::TempDir()) / ("duet-e0m4-plans-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir / "teacher-forced");
+  const std::string path = (dir / "fortune-e0m4.gguf").string();
+  QuantizeOptions qo;
+  qo.type = "e0m4";
+  quantize_file(model_path("f16"), path, qo);
+  // The reference's logits of every position of the F16 answer's sequences, in its layout.
+  const auto answer = testdata::load_json(data_dir() + "teacher-forced/f16.json");
+  {
+    const auto model = LlamaModel::load(path);
+    std::ofstream logits(dir / "teacher-forced" / "e0m4.logits.f32", std::ios::binary);
+    for (const auto& seq : answer.at("sequences")) {
+      ReferenceForward ref(*model);
+      const std::vector<int32_t> ids = seq.at("ids");
+      const std::vector<float> rows = ref.forward(ids, true);
+      logits.write(reinterpret_cast<const char*>(rows.data()),
+                   static_cast<std::streamsize>(rows.size() * sizeof(float)));
+    }
+    std::ofstream(dir / "teacher-forced" / "e0m4.json") << answer.dump();
+  }
+  service_model_ = path;  // the services map models from their --model's directory only
+  start("gpu");
+  start("npu");
+  uint32_t id_base = 5000;
+  const std::vector<std::pair<std::string, std::function<Plan(uint32_t)>>> plans = {
+      {"gpu-only", nullptr},
+      {"npu-only", nullptr},
+      {"tensor", [path](uint32_t b) { return tensor_plan_for_path(path, b); }},
+  };
+  for (const auto& [name, plan_for] : plans) {
+    SCOPED_TRACE("e0m4 " + name);
+    auto e = engine_for(path, name, plan_for, id_base);
+    id_base += 100;
+    const Agreement a = teacher_forced(*e, dir.string() + "/", "e0m4");
+    std::printf("e0m4, plan %s: top-1 equal to the reference at %d of %d clear positions\n",
+                name.c_str(), a.agree, a.clear);
+    EXPECT_GT(a.clear, 100);
+    EXPECT_EQ(a.agree, a.clear) << describe(a);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // HeteroInfer's other two NPU baselines as plans: prompts of lengths with no standard NPU graph

@@ -87,14 +87,15 @@ TEST(NpuGemm, MatchesReferenceMatmulForEveryWeightTypeAtOddSizes) {
   }
 }
 
-// W4A16 and friends: the K types (256-weight super-blocks), the legacy 32-blocks with offsets
-// and BF16, dequantised on the fly, equal to the reference op at odd sizes; a token's outputs
-// the same bits alone or batched (decode reads stored rows, prefill dequantised tiles).
+// W4A16 and friends: the K types (256-weight super-blocks), the legacy 32-blocks with offsets,
+// BF16 and E0M4 (128-weight groups, the shift-and-OR dequantisation in lanes), dequantised on the
+// fly, equal to the reference op at odd sizes; a token's outputs the same bits alone or batched
+// (decode reads stored rows, prefill dequantised tiles).
 TEST(NpuGemm, EveryNewWeightTypeMatchesTheReferenceAndIsBatchInvariant) {
   npu::NpuGemm gemm(2);
   uint32_t seed = 300;
   for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                     DType::BF16}) {
+                     DType::BF16, DType::E0M4}) {
     for (int64_t m : {1, 31, 33, 257}) {
       for (int64_t k : {256, 768}) {
         const Weights w = make_weights(type, m, k, seed++);

@@ -10,6 +10,8 @@ node-llama-cpp's JavaScript API cannot reach:
 Reads one JSON request on stdin, writes one JSON reply on stdout:
   {"op": "tokenize-bytes", "model": F, "items": [HEX, ...]}
       -> {"items": [{"plain": [...], "special": [...], "plain_add_special": [...]}, ...]}
+  {"op": "load", "model": F} -> {"loaded": bool, "log": [llama.cpp's log lines]} (or
+      {"error": "llama.cpp terminates: ..."} when loading kills the process)
   {"op": "chat-template", "template": JINJA, "messages": [{"role", "content"}], "add_ass": true}
       -> {"text": FORMATTED} (or {"error": ...} when llama.cpp does not recognise the template)
 
@@ -139,6 +141,30 @@ def op_tokenize_bytes(lib, req):
     return {"items": items}
 
 
+def op_load(lib, req):
+    """Whether llama_model_load_from_file loads the file (its own GGUF reader, gguf_init, then
+    the model loader), with llama.cpp's log lines: why it refused, for a file it must refuse."""
+    def load():
+        lines = []
+        cb = LOG_CB(lambda level, text, user: lines.append(text.decode("utf-8", "replace")))
+        lib.llama_log_set(cb, None)
+        # A full load needs a compute backend (the CPU one of the bundle's variants).
+        lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+        lib.ggml_backend_load_all_from_path(os.environ["LLAMA_LIB_DIR"].encode())
+        model = lib.llama_model_load_from_file(req["model"].encode(),
+                                               lib.llama_model_default_params())
+        if model:
+            lib.llama_model_free(model)
+        # File names without their directories: the record is the same on every machine.
+        text = "".join(lines).replace(os.environ["LLAMA_LIB_DIR"] + "/", "")
+        text = text.replace(os.path.dirname(os.path.abspath(req["model"])) + "/", "")
+        # Which CPU variant of the backend loaded is the machine's, not the file's.
+        log = [line.strip() for line in text.splitlines()
+               if line.strip() and not line.startswith("load_backend:")]
+        return {"loaded": bool(model), "log": log}
+    return isolated(load)
+
+
 def op_chat_template(lib, req):
     """The formatted text, and which of llama.cpp's built-in template names give the same text
     (llama.cpp does not say what it detected; equal output on these messages is what we can see)."""
@@ -179,7 +205,7 @@ def main():
     req = json.load(sys.stdin)
     lib = load_lib()
     keep = quiet(lib)
-    ops = {"tokenize-bytes": op_tokenize_bytes, "chat-template": op_chat_template}
+    ops = {"tokenize-bytes": op_tokenize_bytes, "chat-template": op_chat_template, "load": op_load}
     json.dump(ops[req["op"]](lib, req), sys.stdout)
     del keep
     return 0

@@ -7,6 +7,7 @@
 //   node oracle.mjs greedy   --model F.gguf --prompt-ids 1,2,3 --n 16 --out O.json
 //   node oracle.mjs chat     --model F.gguf --messages M.json --out O.json [--family NAME]
 //   node oracle.mjs bench-tokenize --model F.gguf --text T.txt [--repeat 5]
+//   node oracle.mjs load     --model F.gguf --out O.json   (does llama.cpp load it, or refuse?)
 import {spawnSync} from "node:child_process";
 import {createHash} from "node:crypto";
 import {readFileSync, writeFileSync} from "node:fs";
@@ -68,6 +69,9 @@ function llamaC(request) {  // llama_c.py: llama.cpp's C API for what JavaScript
   if (r.status !== 0) throw new Error(`llama_c.py failed: ${r.stderr}`);
   return JSON.parse(r.stdout.toString("utf8"));
 }
+
+// llama.cpp's log lines (its errors explain a refusal), in order.
+const llamaLog = [];
 
 async function loadModel(llama, path, vocabOnly) {
   return llama.loadModel({modelPath: path, vocabOnly, gpuLayers: 0});
@@ -236,15 +240,41 @@ async function cmdBenchTokenize(llama, args) {
           tokens, seconds: best, mb_per_s: bytes / 1e6 / best};
 }
 
+// Whether llama.cpp loads a file, through both of its readers: node-llama-cpp's (its JavaScript
+// GGUF parser, then llama.cpp) as {"loaded": true} or {"loaded": false, "error": the message
+// thrown, "log": llama.cpp's log lines}, and llama.cpp's C API alone (llama_c.py `load`:
+// gguf_init and the model loader) as "llama_cpp_c": {"loaded", "log"}. For files duet writes that
+// llama.cpp must refuse (E0M4, duet's own tensor type): the record, written after both, is the
+// proof that the refusals were errors and not crashes (llama_c.py would record a termination).
+async function cmdLoad(llama, args) {
+  const modelPath = need(args, "model");
+  const out = {oracle: oracleInfo(), model: basename(modelPath), model_sha256: sha256(modelPath)};
+  try {
+    const model = await loadModel(llama, modelPath, false);
+    await model.dispose();
+    out.loaded = true;
+  } catch (e) {
+    out.loaded = false;
+    out.error = String(e?.message ?? e);
+  }
+  out.log = llamaLog.map((l) => l.trim()).filter((l) => l.length);
+  out.llama_cpp_c = llamaC({op: "load", model: modelPath});
+  return out;
+}
+
 const commands = {tokenize: cmdTokenize, logits: cmdLogits, greedy: cmdGreedy, chat: cmdChat,
-                  "bench-tokenize": cmdBenchTokenize};
+                  "bench-tokenize": cmdBenchTokenize, load: cmdLoad};
 const args = parseArgs(process.argv.slice(2));
 const cmd = commands[args._[0]];
 if (!cmd) {
-  console.error("usage: node oracle.mjs tokenize|logits|greedy|chat --model F ... --out O");
+  console.error("usage: node oracle.mjs tokenize|logits|greedy|chat|load --model F ... --out O");
   process.exit(2);
 }
-const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error, build: "never"});
+const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error, build: "never",
+                              logger: (level, message) => {
+                                llamaLog.push(message);
+                                process.stderr.write(message + "\n");
+                              }});
 const result = await cmd(llama, args);
 const text = JSON.stringify(result) + "\n";
 if (args.out) writeFileSync(args.out, text);

@@ -37,6 +37,14 @@ inline void load_block_f32(global const uchar* p, float16* lo, float16* hi) {
 #define BLOCK_BYTES_q8_0 34
 #define BLOCK_BYTES_f16 64
 #define BLOCK_BYTES_f32 128
+// Block b (weights 32b .. 32b + 31) of the row at wr, as the generic kernels' macros read it:
+// at b * BLOCK_BYTES for the types of 32-weight blocks; E0M4 (matmul_qx_e0m4.cl) keeps four
+// such sub-blocks behind one group header and defines its own.
+#define BLOCK_AT(NAME, wr, b) ((wr) + (ulong)(b) * BLOCK_BYTES_##NAME)
+#define load_block_at_q4_0(wr, b, lo, hi) load_block_q4_0(BLOCK_AT(q4_0, wr, b), lo, hi)
+#define load_block_at_q8_0(wr, b, lo, hi) load_block_q8_0(BLOCK_AT(q8_0, wr, b), lo, hi)
+#define load_block_at_f16(wr, b, lo, hi) load_block_f16(BLOCK_AT(f16, wr, b), lo, hi)
+#define load_block_at_f32(wr, b, lo, hi) load_block_f32(BLOCK_AT(f32, wr, b), lo, hi)
 
 inline float sum16(float16 v) {
   const float8 a = v.lo + v.hi;

@@ -11,7 +11,7 @@
     const ulong row_bytes = (ulong)(cols / QK) * BLOCK_BYTES_##NAME;                           \
     const int id = tok[4 * t + TOK_ID];                                                       \
     float16 lo, hi;                                                                           \
-    load_block_##NAME(w + w_off + (ulong)id * row_bytes + (ulong)b * BLOCK_BYTES_##NAME, &lo, &hi); \
+    load_block_at_##NAME(w + w_off + (ulong)id * row_bytes, b, &lo, &hi);                      \
     global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride + b * QK;    \
     vstore16(lo, 0, out);                                                                     \
     vstore16(hi, 1, out);                                                                     \

@@ -30,7 +30,7 @@ inline int matmul_out_row(global const int* tok, int rows_from_table, uint t) {
     }                                                                                          \
     for (uint b = 0; b < n_blocks; ++b) {                                                      \
       float16 lo, hi;                                                                          \
-      load_block_##NAME(wr + (ulong)b * BLOCK_BYTES_##NAME, &lo, &hi);                         \
+      load_block_at_##NAME(wr, b, &lo, &hi);                                                     \
       for (uint i = 0; i < MM_TN; ++i) {                                                       \
         if (out_row[i] < 0) continue;                                                          \
         global const float* xb = x + (ulong)(t0 + i) * x_stride + b * QK;                      \
@@ -110,6 +110,10 @@ inline void cpu_block_q8_0(global const uchar* p, float16* lo, float16* hi) {
 }
 #define cpu_block_f16 load_block_f16
 #define cpu_block_f32 load_block_f32
+#define cpu_block_at_q4_0(wr, b, lo, hi) cpu_block_q4_0(BLOCK_AT(q4_0, wr, b), lo, hi)
+#define cpu_block_at_q8_0(wr, b, lo, hi) cpu_block_q8_0(BLOCK_AT(q8_0, wr, b), lo, hi)
+#define cpu_block_at_f16(wr, b, lo, hi) cpu_block_f16(BLOCK_AT(f16, wr, b), lo, hi)
+#define cpu_block_at_f32(wr, b, lo, hi) cpu_block_f32(BLOCK_AT(f32, wr, b), lo, hi)
 
 // acc += block . x[32], per lane (the GEMV's step). Quantised types scale the block's 16-lane
 // dot product once (one FMA) instead of scaling every weight.
@@ -171,7 +175,7 @@ DEFINE_MATMUL_GEMV(q8_0)
     float16 acc = (float16)(0.0f);                                                                   \
     for (uint b = 0; b < n_blocks; ++b) {                                                            \
       float16 lo, hi;                                                                                \
-      cpu_block_##NAME(wr + (ulong)b * BLOCK_BYTES_##NAME, &lo, &hi);                                \
+      cpu_block_at_##NAME(wr, b, &lo, &hi);                                                       \
       acc = fma(hi, vload16(1, x + b * QK), fma(lo, vload16(0, x + b * QK), acc));                   \
     }                                                                                                \
     ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = sum16(acc);                    \
@@ -218,7 +222,7 @@ DEFINE_MATMUL_GEMV_INVARIANT(f32)
     for (uint b = 0; b < n_blocks; ++b) {                                                            \
       float16 lo[CPU_GEMM_ROWS], hi[CPU_GEMM_ROWS];                                                  \
       _Pragma("unroll") for (uint j = 0; j < CPU_GEMM_ROWS; ++j)                                     \
-        cpu_block_##NAME(wr[j] + (ulong)b * BLOCK_BYTES_##NAME, &lo[j], &hi[j]);                     \
+        cpu_block_at_##NAME(wr[j], b, &lo[j], &hi[j]);                                            \
       _Pragma("unroll") for (uint i = 0; i < CPU_GEMM_TOKENS; ++i) {                                 \
         const float16 xl = vload16(0, xt[i] + b * QK), xh = vload16(1, xt[i] + b * QK);              \
         _Pragma("unroll") for (uint j = 0; j < CPU_GEMM_ROWS; ++j)                                   \

@@ -46,7 +46,7 @@
       global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;      \
       for (uint b = lane; b < n_blocks; b += GEMV_LWS) {                                       \
         float16 lo, hi;                                                                        \
-        load_block_##NAME(wr + (ulong)b * BLOCK_BYTES_##NAME, &lo, &hi);                       \
+        load_block_at_##NAME(wr, b, &lo, &hi);                                                   \
         acc = mad(lo, vload16(0, x + b * QK), acc);                                            \
         acc = mad(hi, vload16(1, x + b * QK), acc);                                            \
       }                                                                                        \

@@ -46,6 +46,12 @@ inline void load_block_q5_1(global const uchar* p, float16* lo, float16* hi) {
 #define cpu_block_q4_1 load_block_q4_1
 #define cpu_block_q5_0 load_block_q5_0
 #define cpu_block_q5_1 load_block_q5_1
+#define load_block_at_q4_1(wr, b, lo, hi) load_block_q4_1(BLOCK_AT(q4_1, wr, b), lo, hi)
+#define load_block_at_q5_0(wr, b, lo, hi) load_block_q5_0(BLOCK_AT(q5_0, wr, b), lo, hi)
+#define load_block_at_q5_1(wr, b, lo, hi) load_block_q5_1(BLOCK_AT(q5_1, wr, b), lo, hi)
+#define cpu_block_at_q4_1 load_block_at_q4_1
+#define cpu_block_at_q5_0 load_block_at_q5_0
+#define cpu_block_at_q5_1 load_block_at_q5_1
 
 #define DEFINE_QX_KERNELS(NAME)        \
   DEFINE_EMBED(NAME)                   \
