@@ -27,11 +27,20 @@ kernel void kv_write_f16(global const uchar* arena, ulong k_off, uint k_stride, 
 
 // One 32-value block as ggml's quantize_row_q8_0_ref makes it: d = amax / 127 stored as f16
 // (round to nearest even), then 32 int8 values round(x / d) (half away from zero, C's roundf).
+// The two divisions must be exact, as C's are; OpenCL lets a float division be 2.5 ulp off
+// (NVIDIA's is: a value on a rounding edge then lands one code away), so they run in double
+// where the device has it: a double quotient of floats rounded to float is the exact float one.
+#ifdef cl_khr_fp64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define Q8_DIV(a, b) ((float)((double)(a) / (double)(b)))
+#else
+#define Q8_DIV(a, b) ((a) / (b))
+#endif
 inline void store_block_q8_0(global const float* x, global uchar* dst) {
   float amax = 0.0f;
   for (uint j = 0; j < QK; ++j) amax = fmax(amax, fabs(x[j]));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const float d = Q8_DIV(amax, 127.0f);
+  const float id = d != 0.0f ? Q8_DIV(1.0f, d) : 0.0f;
   vstore_half_rte(d, 0, (global half*)dst);
   global char* q = (global char*)(dst + 2);
   for (uint j = 0; j < QK; ++j) q[j] = (char)round(x[j] * id);
