@@ -13,8 +13,10 @@ namespace duet {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-#define DUET_PLANS \
-  "auto|tensor|gpu-only|npu-only|npu-only:online-prepare|npu-only:pipe|layer|reference"
+// subgraph:* is a Puzzle placement file (puzzle/subgraph_plan.h): `subgraph:PATH`.
+#define DUET_PLANS                                                                       \
+  "auto|tensor|gpu-only|npu-only|npu-only:online-prepare|npu-only:pipe|layer|reference|" \
+  "subgraph:*"
 constexpr const char* kPlans = DUET_PLANS;
 constexpr const char* kPlansOrEmpty = "|" DUET_PLANS;  // empty: follow another setting
 #undef DUET_PLANS
@@ -196,7 +198,12 @@ void check_setting(const Setting& s, std::string_view value) {
       std::string_view rest = s.choices;
       for (;;) {
         const size_t bar = rest.find('|');
-        if (rest.substr(0, bar) == value) return;
+        const std::string_view choice = rest.substr(0, bar);
+        if (choice == value) return;
+        // "prefix:*": the prefix and something after it (a path).
+        if (choice.ends_with('*') && value.size() >= choice.size() &&
+            value.starts_with(choice.substr(0, choice.size() - 1)))
+          return;
         if (bar == std::string_view::npos) break;
         rest.remove_prefix(bar + 1);
       }

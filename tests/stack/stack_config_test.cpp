@@ -37,7 +37,9 @@ class StackConfigFile : public ::testing::Test {
     CliResult r = run_duet("stack config --json --stack " + id_);
     EXPECT_EQ(r.rc, 0) << r.out;
     nlohmann::json by_key;
-    for (const auto& e : nlohmann::json::parse(r.out)["settings"]) by_key[e["key"]] = e;
+    const nlohmann::json out = nlohmann::json::parse(r.out);
+    EXPECT_TRUE(out.contains("settings")) << r.out;
+    for (const auto& e : out.value("settings", nlohmann::json::array())) by_key[e["key"]] = e;
     return by_key;
   }
   std::string id_, run_dir_;
