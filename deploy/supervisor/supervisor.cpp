@@ -86,6 +86,9 @@ Supervisor::Impl::Child* Supervisor::Impl::find_child(ServiceId id) {
 void Supervisor::Impl::spawn(Child& c) {
   std::vector<std::string> args = c.argv;
   const std::string exe = args.front();
+  // http_svc serves our listening socket, at the fd a takeover takes it back from.
+  const int listen_fd = c.id == ServiceId::http ? http_listen_socket() : -1;
+  if (listen_fd >= 0) args.insert(args.end(), {"--listen-fd", std::to_string(kInheritedListenFd)});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -107,13 +110,6 @@ void Supervisor::Impl::spawn(Child& c) {
   for (int i = 1; i < 3; ++i) {
     stdio[i].flags = log_fd >= 0 ? UV_INHERIT_FD : UV_IGNORE;
     stdio[i].data.fd = log_fd;
-  }
-  const int listen_fd = c.id == ServiceId::http ? http_listen_socket() : -1;
-  if (listen_fd >= 0) {
-    args.insert(args.end(), {"--listen-fd", std::to_string(kInheritedListenFd)});
-    argv.clear();
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
   }
   uv_stdio_container_t* socket_stdio = &stdio[kInheritedListenFd];
   socket_stdio->flags = UV_INHERIT_FD;

@@ -5,28 +5,9 @@
 
 #include "core/base/error.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "services/gpu_svc/kernel_args.h"
 
 namespace duet::gpu {
-namespace {
-
-struct LocalBytes {
-  size_t n;
-};
-
-void set_arg(cl_kernel k, cl_uint i, const LocalBytes& v) {
-  check_cl(clSetKernelArg(k, i, v.n, nullptr), "clSetKernelArg(local)");
-}
-template <typename T>
-void set_arg(cl_kernel k, cl_uint i, const T& v) {
-  check_cl(clSetKernelArg(k, i, sizeof(T), &v), "clSetKernelArg");
-}
-template <typename... A>
-void set_args(cl_kernel k, const A&... a) {
-  cl_uint i = 0;
-  (set_arg(k, i++, a), ...);
-}
-
-}  // namespace
 
 bool GpuKernels::quantizes_input(const MatmulArgs& a) const {
   if (!int8_matmul_ || a.packed_rows || a.tokens.count() == 0 || a.row_end <= a.row_begin)
