@@ -58,6 +58,37 @@ class KvPoolStack : public ::testing::Test {
     std::ofstream(file) << prompt;
     return "\"$(cat " + file + ")\"";
   }
+  // Runs the prompts (shell words) as concurrent `duet generate` clients, then each alone, and
+  // expects the same ids; afterwards no page is used or promised, and admission did wait for
+  // KV at least once (else the pool was never pressed and the test shows nothing).
+  void expect_together_as_alone(const std::vector<std::string>& prompts, int max_tokens,
+                                int pages_total) {
+    const std::string gen = "generate --stack " + id_ + " --max-tokens " +
+                            std::to_string(max_tokens) + " --ignore-eos --json ";
+    std::string all = "cd '" + dir_.string() + "' && (";
+    for (size_t i = 0; i < prompts.size(); ++i)
+      all += "timeout 120 '" DUET_BINARY_DIR "/bin/duet' " + gen + prompts[i] + " > together" +
+             std::to_string(i) + " 2>&1 & ";
+    all += "wait)";
+    ASSERT_EQ(std::system(all.c_str()), 0);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      std::ifstream f(dir_ / ("together" + std::to_string(i)));
+      const nlohmann::json together = nlohmann::json::parse(f, nullptr, false);
+      ASSERT_FALSE(together.is_discarded()) << "request " << i << " gave no JSON";
+      CliResult alone = run_duet(gen + prompts[i], "timeout 60");
+      ASSERT_EQ(alone.rc, 0) << alone.out.substr(0, 2000);
+      const nlohmann::json want = nlohmann::json::parse(alone.out)["ids"];
+      ASSERT_EQ(want.size(), static_cast<size_t>(max_tokens));
+      EXPECT_EQ(together["ids"], want);
+    }
+    const nlohmann::json engine = frontend_status()["frontend"]["engine"];
+    EXPECT_EQ(engine["kv_pages_used"], 0) << engine.dump();
+    EXPECT_EQ(engine["kv_pages_total"], pages_total) << engine.dump();
+    EXPECT_EQ(engine["kv_pages_promised"], 0) << engine.dump();
+    EXPECT_GT(engine["kv_reserve_refusals"].get<int>(), 0)
+        << "no admission ever waited for KV: the test did not press the pool";
+  }
   nlohmann::json frontend_status() {
     CliResult r = run_duet("status --stack " + id_ + " --json");
     EXPECT_EQ(r.rc, 0) << r.out;
@@ -135,35 +166,32 @@ TEST_F(KvPoolStack, ThirtyTwoRequestsLargerThanThePoolAllFinishWithTheirOwnToken
   ASSERT_NE(up.out.find("42 pages"), std::string::npos) << up.out;
   const std::vector<std::string> starts = {"The man who", "Once upon", "A cat", "Life is",
                                            "Never",       "In the",    "Why",   "She said"};
-  auto prompt = [&](int i) { return starts[i % 8] + " " + std::to_string(i); };
-  const std::string gen = "'" DUET_BINARY_DIR "/bin/duet' generate --stack " + id_ +
-                          " --max-tokens 120 --ignore-eos --json ";
-  std::string all = "cd '" + dir_.string() + "' && (";
+  std::vector<std::string> prompts;
   for (int i = 0; i < 32; ++i)
-    all += "timeout 120 " + gen + "'" + prompt(i) + "' > together" + std::to_string(i) + " 2>&1 & ";
-  all += "wait)";
-  ASSERT_EQ(std::system(all.c_str()), 0);
-  auto ids_in = [&](const std::string& name) {
-    std::ifstream f(dir_ / name);
-    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-    return j.is_discarded() ? nlohmann::json() : j["ids"];
-  };
-  for (int i = 0; i < 32; ++i) {
-    SCOPED_TRACE(prompt(i));
-    CliResult alone = run_duet(
-        "generate --stack " + id_ + " --max-tokens 120 --ignore-eos --json '" + prompt(i) + "'",
-        "timeout 60");
-    ASSERT_EQ(alone.rc, 0) << alone.out;
-    const nlohmann::json want = nlohmann::json::parse(alone.out)["ids"];
-    ASSERT_EQ(want.size(), 120u);
-    EXPECT_EQ(ids_in("together" + std::to_string(i)), want);
-  }
-  const nlohmann::json engine = frontend_status()["frontend"]["engine"];
-  EXPECT_EQ(engine["kv_pages_used"], 0) << engine.dump();
-  EXPECT_EQ(engine["kv_pages_total"], 42) << engine.dump();
-  EXPECT_EQ(engine["kv_pages_promised"], 0) << engine.dump();
-  EXPECT_GT(engine["kv_reserve_refusals"].get<int>(), 0)
-      << "no admission ever waited for KV: the test did not press the pool";
+    prompts.push_back("'" + starts[i % 8] + " " + std::to_string(i) + "'");
+  expect_together_as_alone(prompts, 120, 42);
+}
+
+// The issue's own form: 32 concurrent ~2k-token prompts on a long-context shape, whose KV (124
+// pages each, 3968 in all) is nearly four times the pool (1024 pages: 8 such sequences at once).
+// Each prompt starts with its own number, so no two share a block and the prefix cache cannot
+// relieve the pool.
+TEST_F(KvPoolStack, ThirtyTwoTwoThousandTokenRequestsLargerThanThePoolAllFinishWithTheirOwnTokens) {
+  const std::string model = long_context_model();
+  CliResult up = run_duet("stack up --stack " + id_ + " --model " + model + " --kv-memory 8M",
+                          "DUET_MAX_CTX=4096");
+  ASSERT_EQ(up.rc, 0) << up.out;
+  ASSERT_NE(up.out.find("1024 pages"), std::string::npos) << up.out;
+  const std::string words = long_prompt_arg(700);  // ~1960 tokens
+  std::vector<std::string> prompts;
+  for (int i = 0; i < 32; ++i) prompts.push_back("\"" + std::to_string(i) + " \"" + words);
+  const nlohmann::json probe = nlohmann::json::parse(
+      run_duet("generate --stack " + id_ + " --max-tokens 1 --json " + prompts[0], "timeout 60")
+          .out,
+      nullptr, false);
+  ASSERT_FALSE(probe.is_discarded());
+  EXPECT_GE(probe["stats"]["prompt_tokens"].get<int>(), 1900);
+  expect_together_as_alone(prompts, 8, 1024);
 }
 
 // A pool larger than gpu_svc's largest buffer (made small here, DUET_GPU_KV_MAX_BUFFER) runs as
