@@ -164,6 +164,14 @@ kernel void attention_merge(global const uchar* arena, ulong out_off, uint out_s
 #if defined(__clang__)
 #define ATTN_CPU_VECS 8
 #define ATTN_KEYS 16
+// Row j of the block of keys b .. b + ATTN_KEYS - 1 (b a multiple of ATTN_KEYS: chunks start at
+// multiples of 16), given base = that block's first row (ATTN_KEY_ROW(T, b)). Where a page holds
+// whole blocks (page_tokens a multiple of 16: always, in duet's pool) the block lies in one page,
+// so its rows follow base: one page-table lookup and one division by page_tokens per block
+// instead of per key (at 544 keys those per-key lookups cost more than the dots).
+#define ATTN_BLOCK_ROW(T, b, j, base)                                                 \
+  (page_tokens % ATTN_KEYS == 0 ? (base) + (ulong)(j) * kv_units * KV_UNIT_BYTES_##T \
+                                : ATTN_KEY_ROW(T, (b) + (j)))
 
 inline float max16(float16 v) {
   const float8 a = fmax(v.lo, v.hi);
@@ -207,12 +215,13 @@ inline float16 attn_hsum16x16(const float16* d) {
     for (int b = k_begin; b < k_end; b += ATTN_KEYS) {                                           \
       const int n = min(ATTN_KEYS, k_end - b);                                                   \
       global const uchar* k[ATTN_KEYS];                                                          \
+      global const uchar* k0 = ATTN_KEY_ROW(T, b);                                               \
       float16 d[ATTN_KEYS];                                                                      \
       _Pragma("unroll") for (int j = 0; j < ATTN_KEYS; ++j) {                                    \
         d[j] = (float16)(0.0f);                                                                  \
         k[j] = 0;                                                                                \
         if (j < n) {                                                                             \
-          k[j] = ATTN_KEY_ROW(T, b + j);                                                         \
+          k[j] = ATTN_BLOCK_ROW(T, b, j, k0);                                                    \
           d[j] = qv[0] * kv_load16_##T(k[j], 0);                                                 \
           _Pragma("unroll") for (uint v = 1; v < ATTN_CPU_VECS; ++v) if (v < nv) d[j] =          \
               fma(qv[v], kv_load16_##T(k[j], v), d[j]);                                          \
@@ -304,18 +313,23 @@ inline void attn_prefetch(global const uchar* p, uint bytes) {
     const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);            \
     for (int b = k_begin; b < k_end; b += ATTN_KEYS) {                                           \
       const int n = min(ATTN_KEYS, k_end - b);                                                   \
-      for (int j = b + ATTN_KEYS; j < min(b + 2 * ATTN_KEYS, k_end); ++j) {                      \
-        global const uchar* next = ATTN_KEY_ROW(T, j);                                           \
-        attn_prefetch(next, slice_bytes);                                                        \
-        attn_prefetch(next + v_rows, slice_bytes);                                               \
+      if (b + ATTN_KEYS < k_end) {                                                               \
+        const int nb = b + ATTN_KEYS;                                                            \
+        global const uchar* next0 = ATTN_KEY_ROW(T, nb);                                         \
+        for (int j = 0; j < min(ATTN_KEYS, k_end - nb); ++j) {                                   \
+          global const uchar* next = ATTN_BLOCK_ROW(T, nb, j, next0);                            \
+          attn_prefetch(next, slice_bytes);                                                      \
+          attn_prefetch(next + v_rows, slice_bytes);                                             \
+        }                                                                                        \
       }                                                                                          \
       global const uchar* k[ATTN_KEYS];                                                          \
+      global const uchar* k0 = ATTN_KEY_ROW(T, b);                                               \
       float16 d[GQ][ATTN_KEYS];                                                                  \
       _Pragma("unroll") for (int j = 0; j < ATTN_KEYS; ++j) {                                    \
         k[j] = 0;                                                                                \
         _Pragma("unroll") for (uint g = 0; g < GQ; ++g) d[g][j] = (float16)(0.0f);               \
         if (j < n) {                                                                             \
-          k[j] = ATTN_KEY_ROW(T, b + j);                                                         \
+          k[j] = ATTN_BLOCK_ROW(T, b, j, k0);                                                    \
           float16 kr[NV];                                                                        \
           _Pragma("unroll") for (uint v = 0; v < NV; ++v) kr[v] = kv_load16_##T(k[j], v);        \
           _Pragma("unroll") for (uint g = 0; g < GQ; ++g) {                                      \
