@@ -14,11 +14,17 @@ nv=$(find / -xdev \( -name 'libnvidia-opencl.so.1' -o -name 'libnvidia-opencl.so
 echo "nvidia opencl: ${nv:-none found}" | tee "$out/env.txt"
 [ -z "$nv" ] && exit 2
 mkdir -p /tmp/icd && echo "$nv" >/tmp/icd/nvidia.icd
-export OCL_ICD_VENDORS=/tmp/icd OCL_ICD_FILENAMES=$nv DUET_CACHE_DIR=/tmp/duet-cache
+# DUET_CACHE_DIR may be given (a folder in the repo dir survives between calls on a warm
+# machine, and can be carried back in): NVIDIA's compile of the program takes minutes.
+export OCL_ICD_VENDORS=/tmp/icd OCL_ICD_FILENAMES=$nv DUET_CACHE_DIR=${DUET_CACHE_DIR:-/tmp/duet-cache}
 # Tests find their data through the path they were built in.
 [ -e /work/main ] || { mkdir -p /work && ln -s "$root" /work/main; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$out/env.txt" 2>&1
 status=0
+if [ "${PREPARE_ONLY:-0}" = 1 ]; then  # only compile the program into the cache, timed
+  (time "$dev/bin/gpu_svc" --prepare) 2>&1 | tee -a "$out/env.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 for t in ${TESTS:-gpu_kernels_test gpu_packed_test gpu_runner_test gpu_service_test gpu_timing_test gpu_kquant_matmul_test gpu_attention_test gpu_kv_pieces_test gpu_e0m4_matmul_test gpu_low_priority_test}; do
   "$dev/bin/$t" >"/tmp/$t.log" 2>&1 || status=1
   cat "/tmp/$t.log" >>"$out/tests.log"  # one file: the run tool brings back at most 8

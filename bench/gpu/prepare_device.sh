@@ -8,7 +8,7 @@ src=${1:-build-gpu}
 dst=build-gpu-device
 rm -rf "$dst"
 mkdir -p "$dst/bin" "$dst/lib"
-bins=${BINS:-"gpu_kernels_test gpu_packed_test gpu_runner_test gpu_service_test gpu_timing_test gpu_bench gpu_kquant_matmul_test gpu_attention_test gpu_kv_pieces_test gpu_e0m4_matmul_test gpu_low_priority_test"}
+bins=${BINS:-"gpu_kernels_test gpu_packed_test gpu_runner_test gpu_service_test gpu_timing_test gpu_bench gpu_kquant_matmul_test gpu_attention_test gpu_kv_pieces_test gpu_e0m4_matmul_test gpu_low_priority_test gpu_svc"}
 for b in $bins; do
   strip -o "$dst/bin/$b" "$src/bin/$b"
 done

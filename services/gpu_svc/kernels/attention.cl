@@ -161,7 +161,10 @@ kernel void attention_merge(global const uchar* arena, ulong out_off, uint out_s
 // softmax's max and rescale once per 16 keys and one vector exp for their weights (per key, the
 // scalar exps and their serial dependency cost more than the dots). The work-groups run a
 // (token, chunk)'s heads together, so the heads sharing a KV head read its rows from cache.
-#if defined(__clang__)
+// x86 clang only, as matmul_int8.cl: where a GPU compiler defines __clang__ too, these
+// unrolled kernels, which a GPU never runs, were most of its compile time (gpu_kernels.cpp
+// probes for them on CPU devices only).
+#if defined(__clang__) && defined(__x86_64__)
 #define ATTN_CPU_VECS 8
 #define ATTN_KEYS 16
 // Row j of the block of keys b .. b + ATTN_KEYS - 1 (b a multiple of ATTN_KEYS: chunks start at
@@ -382,4 +385,4 @@ DEFINE_ATTENTION_GQA_CPU(q8_0, 4, 4)
 DEFINE_ATTENTION_GQA_CPU(f32, 8, 2)
 DEFINE_ATTENTION_GQA_CPU(f16, 8, 2)
 DEFINE_ATTENTION_GQA_CPU(q8_0, 8, 2)
-#endif  // __clang__
+#endif  // __clang__ && __x86_64__

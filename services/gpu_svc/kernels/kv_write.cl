@@ -30,17 +30,23 @@ kernel void kv_write_f16(global const uchar* arena, ulong k_off, uint k_stride, 
 // The two divisions must be exact, as C's are; OpenCL lets a float division be 2.5 ulp off
 // (NVIDIA's is: a value on a rounding edge then lands one code away), so they run in double
 // where the device has it: a double quotient of floats rounded to float is the exact float one.
+// The quotient goes through a volatile: else the compiler folds fptrunc(double a / double b)
+// back into the inexact float division (it is exact in theory, so the fold is legal), and on
+// an H200 83 of 134M codes still differed from the host's; with it, none (bench/gpu/RESULTS.md).
 #ifdef cl_khr_fp64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#define Q8_DIV(a, b) ((float)((double)(a) / (double)(b)))
+inline float q8_div(float a, float b) {
+  volatile double q = (double)a / (double)b;
+  return (float)q;
+}
 #else
-#define Q8_DIV(a, b) ((a) / (b))
+inline float q8_div(float a, float b) { return a / b; }
 #endif
 inline void store_block_q8_0(global const float* x, global uchar* dst) {
   float amax = 0.0f;
   for (uint j = 0; j < QK; ++j) amax = fmax(amax, fabs(x[j]));
-  const float d = Q8_DIV(amax, 127.0f);
-  const float id = d != 0.0f ? Q8_DIV(1.0f, d) : 0.0f;
+  const float d = q8_div(amax, 127.0f);
+  const float id = d != 0.0f ? q8_div(1.0f, d) : 0.0f;
   vstore_half_rte(d, 0, (global half*)dst);
   global char* q = (global char*)(dst + 2);
   for (uint j = 0; j < QK; ++j) q[j] = (char)round(x[j] * id);
