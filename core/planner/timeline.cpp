@@ -233,7 +233,9 @@ class OpCoster {
     return std::max<int64_t>(0, end - static_cast<int64_t>(op.seq_begin));
   }
 
-  OpCost cost(const ScheduleOp& op) {
+  // `restarts`: under blocking sync, whether a GPU op starts on a drained queue (see SyncMode in
+  // timeline.h); ignored under fast sync, where the GPU's queue never drains.
+  OpCost cost(const ScheduleOp& op, bool restarts) {
     OpCost c;
     c.tokens = tokens(op);
     if (c.tokens == 0) return c;
@@ -276,8 +278,9 @@ class OpCoster {
       }
     }
     const bool matmul_op = op.kind == OpKind::MatMul || op.kind == OpKind::Logits;
+    const bool pipelined = t_.sync == SyncMode::fast || !restarts;
     c.compute_us = matmul_op && t_.matmul_latency ? t_.matmul_latency->gpu_us(shape)
-                   : t_.sync == SyncMode::fast    ? gpu_pipelined_us(soc_, shape)
+                   : pipelined                    ? gpu_pipelined_us(soc_, shape)
                                                   : gpu_modeled_us(soc_, shape);
     c.demand_gbps = c.compute_us > 0 ? bytes / c.compute_us / 1e3 : 0;
     return c;
@@ -290,9 +293,15 @@ class OpCoster {
     for (int64_t g : npu_graphs_for(c.tokens, op.npu_mode, o_)) {
       const NpuTiming nt = npu_timing(soc_, OpShape{op.kind, op.wtype, rows, op.k, g, true});
       const OpShape graph{op.kind, op.wtype, rows, op.k, g, true};
+      // In a step the graph's activations cross between the devices (npu_activation_io_us):
+      // the tokens that carry data, not the padding.
+      const int64_t real = std::clamp<int64_t>(c.tokens - padded, 0, g);
       c.compute_us += t_.matmul_latency           ? t_.matmul_latency->npu_us(graph)
                       : t_.sync == SyncMode::fast ? npu_pipelined_us(soc_, graph)
-                                                  : nt.total_us;  // blocking: with the launch
+                                                  : nt.total_us;  // blocking: isolated
+      if (!t_.matmul_latency)
+        c.compute_us +=
+            npu_activation_io_us(soc_, OpShape{op.kind, op.wtype, rows, op.k, real, true});
       bytes += nt.dma_bytes;
       padded += g;
     }
@@ -423,7 +432,10 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
       if (w.device == d)
         throw Error(Errc::invalid_argument, "timeline: an op waits on its own device");
       if (w.index >= other.size()) return false;
-      const double ready = other[w.index].end_us + sync_us;
+      // Blocking: only a GPU -> NPU hand-off is a clFinish; the host learns that an NPU graph
+      // is done when its synchronous execution returns (its launch_us covers that round trip).
+      const bool npu_returns = t.sync == SyncMode::blocking && w.device == Device::npu;
+      const double ready = other[w.index].end_us + (npu_returns ? 0.0 : sync_us);
       if (ready > *at) {
         *at = ready;
         *pred = w;
@@ -456,7 +468,13 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
     if (!have)
       throw Error(Errc::invalid_argument, "timeline: the schedule deadlocks (circular waits)");
     const ScheduleOp& op = s.on(pick)[next[static_cast<int>(pick)]];
-    const OpCost c = coster.cost(op);
+    // Under blocking sync a GPU op starts on a drained queue when the host waited for the NPU
+    // before submitting it, when the host sat in clFinish after the GPU's previous op, or when it
+    // is the step's first.
+    const bool restarts =
+        pick == Device::gpu &&
+        (cross || placed(pick).empty() || gpu_published.count(placed(pick).back().ref.index) > 0);
+    const OpCost c = coster.cost(op, restarts);
     TimedOp timed;
     timed.ref = {pick, static_cast<uint32_t>(next[static_cast<int>(pick)])};
     timed.kind = op.kind;
@@ -485,7 +503,8 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
       dur += timed.contention_us;
     }
     timed.end_us = start + dur;
-    if (cross) tl.sync_us += sync_us;
+    if (cross && !(t.sync == SyncMode::blocking && pred.device == Device::npu))
+      tl.sync_us += sync_us;
     tl.copy_us += c.copy_us;
     tl.compile_us += c.compile_us;
     tl.contention_us += timed.contention_us;
