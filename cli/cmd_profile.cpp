@@ -30,7 +30,7 @@ struct ProfileArgs {
 };
 
 // The measured profile from `duet trace` files of real steps (core/planner/trace_profile.h).
-duet::Profile profile_from_trace_files(const ProfileArgs& args) {
+duet::Profile profile_from_trace_files(ProfileArgs& args) {
   if (args.query.model_path.empty())
     throw duet::Error(duet::Errc::invalid_argument,
                       "profile --from-trace needs --model (the shapes of the traced ops)");
@@ -49,8 +49,11 @@ duet::Profile profile_from_trace_files(const ProfileArgs& args) {
       duet::profile_from_traces(traces, *model, args.query.model_path);
   std::printf(
       "%zu traces: %zu steps, %zu matmul spans -> %zu profile points (%zu spans of split "
-      "plans left out)\n",
-      traces.size(), r.steps, r.op_spans, r.profile.entries.size(), r.skipped_ops);
+      "plans left out); a cross-device hand-off %.0f us\n",
+      traces.size(), r.steps, r.op_spans, r.profile.entries.size(), r.skipped_ops,
+      r.handoff_sync_us);
+  // The traces measured the hand-off: it is the fast sync unless --fast-sync-us says otherwise.
+  if (args.fast_sync_us <= 0) args.fast_sync_us = r.handoff_sync_us;
   return r.profile;
 }
 

@@ -16,7 +16,7 @@
 # then prints modelled / measured per plan. Writes bench/modeled/results/host_check-<model>.jsonl,
 # host-<model>.toml and the profile it was fitted to (host_measured_profile-<model>.json).
 # env: DUET_BIN_DIR (build/bin), MODEL (tiny-fortune Q8_0), ROUNDS (3), PROMPT (64), SHORT (16),
-#      GEN (9), FAST_SYNC_US (17: bench/sync's futex flag hand-off on this 2-core VM under load),
+#      GEN (9), FAST_SYNC_US (0: the cross-device hand-off measured in the traced steps),
 #      REPS (9: the plan's per-op profile), STACK_PREFIX (hc<pid>).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +26,7 @@ rounds=${ROUNDS:-3}
 prompt=${PROMPT:-64}
 gen=${GEN:-9}
 short=${SHORT:-16}
-fast_sync=${FAST_SYNC_US:-17}
+fast_sync=${FAST_SYNC_US:-0}  # 0: the hand-off the traces measured
 reps=${REPS:-9}  # repetitions per profiled op (the profiler keeps the median)
 name=$(basename "$model" .gguf)
 out=bench/modeled/results/host_check-$name.jsonl
@@ -87,6 +87,8 @@ done
 profile="bench/modeled/results/host_measured_profile-$name.json"
 "$bin/duet" profile --from-trace "$(IFS=,; echo "${traces[*]}")" --model "$model" \
   --profile-out "$profile" --out "$soc_out" --fast-sync-us "$fast_sync" >&2
+# The hand-off the traces measured (or FAST_SYNC_US), as duet profile wrote it.
+fast_sync=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["gpu"]["params"]["fast_sync_us"])' "$soc_out")
 fit=$("$bin/host_check" fit --profile "$profile" --out "$soc_out" --fast-sync-us "$fast_sync")
 tag "$fit" '{"kind":"fit"}' >> "$out"
 handoff=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["handoff_us"])' "$fit")

@@ -53,6 +53,8 @@ struct StepInfo {
   std::string plan;
   int64_t tokens = 0, sequences = 1;
   double frontend_us = 0, device_us = 0;  // the step's wall time; its longest device span
+  double ops_us = 0;                      // every op's measured time, both devices
+  int waits = 0;                          // ops that waited on the other device's flags
 };
 
 }  // namespace
@@ -62,7 +64,7 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
   TraceProfileReport r;
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t>;
   std::map<Key, std::vector<double>> samples;
-  std::vector<double> overheads;
+  std::vector<double> overheads, syncs;
   for (const nlohmann::json& trace : traces) {
     if (!trace.is_object() || !trace.contains("traceEvents") || !trace["traceEvents"].is_array())
       throw Error(Errc::bad_format, "not a duet trace: no traceEvents array");
@@ -83,8 +85,22 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
         s.device_us = std::max(s.device_us, e.value("dur", 0.0));
       }
     }
-    for (const auto& [number, s] : steps)
+    for (const auto& e : events) {  // every op's time and flag waits, per step
+      const int tid = e.value("tid", 0);
+      if (e.value("ph", "") != "X" || e.value("pid", 0) != kMeasuredPid ||
+          e.value("cat", "") != "op" || (tid != kGpuTid && tid != kNpuTid))
+        continue;
+      const auto& a = e.at("args");
+      const auto step = steps.find(a.at("step").get<int64_t>());
+      if (step == steps.end()) continue;
+      step->second.ops_us += a.value("measured_us", 0.0);
+      if (a.value("wait_us", 0.0) > 0.5) ++step->second.waits;
+    }
+    for (const auto& [number, s] : steps) {
       if (s.frontend_us > 0 && s.device_us > 0) overheads.push_back(s.frontend_us - s.device_us);
+      if (s.waits > 0 && unsplit_plan(s.plan) && s.device_us > s.ops_us)
+        syncs.push_back((s.device_us - s.ops_us) / s.waits);
+    }
     r.steps += steps.size();
     for (const auto& e : events) {
       const int tid = e.value("tid", 0);
@@ -124,6 +140,7 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
                          static_cast<DType>(wtype), m, k, n, median(us)});
   }
   if (!overheads.empty()) p.handoff_us = std::max(0.0, median(overheads));
+  if (!syncs.empty()) r.handoff_sync_us = median(syncs);
   // The two device processes share this host's cores (each would use all of them alone), so
   // while both run each gets about half: contention 1 (trace_profile.h).
   p.contention = 1.0;

@@ -32,6 +32,10 @@ struct TraceProfileReport {
   size_t op_spans = 0;     // matmul spans taken
   size_t skipped_ops = 0;  // matmul spans of split plans (shape unknown from the name)
   size_t steps = 0;        // steps seen
+  // One cross-device hand-off here (the timeline's fast sync): over the steps where both devices
+  // ran one after the other (gpu-only, npu-only, layer), the longer device span minus every op's
+  // time, per op that waited on the other device's flags; the median. 0: no step had such a wait.
+  double handoff_sync_us = 0;
 };
 
 // Throws bad_format when a trace is not duet trace-event JSON, invalid_argument when no span

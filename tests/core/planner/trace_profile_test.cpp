@@ -78,6 +78,21 @@ TEST(TraceProfile, MatmulSpansOfUnsplitStepsBecomeProfilePoints) {
   EXPECT_TRUE(q && down && logits);
   // The frontend's time around the device's span, median over the steps: 200, 150, 200.
   EXPECT_DOUBLE_EQ(r.profile.handoff_us, 200);
+  EXPECT_EQ(r.handoff_sync_us, 0);  // no op waited on the other device
+}
+
+TEST(TraceProfile, TheHandOffIsTheDeviceSpanLeftOverPerFlagWait) {
+  // An npu-only step: the GPU's norm, then two NPU matmuls that each waited on the GPU's flag,
+  // 600 us of ops in an 1000 us span: 200 us per hand-off.
+  nlohmann::json events = nlohmann::json::array();
+  add_step(events, 1, "npu-only", 16, 1200, 1000, {{"RmsNorm L0", 100}});
+  for (const char* name : {"MatMul q L0", "MatMul k L0"})
+    events.push_back(
+        span(3, name, "op", 250, {{"step", 1}, {"measured_us", 250}, {"wait_us", 80}}));
+  const TraceProfileReport r =
+      profile_from_traces({nlohmann::json{{"traceEvents", events}}}, fortune(), "fortune");
+  EXPECT_DOUBLE_EQ(r.handoff_sync_us, 200);
+  EXPECT_EQ(r.profile.entries.size(), 2u);  // q and k on the NPU
 }
 
 TEST(TraceProfile, WhatIsNotATraceOrHoldsNoUsableSpanIsAClearError) {
