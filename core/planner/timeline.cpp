@@ -233,8 +233,7 @@ class OpCoster {
     return std::max<int64_t>(0, end - static_cast<int64_t>(op.seq_begin));
   }
 
-  // `restarts`: under blocking sync, whether a GPU op starts on a drained queue (see SyncMode in
-  // timeline.h); ignored under fast sync, where the GPU's queue never drains.
+  // restarts: a GPU op starting on a drained queue under blocking sync (timeline.h SyncMode).
   OpCost cost(const ScheduleOp& op, bool restarts) {
     OpCost c;
     c.tokens = tokens(op);
@@ -278,10 +277,9 @@ class OpCoster {
       }
     }
     const bool matmul_op = op.kind == OpKind::MatMul || op.kind == OpKind::Logits;
-    const bool pipelined = t_.sync == SyncMode::fast || !restarts;
-    c.compute_us = matmul_op && t_.matmul_latency ? t_.matmul_latency->gpu_us(shape)
-                   : pipelined                    ? gpu_pipelined_us(soc_, shape)
-                                                  : gpu_modeled_us(soc_, shape);
+    c.compute_us = matmul_op && t_.matmul_latency           ? t_.matmul_latency->gpu_us(shape)
+                   : t_.sync == SyncMode::fast || !restarts ? gpu_pipelined_us(soc_, shape)
+                                                            : gpu_modeled_us(soc_, shape);
     c.demand_gbps = c.compute_us > 0 ? bytes / c.compute_us / 1e3 : 0;
     return c;
   }
@@ -291,17 +289,15 @@ class OpCoster {
     int64_t padded = 0;
     double bytes = 0;
     for (int64_t g : npu_graphs_for(c.tokens, op.npu_mode, o_)) {
-      const NpuTiming nt = npu_timing(soc_, OpShape{op.kind, op.wtype, rows, op.k, g, true});
       const OpShape graph{op.kind, op.wtype, rows, op.k, g, true};
-      // In a step the graph's activations cross between the devices (npu_activation_io_us):
-      // the tokens that carry data, not the padding.
-      const int64_t real = std::clamp<int64_t>(c.tokens - padded, 0, g);
+      const NpuTiming nt = npu_timing(soc_, graph);
+      const int64_t real = std::clamp<int64_t>(c.tokens - padded, 0, g);  // rows with data
       c.compute_us += t_.matmul_latency           ? t_.matmul_latency->npu_us(graph)
                       : t_.sync == SyncMode::fast ? npu_pipelined_us(soc_, graph)
                                                   : nt.total_us;  // blocking: isolated
-      if (!t_.matmul_latency)
+      if (!t_.matmul_latency)  // in a step the activations cross between the devices
         c.compute_us +=
-            npu_activation_io_us(soc_, OpShape{op.kind, op.wtype, rows, op.k, real, true});
+            npu_activation_io_us(soc_, {graph.kind, graph.wtype, rows, op.k, real, true});
       bytes += nt.dma_bytes;
       padded += g;
     }
@@ -432,8 +428,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
       if (w.device == d)
         throw Error(Errc::invalid_argument, "timeline: an op waits on its own device");
       if (w.index >= other.size()) return false;
-      // Blocking: only a GPU -> NPU hand-off is a clFinish; the host learns that an NPU graph
-      // is done when its synchronous execution returns (its launch_us covers that round trip).
+      // Blocking: only GPU -> NPU is a clFinish; an NPU graph's return is in its launch_us.
       const bool npu_returns = t.sync == SyncMode::blocking && w.device == Device::npu;
       const double ready = other[w.index].end_us + (npu_returns ? 0.0 : sync_us);
       if (ready > *at) {
@@ -468,9 +463,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
     if (!have)
       throw Error(Errc::invalid_argument, "timeline: the schedule deadlocks (circular waits)");
     const ScheduleOp& op = s.on(pick)[next[static_cast<int>(pick)]];
-    // Under blocking sync a GPU op starts on a drained queue when the host waited for the NPU
-    // before submitting it, when the host sat in clFinish after the GPU's previous op, or when it
-    // is the step's first.
+    // Blocking: a GPU op starts on a drained queue after an NPU wait, a clFinish, or first.
     const bool restarts =
         pick == Device::gpu &&
         (cross || placed(pick).empty() || gpu_published.count(placed(pick).back().ref.index) > 0);
