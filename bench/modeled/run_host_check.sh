@@ -73,8 +73,14 @@ for round in $(seq "$rounds"); do
       --prompt "$prompt" --gen "$gen" --ignore-eos)
     tag "$r" "{\"kind\":\"run\",\"plan\":\"$plan\",\"round\":$round,\"load\":$(cut -d' ' -f1 /proc/loadavg)}" >> "$out"
     tail -n 1 "$out" >&2
-    [ "$plan" = auto ] && continue
     "$bin/duet" trace --stack "${stack[$plan]}" --last --out "$cache/trace-$plan-$round.json" >/dev/null
+    # The same request's steps as the frontend timed them (no time between steps).
+    tag "$(python3 -c 'import json,statistics,sys
+ev=[e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph")=="X" and e.get("pid")==1 and e.get("tid")==1 and e.get("cat")=="step"]
+pre=[e["args"]["measured_us"] for e in ev if e["args"]["tokens"]>1]; dec=[e["args"]["measured_us"] for e in ev if e["args"]["tokens"]==1]
+print(json.dumps({"step_prefill_ms": max(pre)/1e3 if pre else 0, "step_decode_ms": statistics.median(dec)/1e3 if dec else 0}))' "$cache/trace-$plan-$round.json")" \
+      "{\"kind\":\"steps\",\"plan\":\"$plan\",\"round\":$round}" >> "$out"
+    [ "$plan" = auto ] && continue
     traces+=("$cache/trace-$plan-$round.json")
     "$bin/stack_bench" --stack "${stack[$plan]}" --plan "$plan" --model "$model" \
       --prompt "$short" --gen 2 --ignore-eos >/dev/null
