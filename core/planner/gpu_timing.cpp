@@ -119,8 +119,7 @@ double gpu_modeled_us(const SocProfile& soc, const OpShape& s) {
 // (core/planner/npu_timing.h, npu_pipelined_us) and the two capped at memory.dual_gbps by the
 // timeline's contention, the solver's tensor plan decodes at 11.6 tok/s, 0.83x the paper's
 // 14.01 (bench/modeled/RESULTS.md). Without fast sync (a clFinish after each GPU op the NPU
-// needs) the kernels that start on the drained queue pay the isolated cost again:
-// core/planner/timeline.h's SyncMode::blocking.
+// needs) the kernels pay the isolated cost again: core/planner/timeline.h's SyncMode::blocking.
 double gpu_pipelined_us(const SocProfile& soc, const OpShape& s) {
   return gpu_us(soc, s, true);
 }

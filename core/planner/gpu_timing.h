@@ -14,17 +14,14 @@
 //     streams over its own DMA at the same time, which is why a decode weight split pays
 //     (aggregate bandwidth up, capped by memory.dual_gbps: the solver's shared-bandwidth floor).
 //     The GEMV's dot products run at gemv_gflops, so past a few tokens the GEMM is faster.
-//   GPU-2 expensive sync: a blocking clFinish drains the queue, so the next kernel pays its
-//     isolated cost (gpu_modeled_us) instead of its pipelined one, plus sync_us (gpu_sync_us, the
-//     driver's fixed part); charged by whoever composes a timeline (core/planner/timeline.h,
-//     SyncMode::blocking), not by each op.
+//   GPU-2 expensive sync: a blocking clFinish costs sync_us (gpu_sync_us), charged by whoever
+//     composes a timeline, not by each op.
 // Every op pays launch_us, a matmul also matmul_fixed_us. Element-wise ops move fp16 activations
 // at the bandwidth.
 //
 // Parameters ([gpu] and [gpu.params]): bandwidth_gbps, achievable_gflops, launch_us, sync_us,
 // params.gemv_half_rows, params.gemv_gflops, params.gemm_half_tokens, params.matmul_fixed_us.
-// For sd8gen3, launch_us is the paper's device fact (sync_us is 0: the paper's ~400 us clFinish is
-// what the timeline composes around a kernel, see timeline.h); achievable_gflops
+// For sd8gen3, sync_us (~400 us) and launch_us are the paper's device facts; achievable_gflops
 // (1200, the paper's "~1 TFLOPS in practice") and gemm_half_tokens were fitted to the prefill
 // rows of the paper's Table 3 (W4A16 weights, read as Q4_0); bandwidth_gbps (40.7),
 // gemv_half_rows (2656) and matmul_fixed_us (119) solve its three decode rows exactly
@@ -55,8 +52,7 @@ double gpu_modeled_us(const SocProfile& soc, const OpShape& shape);
 //     paper measures 43.3 GB/s for the GPU alone in decode, section 5.4).
 // Everything else (launch, the GEMM's rate, element-wise ops, attention) is as gpu_modeled_us.
 double gpu_pipelined_us(const SocProfile& soc, const OpShape& shape);
-// The fixed (driver) part of one blocking host-device synchronisation (clFinish) on this GPU,
-// beyond the drain and restart of the kernels around it.
+// The cost of one blocking host-device synchronisation (clFinish) on this GPU.
 double gpu_sync_us(const SocProfile& soc);
 
 }  // namespace duet

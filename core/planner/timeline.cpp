@@ -233,8 +233,7 @@ class OpCoster {
     return std::max<int64_t>(0, end - static_cast<int64_t>(op.seq_begin));
   }
 
-  // restarts: a GPU op starting on a drained queue under blocking sync (timeline.h SyncMode).
-  OpCost cost(const ScheduleOp& op, bool restarts) {
+  OpCost cost(const ScheduleOp& op) {
     OpCost c;
     c.tokens = tokens(op);
     if (c.tokens == 0) return c;
@@ -277,9 +276,9 @@ class OpCoster {
       }
     }
     const bool matmul_op = op.kind == OpKind::MatMul || op.kind == OpKind::Logits;
-    c.compute_us = matmul_op && t_.matmul_latency           ? t_.matmul_latency->gpu_us(shape)
-                   : t_.sync == SyncMode::fast || !restarts ? gpu_pipelined_us(soc_, shape)
-                                                            : gpu_modeled_us(soc_, shape);
+    c.compute_us = matmul_op && t_.matmul_latency ? t_.matmul_latency->gpu_us(shape)
+                   : t_.sync == SyncMode::fast    ? gpu_pipelined_us(soc_, shape)
+                                                  : gpu_modeled_us(soc_, shape);
     c.demand_gbps = c.compute_us > 0 ? bytes / c.compute_us / 1e3 : 0;
     return c;
   }
@@ -428,9 +427,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
       if (w.device == d)
         throw Error(Errc::invalid_argument, "timeline: an op waits on its own device");
       if (w.index >= other.size()) return false;
-      // Blocking: only GPU -> NPU is a clFinish; an NPU graph's return is in its launch_us.
-      const bool npu_returns = t.sync == SyncMode::blocking && w.device == Device::npu;
-      const double ready = other[w.index].end_us + (npu_returns ? 0.0 : sync_us);
+      const double ready = other[w.index].end_us + sync_us;
       if (ready > *at) {
         *at = ready;
         *pred = w;
@@ -463,11 +460,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
     if (!have)
       throw Error(Errc::invalid_argument, "timeline: the schedule deadlocks (circular waits)");
     const ScheduleOp& op = s.on(pick)[next[static_cast<int>(pick)]];
-    // Blocking: a GPU op starts on a drained queue after an NPU wait, a clFinish, or first.
-    const bool restarts =
-        pick == Device::gpu &&
-        (cross || placed(pick).empty() || gpu_published.count(placed(pick).back().ref.index) > 0);
-    const OpCost c = coster.cost(op, restarts);
+    const OpCost c = coster.cost(op);
     TimedOp timed;
     timed.ref = {pick, static_cast<uint32_t>(next[static_cast<int>(pick)])};
     timed.kind = op.kind;
@@ -496,8 +489,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
       dur += timed.contention_us;
     }
     timed.end_us = start + dur;
-    if (cross && !(t.sync == SyncMode::blocking && pred.device == Device::npu))
-      tl.sync_us += sync_us;
+    if (cross) tl.sync_us += sync_us;
     tl.copy_us += c.copy_us;
     tl.compile_us += c.compile_us;
     tl.contention_us += timed.contention_us;
