@@ -3,16 +3,21 @@
 // and shared with the stack's solver), fits the SoC timing models to it
 // (core/planner/soc_profile_fit.h) and writes the result as a deploy/soc-style TOML, so that a
 // run's modelled timeline (core/planner/timeline.h) can be set beside its measured one on the same
-// hardware (bench/modeled/run_host_check.sh).
+// hardware (bench/modeled/run_host_check.sh). With --from-trace the profile is the ops' times
+// inside real steps of gpu-only/npu-only requests (core/planner/trace_profile.h), not ops timed one
+// request at a time.
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cli/command.h"
 #include "core/base/error.h"
 #include "core/planner/plan_store.h"
 #include "core/planner/soc_profile_fit.h"
+#include "core/planner/trace_profile.h"
 
 namespace {
 
@@ -20,15 +25,54 @@ struct ProfileArgs {
   duet::PlanQuery query;
   std::string out, name = "host";
   double fast_sync_us = 0;
+  std::vector<std::string> traces;  // --from-trace: real steps instead of ops timed alone
+  std::string profile_out;
 };
+
+// The measured profile from `duet trace` files of real steps (core/planner/trace_profile.h).
+duet::Profile profile_from_trace_files(ProfileArgs& args) {
+  if (args.query.model_path.empty())
+    throw duet::Error(duet::Errc::invalid_argument,
+                      "profile --from-trace needs --model (the shapes of the traced ops)");
+  std::vector<nlohmann::json> traces;
+  for (const std::string& path : args.traces) {
+    std::ifstream in(path);
+    if (!in) throw duet::Error(duet::Errc::not_found, "cannot read trace " + path);
+    try {
+      traces.push_back(nlohmann::json::parse(in));
+    } catch (const nlohmann::json::exception& e) {
+      throw duet::Error(duet::Errc::bad_format, path + ": " + e.what());
+    }
+  }
+  const auto model = duet::LlamaModel::load(args.query.model_path);
+  const duet::TraceProfileReport r =
+      duet::profile_from_traces(traces, *model, args.query.model_path);
+  std::printf(
+      "%zu traces: %zu steps, %zu matmul spans -> %zu profile points (%zu spans of split "
+      "plans left out); a cross-device hand-off %.0f us\n",
+      traces.size(), r.steps, r.op_spans, r.profile.entries.size(), r.skipped_ops,
+      r.handoff_sync_us);
+  // The traces measured the hand-off: it is the fast sync unless --fast-sync-us says otherwise.
+  if (args.fast_sync_us <= 0) args.fast_sync_us = r.handoff_sync_us;
+  return r.profile;
+}
 
 void run_profile_cmd(ProfileArgs& args) {
   duet::PlanQuery q = args.query;
   q.timing = "measured";
-  q.validate();
-  const duet::QueryModel model = duet::query_model(q);
   bool cached = false;
-  const duet::Profile measured = duet::profile_for(q, model, &cached);
+  duet::Profile measured;
+  std::string key;
+  if (!args.traces.empty()) {
+    measured = profile_from_trace_files(args);
+    key = args.query.model_path;
+  } else {
+    q.validate();
+    const duet::QueryModel model = duet::query_model(q);
+    measured = duet::profile_for(q, model, &cached);
+    key = model.key;
+  }
+  if (!args.profile_out.empty()) duet::save_profile(measured, args.profile_out);
   const duet::SocFitReport r =
       duet::fit_soc_profile(measured, duet::load_soc_profile(q.soc), args.name, args.fast_sync_us);
   {
@@ -36,7 +80,7 @@ void run_profile_cmd(ProfileArgs& args) {
     o << duet::soc_profile_toml(r.soc,
                                 "SoC profile of this machine: `duet profile` fitted the "
                                 "timing models to a measured profile\n(" +
-                                    measured.device + ", " + model.key + ", " +
+                                    measured.device + ", " + key + ", " +
                                     std::to_string(measured.entries.size()) +
                                     " points): core/planner/soc_profile_fit.h.");
     if (!o) throw duet::Error(duet::Errc::io, "cannot write " + args.out);
@@ -46,7 +90,10 @@ void run_profile_cmd(ProfileArgs& args) {
       "wrote %s: %zu GPU points (rms log error %.3f, worst %.2fx), %zu NPU points (%.3f, "
       "%.2fx); contention %.2f, hand-off %.0f us; profile %s\n",
       args.out.c_str(), r.gpu_points, r.gpu_rms_log, r.gpu_worst, r.npu_points, r.npu_rms_log,
-      r.npu_worst, measured.contention, measured.handoff_us, cached ? "cached" : "measured now");
+      r.npu_worst, measured.contention, measured.handoff_us,
+      !args.traces.empty() ? "from traces"
+      : cached             ? "cached"
+                           : "measured now");
 }
 
 duet::cli::RegisterCommand register_profile([](CLI::App& app) {
@@ -69,6 +116,11 @@ duet::cli::RegisterCommand register_profile([](CLI::App& app) {
   cmd->add_option("--fast-sync-us", args->fast_sync_us,
                   "Flag hand-off between the device processes (bench/sync); 0 keeps --soc's");
   cmd->add_flag("--reprofile", args->query.reprofile, "Profile again even if one is cached");
+  cmd->add_option("--from-trace", args->traces,
+                  "`duet trace` files of gpu-only/npu-only requests: fit the ops' times inside "
+                  "real steps instead of timing ops one by one (needs --model)")
+      ->delimiter(',');
+  cmd->add_option("--profile-out", args->profile_out, "Also write the measured profile (JSON)");
   cmd->callback([args] { run_profile_cmd(*args); });
 });
 

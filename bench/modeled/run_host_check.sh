@@ -3,18 +3,21 @@
 # duet's layer-level plan, the solver's tensor plan from measured timing), the modelled step time
 # on a SoC profile fitted to this machine beside the step time measured through the real stack:
 #   1. three stacks up (one per plan; a stack generates with its own plan only);
-#   2. `duet plan --timing measured` profiles the auto stack's gpu_svc and npu_svc (the measured
-#      profile lands in $DUET_CACHE_DIR/profiles) and prints the tensor plans it solved;
-#   3. host_check fit: the SoC profile of this machine from that profile (results/host-<model>.toml;
-#      `duet profile --stack ID --model M --out host.toml` does 2 and 3 in one verb);
-#   4. rounds of stack_bench per plan (prompt of PROMPT tokens = one prefill step, then GEN
-#      one-token decode steps), the plans interleaved within each round;
+#   2. `duet plan --timing measured` gives the auto stack's tensor plans (prefill, decode);
+#   3. rounds of stack_bench per plan (prompt of PROMPT tokens = one prefill step, then GEN
+#      one-token decode steps; plus a SHORT-token prompt on gpu-only and npu-only), the plans
+#      interleaved within each round; after each gpu-only / npu-only request `duet trace --last`
+#      keeps its steps with every op's measured time;
+#   4. `duet profile --from-trace` fits this machine's SoC profile (results/host-<model>.toml) to
+#      the ops' times inside those real steps (core/planner/trace_profile.h), not to ops timed one
+#      request at a time (which cost 4.6-5x more here: bench/modeled/RESULTS.md);
 #   5. host_check model: the same steps on host.toml's timeline (pipelined and isolated), plus
-#      one request round trip per step (the profile's measured handoff);
+#      the frontend's time around the devices' spans per step (the profile's handoff_us);
 # then prints modelled / measured per plan. Writes bench/modeled/results/host_check-<model>.jsonl,
-# host-<model>.toml and the measured profile it was fitted to (host_measured_profile-<model>.json).
-# env: DUET_BIN_DIR (build/bin), MODEL (tiny-fortune Q8_0), ROUNDS (3), PROMPT (64), GEN (9),
-#      FAST_SYNC_US (17: bench/sync's futex flag hand-off on this 2-core VM under load), REPS (9).
+# host-<model>.toml and the profile it was fitted to (host_measured_profile-<model>.json).
+# env: DUET_BIN_DIR (build/bin), MODEL (tiny-fortune Q8_0), ROUNDS (3), PROMPT (64), SHORT (16),
+#      GEN (9), FAST_SYNC_US (0: the cross-device hand-off measured in the traced steps),
+#      REPS (9: the plan's per-op profile), STACK_PREFIX (hc<pid>).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${DUET_BIN_DIR:-build/bin}
@@ -22,7 +25,8 @@ model=${MODEL:-tests/data/tiny-fortune/fortune-q8_0.gguf}
 rounds=${ROUNDS:-3}
 prompt=${PROMPT:-64}
 gen=${GEN:-9}
-fast_sync=${FAST_SYNC_US:-17}
+short=${SHORT:-16}
+fast_sync=${FAST_SYNC_US:-0}  # 0: the hand-off the traces measured
 reps=${REPS:-9}  # repetitions per profiled op (the profiler keeps the median)
 name=$(basename "$model" .gguf)
 out=bench/modeled/results/host_check-$name.jsonl
@@ -30,7 +34,7 @@ soc_out=bench/modeled/results/host-$name.toml
 export DUET_MAX_CTX=512
 cache=$(mktemp -d /tmp/duet-hostcheck-XXXXXX)
 export DUET_CACHE_DIR=$cache
-base="hc$$"
+base=${STACK_PREFIX:-hc$$}  # stack ids: $base-auto, -gpu, -npu
 declare -A stack=([auto]="$base-auto" [gpu-only]="$base-gpu" [npu-only]="$base-npu")
 cleanup() {
   for s in "${stack[@]}"; do "$bin/duet" stack down --stack "$s" >/dev/null 2>&1 || true; done
@@ -50,13 +54,8 @@ t0=$SECONDS
 "$bin/duet" plan --model "$model" --timing measured --stack "${stack[auto]}" \
   --profile-lengths 1,16,64 --reps "$reps" --phase decode --tokens 1 --json > "$cache/plan-decode.json"
 echo "profiled and planned in $((SECONDS - t0)) s" >&2
-profile=$(ls "$cache"/profiles/measured-*.json | head -1)
-cp "$profile" "bench/modeled/results/host_measured_profile-$name.json"
 cp "$cache/plan-prefill.json" "bench/modeled/results/host_plan_prefill-$name.json"
 cp "$cache/plan-decode.json" "bench/modeled/results/host_plan_decode-$name.json"
-fit=$("$bin/host_check" fit --profile "$profile" --out "$soc_out" --fast-sync-us "$fast_sync")
-tag "$fit" '{"kind":"fit"}' >> "$out"
-handoff=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["handoff_us"])' "$fit")
 for ph in prefill decode; do
   tag "$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); p=p[0] if isinstance(p,list) else p; print(json.dumps({"strategies": {k: v["strategy"] for k, v in p["matmul"].items()}}))' "$cache/plan-$ph.json")" \
     "{\"kind\":\"plan\",\"phase\":\"$ph\"}" >> "$out"
@@ -67,14 +66,38 @@ for plan in auto gpu-only npu-only; do
   "$bin/stack_bench" --stack "${stack[$plan]}" --plan "$plan" --model "$model" --prompt "$prompt" \
     --gen 2 --ignore-eos >/dev/null
 done
+traces=()
 for round in $(seq "$rounds"); do
   for plan in auto gpu-only npu-only; do
     r=$("$bin/stack_bench" --stack "${stack[$plan]}" --plan "$plan" --model "$model" \
       --prompt "$prompt" --gen "$gen" --ignore-eos)
     tag "$r" "{\"kind\":\"run\",\"plan\":\"$plan\",\"round\":$round,\"load\":$(cut -d' ' -f1 /proc/loadavg)}" >> "$out"
     tail -n 1 "$out" >&2
+    "$bin/duet" trace --stack "${stack[$plan]}" --last --out "$cache/trace-$plan-$round.json" >/dev/null
+    # The same request's steps as the frontend timed them (no time between steps).
+    tag "$(python3 -c 'import json,statistics,sys
+ev=[e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph")=="X" and e.get("pid")==1 and e.get("tid")==1 and e.get("cat")=="step"]
+pre=[e["args"]["measured_us"] for e in ev if e["args"]["tokens"]>1]; dec=[e["args"]["measured_us"] for e in ev if e["args"]["tokens"]==1]
+print(json.dumps({"step_prefill_ms": max(pre)/1e3 if pre else 0, "step_decode_ms": statistics.median(dec)/1e3 if dec else 0}))' "$cache/trace-$plan-$round.json")" \
+      "{\"kind\":\"steps\",\"plan\":\"$plan\",\"round\":$round}" >> "$out"
+    [ "$plan" = auto ] && continue
+    traces+=("$cache/trace-$plan-$round.json")
+    "$bin/stack_bench" --stack "${stack[$plan]}" --plan "$plan" --model "$model" \
+      --prompt "$short" --gen 2 --ignore-eos >/dev/null
+    "$bin/duet" trace --stack "${stack[$plan]}" --last --out "$cache/trace-$plan-$round-short.json" >/dev/null
+    traces+=("$cache/trace-$plan-$round-short.json")
   done
 done
+
+# This machine's SoC profile, fitted to the ops' times inside the steps just run.
+profile="bench/modeled/results/host_measured_profile-$name.json"
+"$bin/duet" profile --from-trace "$(IFS=,; echo "${traces[*]}")" --model "$model" \
+  --profile-out "$profile" --out "$soc_out" --fast-sync-us "$fast_sync" >&2
+# The hand-off the traces measured (or FAST_SYNC_US), as duet profile wrote it.
+fast_sync=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["gpu"]["params"]["fast_sync_us"])' "$soc_out")
+fit=$("$bin/host_check" fit --profile "$profile" --out "$soc_out" --fast-sync-us "$fast_sync")
+tag "$fit" '{"kind":"fit"}' >> "$out"
+handoff=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["handoff_us"])' "$fit")
 
 # The same steps, modelled on this machine's profile: prefill of PROMPT tokens from an empty
 # cache, decode at the middle of the generated context.

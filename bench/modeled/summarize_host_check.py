@@ -29,3 +29,20 @@ for plan in ("gpu-only", "npu-only", "auto"):
         name = "tensor (auto)" if plan == "auto" else plan
         print(f"| {name} | {phase} | {med:.2f} ({min(meas):.2f}-{max(meas):.2f}) | {pipe:.2f} | "
               f"{pipe / med:.2f} | {iso:.2f} | {iso / med:.2f} | {prof:.2f} | {prof / med:.2f} |")
+# The same requests' steps as the frontend timed them (duet trace): the step alone, without the
+# time between steps that TTFT/TPOT also hold.
+steps = [r for r in rows if r["kind"] == "steps"]
+if steps:
+    print("\n| plan | phase | traced step ms (median, min-max) | modelled pipelined ms | ratio |")
+    print("|---|---|---|---|---|")
+    for plan in ("gpu-only", "npu-only", "auto"):
+        for phase in ("prefill", "decode"):
+            meas = [r[f"step_{phase}_ms"] for r in steps if r["plan"] == plan and r[f"step_{phase}_ms"] > 0]
+            if not meas:
+                continue
+            m = next(r for r in rows if r["kind"] == "model" and r["plan"] == plan and r["phase"] == phase)
+            med = statistics.median(meas)
+            pipe = m["pipelined_us"] / 1e3
+            name = "tensor (auto)" if plan == "auto" else plan
+            print(f"| {name} | {phase} | {med:.2f} ({min(meas):.2f}-{max(meas):.2f}) | {pipe:.2f} | "
+                  f"{pipe / med:.2f} |")

@@ -24,6 +24,11 @@ void check_shape(const SocProfile& soc, const OpShape& s) {
     throw Error(Errc::invalid_argument, "SoC profile '" + soc.name + "' has no NPU arrays");
 }
 
+// MB of a graph's fp16 activation operands: the input [n][k] and the output [n][m].
+double activation_mb(const OpShape& s) {
+  return static_cast<double>(s.n * s.k + s.n * s.m) * 2.0 / 1e6;
+}
+
 }  // namespace
 
 NpuTiming npu_timing(const SocProfile& soc, const OpShape& s) {
@@ -96,10 +101,13 @@ double npu_pipelined_us(const SocProfile& soc, const OpShape& shape) {
   return std::max(t.compute_us, t.dma_us);
 }
 
+double npu_activation_io_us(const SocProfile& soc, const OpShape& s) {
+  return soc.npu.activation_io_us_per_mb * activation_mb(s);
+}
+
 double npu_graph_compile_us(const SocProfile& soc, const OpShape& s) {
   check_shape(soc, s);
-  const double activation_mb = static_cast<double>(s.n * s.k + s.n * s.m) * 2.0 / 1e6;
-  return soc.npu.compile_base_us + soc.npu.compile_us_per_mb * activation_mb;
+  return soc.npu.compile_base_us + soc.npu.compile_us_per_mb * activation_mb(s);
 }
 
 }  // namespace duet

@@ -17,6 +17,22 @@
 //   Order (NPU-2): with weight_stationary_transposed the activation is S and the weight streams
 //   (HeteroInfer's W x^T); otherwise the large weight is S and is reloaded for every few tokens.
 //   Shape (NPU-3): a wide weight (k large) makes S tall, chunks short and reloads many.
+//
+// Activation I/O in a step (issue 23, npu_activation_io_us, charged by core/planner/timeline.h):
+// inside a running step every NPU graph's fp16 input [n][k] was just written by the GPU and its
+// output [n][m] is read by the GPU next, through shared buffers: per graph execution the data
+// must be made coherent for the other device's view and brought between the flat shared layout
+// and the NPU's tiled one (GPU-2: the states of CPU, GPU and NPU views kept consistent); the
+// weights are referenced, not moved. An isolated measurement (Table 3, the profiler, the solver's
+// latencies) reuses buffers no other device touched, so it is not in npu_modeled_us. It is a cost
+// per activation byte: nothing in decode (a token is a few KB), growing with the prompt.
+// activation_io_us_per_mb = 128 on sd8gen3: the order of the one per-token residual in Table 3
+// (from [4096,4096] x128 to x256 the paper's NPU grows by 972 us, the arrays' by 702: 270 us for
+// 2.1 MB more activations), not a fit to a figure it is checked against. What it explains: its
+// cost per FLOP goes as 1/m + 1/k, so InternLM-1.8B's 2048-wide graphs pay twice Llama-8B's per
+// FLOP, offsetting their shorter reductions (NPU-3: fewer reloads); the paper's prefill figures
+// put the two models at about the same efficiency (1092 / 247.9 = 4.4x the tokens/s for 4.6x
+// fewer FLOPs), which the arrays alone put at 1.3x (bench/modeled/RESULTS.md).
 #include <cstdint>
 
 #include "core/planner/op_shape.h"
@@ -44,7 +60,8 @@ NpuTiming npu_timing(const SocProfile& soc, const OpShape& shape);
 // An isolated, synchronised graph execution (the profiler's view, Table 3's NPU column).
 double npu_modeled_us(const SocProfile& soc, const OpShape& shape);
 // The same graph inside a pipelined step (core/planner/timeline.h, fast sync). Two costs of an
-// isolated execution (one request, one graph, its reply: the profiler's view) are not paid there:
+// isolated execution (one request, one graph, its reply: the profiler's view) are not paid there
+// (and one is added by the timeline: the activation I/O above):
 //   launch_us (fitted to Table 3's decode rows): the per-request round trip. A step's NPU ops run
 //     as one program (npu_svc's RunStep: the op list executes inside the NPU side, each op
 //     started by a flag in shared memory, HeteroInfer 4.3), one request per step, not per graph;
@@ -56,6 +73,10 @@ double npu_modeled_us(const SocProfile& soc, const OpShape& shape);
 // The second is the least-supported step of the decode reconciliation: the paper gives the two
 // rates, not the NPU's mechanism between them (bench/modeled/RESULTS.md says what it costs).
 double npu_pipelined_us(const SocProfile& soc, const OpShape& shape);
+
+// Bringing one execution's activation operands (input [n][k], output [n][m], fp16) between the
+// devices inside a step (above): the timeline's, not npu_modeled_us's.
+double npu_activation_io_us(const SocProfile& soc, const OpShape& shape);
 
 // Online preparation of a static graph for `shape`: a fixed cost plus a cost per MB of the
 // graph's activation operands (input [n][k] and output [n][m], fp16); the weights are

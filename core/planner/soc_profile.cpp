@@ -123,6 +123,7 @@ SocProfile parse_soc_profile(std::string_view toml_text, std::string_view origin
   p.npu.launch_us = npu.number("launch_us", true);
   p.npu.compile_us_per_mb = npu.number("compile_us_per_mb", true);
   p.npu.compile_base_us = npu.number("compile_base_us", true);
+  p.npu.activation_io_us_per_mb = npu.number("activation_io_us_per_mb", true);
   p.npu.stationary_load_cycles = npu.number("stationary_load_cycles", true);
   p.npu.stationary_fetch_cycles = npu.number("stationary_fetch_cycles", true);
   p.npu.fill_cycles = npu.number("fill_cycles", true);

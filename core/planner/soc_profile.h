@@ -21,6 +21,7 @@ struct SocProfile {
     double launch_us = 0;                // fixed cost of executing one graph
     double compile_us_per_mb = 0;        // graph preparation cost per MB of operands
     double compile_base_us = 0;          // fixed graph preparation cost
+    double activation_io_us_per_mb = 0;  // per execution: activations into and out of the graph
     double stationary_load_cycles = 0;   // cycles to (re)load one stationary tile into an array
     double stationary_fetch_cycles = 0;  // extra per load when the stationary operand is in DRAM
     double fill_cycles = 0;              // pipeline fill + drain per pass through an array

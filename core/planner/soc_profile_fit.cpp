@@ -21,12 +21,17 @@ struct Fit {
   double rms_log = 0, worst = 1;
 };
 
-Fit evaluate(const SocProfile& soc, const std::vector<ProfileEntry>& points, Device device) {
+// Ops timed inside real steps (timing "steps", core/planner/trace_profile.h) are matched to the
+// pipelined op models, ops timed one request at a time to the isolated ones.
+Fit evaluate(const SocProfile& soc, const std::vector<ProfileEntry>& points, Device device,
+             bool in_steps) {
   Fit f;
   double sum = 0;
   for (const ProfileEntry& e : points) {
     const OpShape s{e.kind, e.wtype, e.m, e.k, e.n, true};
-    const double modelled = device == Device::gpu ? gpu_modeled_us(soc, s) : npu_modeled_us(soc, s);
+    const double modelled = device == Device::gpu
+                                ? (in_steps ? gpu_pipelined_us(soc, s) : gpu_modeled_us(soc, s))
+                                : (in_steps ? npu_pipelined_us(soc, s) : npu_modeled_us(soc, s));
     const double r = std::log(std::max(modelled, 1e-3) / e.us);
     sum += r * r;
     if (std::abs(r) > std::abs(std::log(f.worst))) f.worst = std::exp(r);
@@ -42,8 +47,8 @@ Fit evaluate(const SocProfile& soc, const std::vector<ProfileEntry>& points, Dev
 // the error falls, the factors shrinking once a sweep finds nothing. The models have kinks (max,
 // min), so the whole schedule runs twice.
 void descend(SocProfile& soc, const std::vector<Param>& params, size_t rates, size_t costs,
-             const std::vector<ProfileEntry>& points, Device device) {
-  double best = evaluate(soc, points, device).rms_log;
+             const std::vector<ProfileEntry>& points, Device device, bool in_steps) {
+  double best = evaluate(soc, points, device, in_steps).rms_log;
   {
     const SocProfile base = soc;
     SocProfile pick = soc;
@@ -56,7 +61,7 @@ void descend(SocProfile& soc, const std::vector<Param>& params, size_t rates, si
           else if (i < rates + costs)
             params[i].ref(trial) *= std::ldexp(1.0, fc);
         }
-        const double e = evaluate(trial, points, device).rms_log;
+        const double e = evaluate(trial, points, device, in_steps).rms_log;
         if (e < best) {
           best = e;
           pick = trial;
@@ -74,7 +79,7 @@ void descend(SocProfile& soc, const std::vector<Param>& params, size_t rates, si
               double& v = p.ref(soc);
               const double old = v;
               v = old * f;
-              const double e = evaluate(soc, points, device).rms_log;
+              const double e = evaluate(soc, points, device, in_steps).rms_log;
               if (e < best - 1e-9) {
                 best = e;
                 improved = true;
@@ -107,6 +112,10 @@ SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
   r.soc.name = name;
   r.soc.path.clear();
   SocProfile& soc = r.soc;
+  const bool in_steps = measured.timing == "steps";
+  // A pipelined GEMV streams at memory.single_gbps when it is set; fitting in-step times, let it
+  // stream at the fitted gpu.bandwidth_gbps instead (single_gbps is set from it below).
+  if (in_steps) soc.mem.single_gbps = 0;
   // Zero-valued starting parameters cannot be scaled: give them a small positive start.
   for (const char* k : {"gemv_half_rows", "gemv_gflops", "gemm_half_tokens", "matmul_fixed_us"})
     if (!(soc.gpu.params[k] > 0)) soc.gpu.params[k] = 1;
@@ -114,6 +123,9 @@ SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
   if (!(soc.npu.launch_us > 0)) soc.npu.launch_us = 1;
   if (!(soc.npu.fill_cycles > 0)) soc.npu.fill_cycles = 1;
   if (!(soc.npu.stationary_load_cycles > 0)) soc.npu.stationary_load_cycles = 1;
+  // The timeline adds an NPU graph's activation I/O to its op time in a step; a profile measured
+  // here already holds whatever moving activations costs on this machine (in the ops' times).
+  soc.npu.activation_io_us_per_mb = 0;
 
   // Rates first, then fixed costs, then the shape parameters (descend's scan groups them).
   const std::vector<Param> gpu_params = {
@@ -135,7 +147,7 @@ SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
       {"fill_cycles", [](SocProfile& s) -> double& { return s.npu.fill_cycles; }},
       {"sram_bytes", [](SocProfile& s) -> double& { return s.npu.sram_bytes; }},
   };
-  descend(soc, gpu_params, 3, 2, gpu, Device::gpu);
+  descend(soc, gpu_params, 3, 2, gpu, Device::gpu, in_steps);
   // The NPU's structure too: the machine measured may not be 32x32 arrays x 4 (this host's "NPU"
   // is an emulator's CPU GEMM, whose time grows with every token: 1x1 "arrays"). Each candidate
   // is fitted and the best kept.
@@ -147,8 +159,8 @@ SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
         SocProfile trial = soc;
         trial.npu.array_rows = trial.npu.array_cols = arr;
         trial.npu.cores = cores;
-        descend(trial, npu_params, 2, 1, npu, Device::npu);
-        const double e = evaluate(trial, npu, Device::npu).rms_log;
+        descend(trial, npu_params, 2, 1, npu, Device::npu, in_steps);
+        const double e = evaluate(trial, npu, Device::npu, in_steps).rms_log;
         if (e < best_e) {
           best_e = e;
           best = trial;
@@ -156,7 +168,8 @@ SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
       }
     soc = best;
   }
-  const Fit g = evaluate(soc, gpu, Device::gpu), n = evaluate(soc, npu, Device::npu);
+  const Fit g = evaluate(soc, gpu, Device::gpu, in_steps),
+            n = evaluate(soc, npu, Device::npu, in_steps);
   r.gpu_points = gpu.size();
   r.npu_points = npu.size();
   r.gpu_rms_log = g.rms_log;
@@ -185,6 +198,7 @@ std::string soc_profile_toml(const SocProfile& soc, const std::string& comment) 
     << "\nlaunch_us = " << soc.npu.launch_us
     << "\ncompile_us_per_mb = " << soc.npu.compile_us_per_mb
     << "\ncompile_base_us = " << soc.npu.compile_base_us
+    << "\nactivation_io_us_per_mb = " << soc.npu.activation_io_us_per_mb
     << "\nstationary_load_cycles = " << soc.npu.stationary_load_cycles
     << "\nstationary_fetch_cycles = " << soc.npu.stationary_fetch_cycles
     << "\nfill_cycles = " << soc.npu.fill_cycles << "\n\n[gpu]\n"

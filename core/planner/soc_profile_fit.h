@@ -4,6 +4,10 @@
 // (core/planner/profiler.h, `duet plan --timing measured`), so the modelled timeline of a run
 // (core/planner/timeline.h) can be set beside its measured time on the same hardware.
 //
+// A profile measured inside real steps (timing "steps": core/planner/trace_profile.h) is fitted
+// with the pipelined op models (gpu_pipelined_us, npu_pipelined_us), one measured an op per
+// request with the isolated ones.
+//
 // The fit is a coordinate descent in log space over each device's free parameters, minimising the
 // mean squared log ratio modelled / measured over that device's entries (both models are
 // positive and monotone in each parameter; a coarse scan of the rates first, since another

@@ -288,11 +288,15 @@ class OpCoster {
     int64_t padded = 0;
     double bytes = 0;
     for (int64_t g : npu_graphs_for(c.tokens, op.npu_mode, o_)) {
-      const NpuTiming nt = npu_timing(soc_, OpShape{op.kind, op.wtype, rows, op.k, g, true});
       const OpShape graph{op.kind, op.wtype, rows, op.k, g, true};
+      const NpuTiming nt = npu_timing(soc_, graph);
+      const int64_t real = std::clamp<int64_t>(c.tokens - padded, 0, g);  // rows with data
       c.compute_us += t_.matmul_latency           ? t_.matmul_latency->npu_us(graph)
                       : t_.sync == SyncMode::fast ? npu_pipelined_us(soc_, graph)
-                                                  : nt.total_us;  // blocking: with the launch
+                                                  : nt.total_us;  // blocking: isolated
+      if (!t_.matmul_latency)  // in a step the activations cross between the devices
+        c.compute_us +=
+            npu_activation_io_us(soc_, {graph.kind, graph.wtype, rows, op.k, real, true});
       bytes += nt.dma_bytes;
       padded += g;
     }

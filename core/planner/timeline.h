@@ -8,6 +8,8 @@
 // zero-fill of padded rows and, under online-prepare, the graph compile once per distinct shape in
 // the step.
 //
+// An NPU graph in a step also pays its activations' crossing between the devices
+// (npu_activation_io_us, for the tokens that carry data), which no isolated measurement does.
 // Ops cost what they cost in a pipelined step (gpu_pipelined_us, npu_pipelined_us) under fast
 // sync, and what an isolated measurement pays (gpu_modeled_us, npu_modeled_us) under blocking
 // sync; see SyncMode. The solver plans with the isolated latencies (its profiler's), as
@@ -90,7 +92,15 @@ Schedule schedule_from_programs(const BuiltPrograms& built, NpuGraphMode npu_mod
 //             (gpu_sync_us, ~400 us), which drains the GPU's queue, so its kernels pay what an
 //             isolated, synchronised measurement pays (gpu_modeled_us, npu_modeled_us: Table
 //             3's latencies), and the host, blocked in clFinish after a GPU op the NPU needs,
-//             submits the GPU's next op only after it.
+//             submits the GPU's next op only after it. This reproduces the paper's Llama-8B
+//             gains (decode 3.56x vs 4.01x, prefill @256 1.16x vs 1.21x) but gives the smaller
+//             models 6.1-6.6x where section 5.5 says "comparable improvements of 2.2x". A
+//             model without the fixed 400 us (the kernels that start on a drained queue pay
+//             their isolated cost, ~440 us composed around Table 3's [4096,4096] GEMV) gives
+//             the small models 1.9-2.2x but Llama-8B 1.74x: the paper's 4.01x on Llama-8B beside
+//             its 2.2x on Llama-7B, a model of nearly the same size and shape, is not a matter
+//             of size, and the text says nothing that sets the two apart. The headline
+//             is the 8B's, so this model stays (known gap: bench/modeled/RESULTS.md).
 enum class SyncMode { fast, blocking };
 
 struct TimelineOptions {

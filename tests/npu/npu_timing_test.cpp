@@ -66,6 +66,7 @@ dma_gbps = 10
 launch_us = 1
 compile_us_per_mb = 1
 compile_base_us = 1
+activation_io_us_per_mb = 1
 stationary_load_cycles = 1
 stationary_fetch_cycles = 1
 fill_cycles = 1

@@ -68,6 +68,27 @@ TEST(SocProfileFit, RecoversTheTimesOfTheMachineItWasMeasuredOn) {
   EXPECT_DOUBLE_EQ(r.soc.mem.dual_gbps, r.soc.mem.single_gbps);
 }
 
+TEST(SocProfileFit, OpsTimedInsideStepsAreFittedWithThePipelinedModels) {
+  // A profile of in-step times (core/planner/trace_profile.h): the same shapes, each costing
+  // what the other machine's pipelined models say. Fitted as such it comes back close; read as
+  // isolated times (the old profile's kind) it would not.
+  const SocProfile machine = other_machine();
+  Profile steps = profile_of(machine);
+  steps.timing = "steps";
+  for (ProfileEntry& e : steps.entries) {
+    const OpShape s{e.kind, e.wtype, e.m, e.k, e.n, true};
+    e.us = e.device == Device::gpu ? gpu_pipelined_us(machine, s) : npu_pipelined_us(machine, s);
+  }
+  const SocFitReport r = fit_soc_profile(steps, sd8gen3(), "steps", 0);
+  EXPECT_LT(r.gpu_rms_log, 0.1);
+  EXPECT_LT(r.npu_rms_log, 0.1);
+  for (const ProfileEntry& e : steps.entries) {
+    if (e.device != Device::gpu || e.n != 1) continue;
+    EXPECT_NEAR(gpu_pipelined_us(r.soc, {e.kind, e.wtype, e.m, e.k, e.n, true}) / e.us, 1.0, 0.3)
+        << e.m << "x" << e.k;
+  }
+}
+
 TEST(SocProfileFit, TheTomlReadsBackAsTheSameProfile) {
   const SocFitReport r = fit_soc_profile(profile_of(other_machine()), sd8gen3(), "other", 0);
   const std::string text = soc_profile_toml(r.soc, "fitted\nin a test");

@@ -1,9 +1,9 @@
 // HeteroInfer's end-to-end figures (SOSP'25, Snapdragon 8 Gen 3, W4A16), modelled: the solver's
 // tensor plan from the SoC timing models, composed on the sd8gen3 timeline (issue 23). Every
-// headline within +-25% of the paper, and the fast-sync gain of Figure 17. The solver's inputs
-// stay Table 3's isolated latencies (tests/core/planner/solver_table3_test.cpp checks its
-// strategies and tests/gpu/gpu_timing_test.cpp the latencies); the timeline runs the GPU's kernels
-// pipelined (core/planner/gpu_timing.h, gpu_pipelined_us).
+// headline within +-25% of the paper, and the fast-sync gain of Figure 17 (Llama-8B's a known gap).
+// The solver's inputs stay Table 3's isolated latencies (tests/core/planner/solver_table3_test.cpp
+// checks its strategies and tests/gpu/gpu_timing_test.cpp the latencies); the timeline runs the
+// GPU's kernels pipelined (core/planner/gpu_timing.h, gpu_pipelined_us).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -55,20 +55,36 @@ TEST(PaperHeadlines, PrefillAt256IsWithin25PercentOfThePaperOnLlama8b) {
   expect_within(tensor_tok_s("llama3-8b", Phase::prefill, 256), 247.9, 0.25, "Llama-8B prefill");
 }
 
-TEST(PaperHeadlines, InternLmPrefillIsAKnownGapHeldWithin50Percent) {
-  // Known gap (bench/modeled/RESULTS.md): the NPU model, fitted on Llama-8B's 4096/14336-wide
-  // shapes, runs InternLM's 2048-wide ones ~1.6x more efficiently per FLOP than Llama-8B's,
-  // where the paper's two prefill figures say about the same: ~1.46x the paper's 1092 tok/s.
-  // Held here so that it cannot drift further unnoticed.
-  expect_within(tensor_tok_s("internlm-1.8b", Phase::prefill, 256), 1092.0, 0.5,
+TEST(PaperHeadlines, InternLmPrefillAt256IsWithin25PercentOfThePaper) {
+  // The NPU's activation I/O per graph (core/planner/npu_timing.h) is what keeps InternLM's
+  // 2048-wide graphs from running ~1.3x more efficiently per FLOP than Llama-8B's.
+  expect_within(tensor_tok_s("internlm-1.8b", Phase::prefill, 256), 1092.0, 0.25,
                 "InternLM-1.8B prefill");
 }
 
+double fast_sync_decode_gain(const std::string& shape_name) {
+  return tensor_tok_s(shape_name, Phase::decode, 1, SyncMode::fast) /
+         tensor_tok_s(shape_name, Phase::decode, 1, SyncMode::blocking);
+}
+
 TEST(PaperHeadlines, FastSyncSpeedsLlama8bDecodeUpAboutFourTimes) {
-  // Figure 17: 4.01x on Llama-8B against clFinish-style synchronisation.
-  const double fast = tensor_tok_s("llama3-8b", Phase::decode, 1, SyncMode::fast);
-  const double blocking = tensor_tok_s("llama3-8b", Phase::decode, 1, SyncMode::blocking);
-  expect_within(fast / blocking, 4.01, 0.25, "fast-sync decode gain");
+  // Figure 17: 4.01x on Llama-8B against clFinish-style synchronisation; prefill @256 1.21x
+  // (section 5.5: 196.44 -> 236.92 tok/s).
+  expect_within(fast_sync_decode_gain("llama3-8b"), 4.01, 0.25, "fast-sync decode gain");
+  expect_within(tensor_tok_s("llama3-8b", Phase::prefill, 256, SyncMode::fast) /
+                    tensor_tok_s("llama3-8b", Phase::prefill, 256, SyncMode::blocking),
+                1.21, 0.25, "fast-sync prefill gain");
+}
+
+TEST(PaperHeadlines, FastSyncGainOnTheSmallerModelsIsAKnownGapHeldBelow8) {
+  // Known gap (core/planner/timeline.h, SyncMode; bench/modeled/RESULTS.md): section 5.5's
+  // "comparable improvements of 2.2x" on Llama-7B, -3B and InternLM-1.8B, where the fixed
+  // ~400 us clFinish that gives the 8B its 4.01x gives them ~4-7x. Held so it cannot drift.
+  for (const char* name : {"llama2-7b", "llama3.2-3b", "internlm-1.8b"}) {
+    const double gain = fast_sync_decode_gain(name);
+    EXPECT_GT(gain, 1.5) << name;
+    EXPECT_LT(gain, 8.0) << name;
+  }
 }
 
 TEST(PaperHeadlines, APipelinedGemvStreamsAtOneProcessorsBandwidthAnIsolatedOneDoesNot) {
