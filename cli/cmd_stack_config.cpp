@@ -26,7 +26,7 @@ constexpr int kStackMaxRunning = 16;
 // larger than /dev/shm) is refused here with the reason instead of failing requests later. The
 // budget goes to the frontend in bytes (DUET_KV_MEMORY): a restarted frontend makes the same
 // pool. Returns the line `up` prints about it.
-std::string plan_stack_kv(const std::string& stack, const std::string& model,
+std::string plan_stack_kv(const std::string& stack, const std::vector<ServedModel>& models,
                           const std::string& plan_flag, const std::string& kv_memory_flag,
                           const std::string& kv_type_flag) {
   // The file's values are in the environment by now (export_stack_settings).
@@ -43,13 +43,17 @@ std::string plan_stack_kv(const std::string& stack, const std::string& model,
   const std::string type_text = !kv_type_flag.empty() ? kv_type_flag : setting_text("DUET_KV_TYPE");
   const DType kv_type = parse_kv_type(type_text);
   setenv("DUET_KV_TYPE", type_text.c_str(), 1);
-  KvPoolPlan kv;
+  std::vector<KvPoolPlan> pools;
   try {
-    KvPoolRequest request =
-        kv_pool_request(LlamaModel::load(model)->hp(), max_ctx, kStackMaxRunning, sharers, budget);
-    request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
-    request.values_per_block = static_cast<uint32_t>(dtype_block_elems(kv_type));
-    kv = plan_kv_pool(request);
+    std::vector<KvPoolRequest> requests;
+    for (const ServedModel& m : models) {
+      KvPoolRequest request = kv_pool_request(LlamaModel::load(m.path)->hp(), max_ctx,
+                                              kStackMaxRunning, sharers, budget);
+      request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
+      request.values_per_block = static_cast<uint32_t>(dtype_block_elems(kv_type));
+      requests.push_back(request);
+    }
+    pools = plan_kv_pools(std::move(requests), budget);
   } catch (const Error& e) {
     // The default budget is capped by /dev/shm's free space: name the real shortage.
     const std::string shm_note = default_budget && budget >= shm_free_bytes()
@@ -59,13 +63,24 @@ std::string plan_stack_kv(const std::string& stack, const std::string& model,
     throw Error(e.code(), "cannot start stack " + stack + ": " + e.what() + shm_note);
   }
   const uint64_t shm_free = shm_free_bytes();
-  if (kv.pool_bytes > shm_free)
+  uint64_t pool_bytes = 0;
+  std::string summary;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    pool_bytes += pools[i].pool_bytes;
+    summary +=
+        (i ? "; " : "") +
+        (pools.size() > 1 ? models[i].name + ": " + format_bytes(pools[i].budget_bytes) + " for "
+                          : std::string()) +
+        pools[i].summary();
+  }
+  if (pool_bytes > shm_free)
     throw Error(Errc::invalid_argument,
-                "cannot start stack " + stack + ": its KV pool (" + kv.summary() + ") needs " +
-                    format_bytes(kv.pool_bytes) + " of /dev/shm, which has " +
-                    format_bytes(shm_free) + " free: give a smaller --kv-memory");
-  return "KV pool: " + kv.summary() + " of " + std::string(dtype_name(kv_type)) + ", budget " +
-         format_bytes(budget);
+                "cannot start stack " + stack + ": its KV pool" + (pools.size() > 1 ? "s" : "") +
+                    " (" + summary + ") need" + (pools.size() > 1 ? "" : "s") + " " +
+                    format_bytes(pool_bytes) + " of /dev/shm, which has " + format_bytes(shm_free) +
+                    " free: give a smaller --kv-memory");
+  return "KV pool" + std::string(pools.size() > 1 ? "s" : "") + ": " + summary + " of " +
+         std::string(dtype_name(kv_type)) + ", budget " + format_bytes(budget);
 }
 
 void print_stack_config(const std::string& run_dir, const std::string& stack, bool json) {

@@ -3,6 +3,9 @@
 // settings against, and `duet stack config`. Kept apart from cmd_stack.cpp, which holds the
 // verbs that start and stop a stack.
 #include <string>
+#include <vector>
+
+#include "core/ipc/stack_models.h"
 
 namespace duet::cli {
 
@@ -10,7 +13,8 @@ namespace duet::cli {
 // (the flags given, else the DUET_* environment `up` exported) before anything starts; returns
 // the line `up` prints about it, or "" for the reference plan. Sets DUET_KV_MEMORY to the budget
 // in bytes and DUET_KV_TYPE for the frontend. Error naming why a setting cannot be served.
-std::string plan_stack_kv(const std::string& stack, const std::string& model,
+// Several models (issue 25) divide the one budget (core/model/kv_budget.h plan_kv_pools).
+std::string plan_stack_kv(const std::string& stack, const std::vector<ServedModel>& models,
                           const std::string& plan_flag, const std::string& kv_memory_flag,
                           const std::string& kv_type_flag);
 // Prints the effective settings of an up stack (<run dir>/settings.json, written by `up`) and
