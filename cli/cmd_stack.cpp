@@ -37,12 +37,10 @@ namespace {
 using namespace duet;
 using namespace std::chrono_literals;
 
-constexpr const char* kDefaultModel = "models/fortune-q8_0.gguf";
-
 struct StackArgs {
   std::string stack;
   // --model PATH or NAME=PATH, repeated for several models (issue 25); none: the config file's
-  // `models`, else kDefaultModel.
+  // `models`, else cli::kDefaultModel.
   std::vector<std::string> models;
   std::vector<std::string> model_plans;  // --model-plan NAME=PLAN (DUET_MODEL_PLANS)
   std::string soc = "sd8gen3";
@@ -242,46 +240,6 @@ std::optional<std::string> read_ready_line(int fd, std::chrono::seconds timeout,
   }
 }
 
-// Several --model flags, or one with a name, become DUET_MODELS (a flag overrides the config
-// file's `models`); one plain path stays the services' --model alone, as before.
-std::string joined(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& s : items) out += (out.empty() ? "" : ",") + s;
-  return out;
-}
-
-std::string models_flag(const std::vector<std::string>& specs) {
-  if (specs.size() == 1 && specs[0].find('=') == std::string::npos) return "";
-  return joined(specs);
-}
-
-// The models `up` serves, with absolute paths that exist (the supervisor runs from elsewhere);
-// DUET_MODELS is rewritten with them for the services when there is more than a plain --model.
-std::vector<ServedModel> resolve_models(const std::vector<std::string>& specs) {
-  std::vector<ServedModel> models;
-  const auto listed = setting_override("DUET_MODELS");
-  if (specs.size() == 1 && specs[0].find('=') == std::string::npos)
-    models = {ServedModel{"", specs[0]}};
-  else if (listed && !listed->empty())
-    models = parse_models_setting(*listed);
-  else
-    models = {ServedModel{"", kDefaultModel}};
-  for (ServedModel& m : models) {
-    const std::string given = m.path;
-    m.path = absolute_path(given);
-    // The default is relative to the repo root: found from elsewhere next to the build too.
-    if (given == kDefaultModel && !exists(m.path))
-      m.path = absolute_path(executable_dir() + "/../../" + kDefaultModel);
-    if (!exists(m.path) || access(m.path.c_str(), R_OK) != 0)
-      throw Error(Errc::not_found, "model '" + given + "' does not exist or is not readable");
-  }
-  if (!models.front().name.empty())
-    setenv("DUET_MODELS", models_setting(models).c_str(), 1);
-  else
-    unsetenv("DUET_MODELS");  // one model by its file: the services' --model, as before
-  return models;
-}
-
 void stack_up(const StackArgs& a) {
   validate_stack_id(a.stack);
   const std::string run_dir = run_dir_of(a.stack);
@@ -295,10 +253,10 @@ void stack_up(const StackArgs& a) {
                                       {"DUET_TIMING", a.timing},
                                       {"DUET_KV_MEMORY", a.kv_memory},
                                       {"DUET_KV_TYPE", a.kv_type},
-                                      {"DUET_MODELS", models_flag(a.models)},
-                                      {"DUET_MODEL_PLANS", joined(a.model_plans)}});
+                                      {"DUET_MODELS", cli::models_flag(a.models)},
+                                      {"DUET_MODEL_PLANS", cli::joined(a.model_plans)}});
   export_stack_settings(settings);
-  const std::vector<ServedModel> models = resolve_models(a.models);
+  const std::vector<ServedModel> models = cli::resolve_models(a.models);
   // A plan naming a model the stack does not serve, or a bad plan, stops here.
   if (const auto plans = setting_override("DUET_MODEL_PLANS"))
     (void)model_plans(stack_models(models.front().path), *plans,
@@ -517,7 +475,7 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
         "--model", args->models,
         "GGUF model, PATH or NAME=PATH (name: the file's stem); repeat it to serve several "
         "models, the first the default (config: models)")
-      ->default_str(kDefaultModel);
+      ->default_str(cli::kDefaultModel);
   up->add_option("--model-plan", args->model_plans,
                  "NAME=PLAN: model NAME runs PLAN instead of --plan's (several models; repeat it; "
                  "config: model_plans)");

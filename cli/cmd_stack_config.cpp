@@ -1,14 +1,18 @@
-// What `duet stack up` settles before it starts anything (cli/stack_settings.h): the KV pool its
-// settings make; and `duet stack config --stack ID [--json]` / `--keys`: the stack's effective
-// settings with their sources, and the registry they come from.
+// What `duet stack up` settles before it starts anything (cli/stack_settings.h): the models it
+// serves, the KV pools its settings make; and `duet stack config --stack ID [--json]` / `--keys`:
+// the stack's effective settings with their sources, and the registry they come from.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/stack_settings.h"
 #include "core/base/error.h"
 #include "core/base/settings.h"
+#include "core/ipc/run_dir.h"
 #include "core/ipc/stack_config.h"
 #include "core/model/kv_budget.h"
 #include "core/model/model.h"
@@ -20,6 +24,46 @@ namespace {
 constexpr int kStackMaxRunning = 16;
 
 }  // namespace
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+// Several --model flags, or one with a name, become DUET_MODELS (a flag overrides the config
+// file's `models`); one plain path stays the services' --model alone, as before.
+std::string models_flag(const std::vector<std::string>& specs) {
+  if (specs.size() == 1 && specs[0].find('=') == std::string::npos) return "";
+  return joined(specs);
+}
+
+// The models `up` serves, with absolute paths that exist (the supervisor runs from elsewhere);
+// DUET_MODELS is rewritten with them for the services when there is more than a plain --model.
+std::vector<ServedModel> resolve_models(const std::vector<std::string>& specs) {
+  std::vector<ServedModel> models;
+  const auto listed = setting_override("DUET_MODELS");
+  if (specs.size() == 1 && specs[0].find('=') == std::string::npos)
+    models = {ServedModel{"", specs[0]}};
+  else if (listed && !listed->empty())
+    models = parse_models_setting(*listed);
+  else
+    models = {ServedModel{"", kDefaultModel}};
+  for (ServedModel& m : models) {
+    const std::string given = m.path;
+    m.path = absolute_path(given);
+    // The default is relative to the repo root: found from elsewhere next to the build too.
+    if (given == kDefaultModel && !std::filesystem::exists(m.path))
+      m.path = absolute_path(executable_dir() + "/../../" + kDefaultModel);
+    if (!std::filesystem::exists(m.path) || access(m.path.c_str(), R_OK) != 0)
+      throw Error(Errc::not_found, "model '" + given + "' does not exist or is not readable");
+  }
+  if (!models.front().name.empty())
+    setenv("DUET_MODELS", models_setting(models).c_str(), 1);
+  else
+    unsetenv("DUET_MODELS");  // one model by its file: the services' --model, as before
+  return models;
+}
 
 // Plans the KV pool the frontend will make (core/model/kv_budget.h) before anything starts, so that
 // a setting the stack cannot serve (a budget too small for one sequence of the context, a pool
