@@ -30,6 +30,7 @@ struct ChatArgs {
 void run_chat(ChatArgs args) {
   using namespace duet::client;
   Client c(stack_endpoint(args.stack, args.run_dir));
+  c.set_model(args.request.model);  // the session's model: its close names it too
   GenerateRequest turn = args.request;
   turn.priority = parse_priority(args.priority);
   turn.stream = true;
@@ -82,6 +83,8 @@ duet::cli::RegisterCommand register_chat([](CLI::App& app) {
       "Chat with a running stack: each stdin line is a user message, formatted with the model's "
       "chat template; the KV cache is kept between turns");
   cmd->add_option("--stack", args->stack, "stack id")->capture_default_str();
+  cmd->add_option("--model-name", args->request.model,
+                  "which of the stack's models (default: its first)");
   cmd->add_option("--run-dir", args->run_dir, "run directory (default: from the stack id)");
   cmd->add_option("--max-tokens", args->request.max_tokens, "tokens per reply at most")
       ->capture_default_str();

@@ -28,6 +28,7 @@ struct EvalArgs {
   // the stack's model.
   std::string stack;
   std::string plan;
+  std::string model_name;  // which of the stack's models ("" = its first)
   bool model_given = false;
 };
 
@@ -74,6 +75,7 @@ void run_eval(const EvalArgs& args) {
     a.ids = ids;
     a.plan = args.plan;
     a.model_path = args.model_given ? args.model : "";
+    a.model_name = args.model_name;
     a.logits_out = args.logits_out;
     duet::client::run_eval_on_stack(a);
     return;
@@ -104,6 +106,8 @@ duet::cli::RegisterCommand register_eval([](CLI::App& app) {
       "n_vocab per position)");
   auto* model_opt = cmd->add_option("--model", args->model, "GGUF model")->capture_default_str();
   cmd->add_option("--stack", args->stack, "Run through this running stack's frontend");
+  cmd->add_option("--model-name", args->model_name,
+                  "With --stack: which of the stack's models (default: its first)");
   cmd->add_option("--plan", args->plan,
                   "With --stack: the plan to run (default: the stack's own): gpu-only, npu-only, "
                   "npu-only:online-prepare, npu-only:pipe, layer, tensor, auto or reference");

@@ -32,6 +32,7 @@ struct GenerateArgs {
   std::string stack;
   std::string priority = "reactive";
   std::string plan;
+  std::string model_name;  // which of the stack's models ("" = its first)
   bool json = false;
   bool ignore_eos = false;  // fixed-length runs: EOS is kept, only --max-tokens ends it
   // --chat: the prompt is one user message, formatted with the model's chat template (or
@@ -138,6 +139,7 @@ void run_generate_through_stack(const GenerateArgs& args) {
   a.request.priority = duet::client::parse_priority(args.priority);
   a.request.plan = args.plan;
   a.request.ignore_eos = args.ignore_eos;
+  a.request.model = args.model_name;
   duet::client::run_generate_on_stack(a);
 }
 
@@ -194,6 +196,8 @@ duet::cli::RegisterCommand register_generate([](CLI::App& app) {
   cmd->add_option("--priority", args->priority, "With --stack: reactive or proactive")
       ->capture_default_str();
   cmd->add_option("--plan", args->plan, "With --stack: the plan the stack must be running");
+  cmd->add_option("--model-name", args->model_name,
+                  "With --stack: which of the stack's models (default: its first)");
   cmd->add_flag("--json", args->json, "With --stack: print text, ids and stats as one JSON object");
   cmd->add_flag("--ignore-eos", args->ignore_eos,
                 "Keep generating past EOS: exactly --max-tokens tokens (fixed-length runs)");

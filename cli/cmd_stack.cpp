@@ -27,6 +27,7 @@
 #include "core/ipc/messaging.h"
 #include "core/ipc/run_dir.h"
 #include "core/ipc/stack_config.h"
+#include "core/ipc/stack_models.h"
 #include "core/ipc/stack_record.h"
 
 extern char** environ;
@@ -36,11 +37,12 @@ namespace {
 using namespace duet;
 using namespace std::chrono_literals;
 
-constexpr const char* kDefaultModel = "models/fortune-q8_0.gguf";
-
 struct StackArgs {
   std::string stack;
-  std::string model = kDefaultModel;
+  // --model PATH or NAME=PATH, repeated for several models (issue 25); none: the config file's
+  // `models`, else cli::kDefaultModel.
+  std::vector<std::string> models;
+  std::vector<std::string> model_plans;  // --model-plan NAME=PLAN (DUET_MODEL_PLANS)
   std::string soc = "sd8gen3";
   std::string plan;    // the frontend's plan (DUET_PLAN in the services' environment)
   std::string timing;  // what the solver optimises (DUET_TIMING)
@@ -250,14 +252,16 @@ void stack_up(const StackArgs& a) {
       resolve_stack_settings(config, {{"DUET_PLAN", a.plan},
                                       {"DUET_TIMING", a.timing},
                                       {"DUET_KV_MEMORY", a.kv_memory},
-                                      {"DUET_KV_TYPE", a.kv_type}});
+                                      {"DUET_KV_TYPE", a.kv_type},
+                                      {"DUET_MODELS", cli::models_flag(a.models)},
+                                      {"DUET_MODEL_PLANS", cli::joined(a.model_plans)}});
   export_stack_settings(settings);
-  std::string model = absolute_path(a.model);
-  // The default is relative to the repo root: found from elsewhere next to the build too.
-  if (a.model == kDefaultModel && !exists(model))
-    model = absolute_path(executable_dir() + "/../../" + kDefaultModel);
-  if (!exists(model) || access(model.c_str(), R_OK) != 0)
-    throw Error(Errc::not_found, "model '" + a.model + "' does not exist or is not readable");
+  const std::vector<ServedModel> models = cli::resolve_models(a.models);
+  // A plan naming a model the stack does not serve, or a bad plan, stops here.
+  if (const auto plans = setting_override("DUET_MODEL_PLANS"))
+    (void)model_plans(stack_models(models.front().path), *plans,
+                      !a.plan.empty() ? a.plan : setting_text("DUET_PLAN"));
+  const std::string& model = models.front().path;  // every service's --model: the default
   const std::string soc = resolve_soc(a.soc);
   (void)ipc_endpoint(supervisor_socket_path(run_dir));  // a too-long run dir fails here
   if (!a.api_key_file.empty() && a.http.empty())
@@ -266,7 +270,7 @@ void stack_up(const StackArgs& a) {
     throw Error(Errc::not_found,
                 "API key file '" + a.api_key_file + "' does not exist or is not readable");
 
-  const std::string kv_note = cli::plan_stack_kv(a.stack, model, a.plan, a.kv_memory, a.kv_type);
+  const std::string kv_note = cli::plan_stack_kv(a.stack, models, a.plan, a.kv_memory, a.kv_type);
   // The supervisor passes its environment on to the services.
   if (!a.plan.empty()) setenv("DUET_PLAN", a.plan.c_str(), 1);
   if (!a.timing.empty()) setenv("DUET_TIMING", a.timing.c_str(), 1);
@@ -467,7 +471,14 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
 
   auto* up = stack->add_subcommand("up", "start the stack and wait until all services are healthy");
   add_stack_opt(up);
-  up->add_option("--model", args->model, "GGUF model")->capture_default_str();
+  up->add_option(
+        "--model", args->models,
+        "GGUF model, PATH or NAME=PATH (name: the file's stem); repeat it to serve several "
+        "models, the first the default (config: models)")
+      ->default_str(cli::kDefaultModel);
+  up->add_option("--model-plan", args->model_plans,
+                 "NAME=PLAN: model NAME runs PLAN instead of --plan's (several models; repeat it; "
+                 "config: model_plans)");
   up->add_option("--soc", args->soc, "SoC profile name or .toml path")->capture_default_str();
   up->add_option("--plan", args->plan,
                  "auto (default: executes the solver's plan for this host, measured, and models "

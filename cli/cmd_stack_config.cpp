@@ -1,14 +1,18 @@
-// What `duet stack up` settles before it starts anything (cli/stack_settings.h): the KV pool its
-// settings make; and `duet stack config --stack ID [--json]` / `--keys`: the stack's effective
-// settings with their sources, and the registry they come from.
+// What `duet stack up` settles before it starts anything (cli/stack_settings.h): the models it
+// serves, the KV pools its settings make; and `duet stack config --stack ID [--json]` / `--keys`:
+// the stack's effective settings with their sources, and the registry they come from.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/stack_settings.h"
 #include "core/base/error.h"
 #include "core/base/settings.h"
+#include "core/ipc/run_dir.h"
 #include "core/ipc/stack_config.h"
 #include "core/model/kv_budget.h"
 #include "core/model/model.h"
@@ -21,12 +25,52 @@ constexpr int kStackMaxRunning = 16;
 
 }  // namespace
 
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+// Several --model flags, or one with a name, become DUET_MODELS (a flag overrides the config
+// file's `models`); one plain path stays the services' --model alone, as before.
+std::string models_flag(const std::vector<std::string>& specs) {
+  if (specs.size() == 1 && specs[0].find('=') == std::string::npos) return "";
+  return joined(specs);
+}
+
+// The models `up` serves, with absolute paths that exist (the supervisor runs from elsewhere);
+// DUET_MODELS is rewritten with them for the services when there is more than a plain --model.
+std::vector<ServedModel> resolve_models(const std::vector<std::string>& specs) {
+  std::vector<ServedModel> models;
+  const auto listed = setting_override("DUET_MODELS");
+  if (specs.size() == 1 && specs[0].find('=') == std::string::npos)
+    models = {ServedModel{"", specs[0]}};
+  else if (listed && !listed->empty())
+    models = parse_models_setting(*listed);
+  else
+    models = {ServedModel{"", kDefaultModel}};
+  for (ServedModel& m : models) {
+    const std::string given = m.path;
+    m.path = absolute_path(given);
+    // The default is relative to the repo root: found from elsewhere next to the build too.
+    if (given == kDefaultModel && !std::filesystem::exists(m.path))
+      m.path = absolute_path(executable_dir() + "/../../" + kDefaultModel);
+    if (!std::filesystem::exists(m.path) || access(m.path.c_str(), R_OK) != 0)
+      throw Error(Errc::not_found, "model '" + given + "' does not exist or is not readable");
+  }
+  if (!models.front().name.empty())
+    setenv("DUET_MODELS", models_setting(models).c_str(), 1);
+  else
+    unsetenv("DUET_MODELS");  // one model by its file: the services' --model, as before
+  return models;
+}
+
 // Plans the KV pool the frontend will make (core/model/kv_budget.h) before anything starts, so that
 // a setting the stack cannot serve (a budget too small for one sequence of the context, a pool
 // larger than /dev/shm) is refused here with the reason instead of failing requests later. The
 // budget goes to the frontend in bytes (DUET_KV_MEMORY): a restarted frontend makes the same
 // pool. Returns the line `up` prints about it.
-std::string plan_stack_kv(const std::string& stack, const std::string& model,
+std::string plan_stack_kv(const std::string& stack, const std::vector<ServedModel>& models,
                           const std::string& plan_flag, const std::string& kv_memory_flag,
                           const std::string& kv_type_flag) {
   // The file's values are in the environment by now (export_stack_settings).
@@ -43,13 +87,17 @@ std::string plan_stack_kv(const std::string& stack, const std::string& model,
   const std::string type_text = !kv_type_flag.empty() ? kv_type_flag : setting_text("DUET_KV_TYPE");
   const DType kv_type = parse_kv_type(type_text);
   setenv("DUET_KV_TYPE", type_text.c_str(), 1);
-  KvPoolPlan kv;
+  std::vector<KvPoolPlan> pools;
   try {
-    KvPoolRequest request =
-        kv_pool_request(LlamaModel::load(model)->hp(), max_ctx, kStackMaxRunning, sharers, budget);
-    request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
-    request.values_per_block = static_cast<uint32_t>(dtype_block_elems(kv_type));
-    kv = plan_kv_pool(request);
+    std::vector<KvPoolRequest> requests;
+    for (const ServedModel& m : models) {
+      KvPoolRequest request = kv_pool_request(LlamaModel::load(m.path)->hp(), max_ctx,
+                                              kStackMaxRunning, sharers, budget);
+      request.bytes_per_value = static_cast<uint32_t>(dtype_block_bytes(kv_type));
+      request.values_per_block = static_cast<uint32_t>(dtype_block_elems(kv_type));
+      requests.push_back(request);
+    }
+    pools = plan_kv_pools(std::move(requests), budget);
   } catch (const Error& e) {
     // The default budget is capped by /dev/shm's free space: name the real shortage.
     const std::string shm_note = default_budget && budget >= shm_free_bytes()
@@ -59,13 +107,24 @@ std::string plan_stack_kv(const std::string& stack, const std::string& model,
     throw Error(e.code(), "cannot start stack " + stack + ": " + e.what() + shm_note);
   }
   const uint64_t shm_free = shm_free_bytes();
-  if (kv.pool_bytes > shm_free)
+  uint64_t pool_bytes = 0;
+  std::string summary;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    pool_bytes += pools[i].pool_bytes;
+    summary +=
+        (i ? "; " : "") +
+        (pools.size() > 1 ? models[i].name + ": " + format_bytes(pools[i].budget_bytes) + " for "
+                          : std::string()) +
+        pools[i].summary();
+  }
+  if (pool_bytes > shm_free)
     throw Error(Errc::invalid_argument,
-                "cannot start stack " + stack + ": its KV pool (" + kv.summary() + ") needs " +
-                    format_bytes(kv.pool_bytes) + " of /dev/shm, which has " +
-                    format_bytes(shm_free) + " free: give a smaller --kv-memory");
-  return "KV pool: " + kv.summary() + " of " + std::string(dtype_name(kv_type)) + ", budget " +
-         format_bytes(budget);
+                "cannot start stack " + stack + ": its KV pool" + (pools.size() > 1 ? "s" : "") +
+                    " (" + summary + ") need" + (pools.size() > 1 ? "" : "s") + " " +
+                    format_bytes(pool_bytes) + " of /dev/shm, which has " + format_bytes(shm_free) +
+                    " free: give a smaller --kv-memory");
+  return "KV pool" + std::string(pools.size() > 1 ? "s" : "") + ": " + summary + " of " +
+         std::string(dtype_name(kv_type)) + ", budget " + format_bytes(budget);
 }
 
 void print_stack_config(const std::string& run_dir, const std::string& stack, bool json) {

@@ -55,20 +55,8 @@ double num(const nlohmann::json& j, const char* a, const char* b) {
   return ib != ia->end() && ib->is_number() ? ib->get<double>() : 0;
 }
 
-void print_human(const std::string& stack, const nlohmann::json& sup, const nlohmann::json& fe) {
-  std::printf("stack %s\n", stack.c_str());
-  if (sup.contains("error")) {
-    std::printf("  supervisor: unavailable: %s\n", sup["error"].get<std::string>().c_str());
-  } else if (sup.contains("services") && sup["services"].is_array()) {
-    for (const auto& s : sup["services"])
-      std::printf("  %-10s %s\n", s.value("name", "?").c_str(), s.dump().c_str());
-  } else {
-    std::printf("  supervisor: %s\n", sup.dump().c_str());
-  }
-  if (fe.contains("error")) {
-    std::printf("  frontend: unavailable: %s\n", fe["error"].get<std::string>().c_str());
-    return;
-  }
+// One model's part of the frontend's status: its plan, queue, limits, metrics and KV pool.
+void print_model(const nlohmann::json& fe) {
   const auto& m = fe["metrics"];
   std::printf("  frontend: plan %s, queue %d reactive + %d proactive, %zu running, %d sessions\n",
               fe.value("plan", "?").c_str(), fe["queue"].value("reactive", 0),
@@ -110,6 +98,31 @@ void print_human(const std::string& stack, const nlohmann::json& sup, const nloh
         e.value("kv_pages_cached", 0.0), p.value("hits", 0.0), p.value("lookups", 0.0),
         p.value("hit_blocks", 0.0), p.value("hit_tokens", 0.0), p.value("published_blocks", 0.0),
         p.value("evictions", 0.0), e.value("preemptions", 0.0));
+  }
+}
+
+void print_human(const std::string& stack, const nlohmann::json& sup, const nlohmann::json& fe) {
+  std::printf("stack %s\n", stack.c_str());
+  if (sup.contains("error")) {
+    std::printf("  supervisor: unavailable: %s\n", sup["error"].get<std::string>().c_str());
+  } else if (sup.contains("services") && sup["services"].is_array()) {
+    for (const auto& s : sup["services"])
+      std::printf("  %-10s %s\n", s.value("name", "?").c_str(), s.dump().c_str());
+  } else {
+    std::printf("  supervisor: %s\n", sup.dump().c_str());
+  }
+  if (fe.contains("error")) {
+    std::printf("  frontend: unavailable: %s\n", fe["error"].get<std::string>().c_str());
+    return;
+  }
+  // Several models (issue 25): each one's own metrics, the default first.
+  if (!fe.contains("models")) return print_model(fe);
+  std::printf("  models: %zu (default %s); unknown model names refused: %.0f\n",
+              fe["models"].size(), fe.value("default_model", "?").c_str(),
+              fe.value("unknown_model_refusals", 0.0));
+  for (const auto& [name, st] : fe["models"].items()) {
+    std::printf(" model %s\n", name.c_str());
+    print_model(st);
   }
 }
 

@@ -107,6 +107,12 @@ const std::array kSettings = {
     Setting{"DUET_GPU_FORCE_COPIES", "gpu.force_copies", T::choice, "0", 0, 0, "0|1",
             "copy buffers even where the device could map host memory (tests the copy path)"},
     // Where things are.
+    Setting{"DUET_MODELS", "models", T::text, "", 0, 0, "",
+            "the models one stack serves, comma-separated PATH or NAME=PATH (name: the file's "
+            "stem); the first is the default; empty: --model's one (`stack up --model` repeated)"},
+    Setting{"DUET_MODEL_PLANS", "model_plans", T::text, "", 0, 0, "",
+            "plans of single models in a several-model stack, comma-separated NAME=PLAN (e.g. "
+            "qwen=subgraph:/p/q.json); the others run DUET_PLAN (`stack up --model-plan`)"},
     Setting{"DUET_MODEL_DIRS", "model_dirs", T::text, "", 0, 0, "",
             "more directories (colon-separated) whose models peers may name, beside the "
             "stack's --model's"},

@@ -225,7 +225,8 @@ void Client::resume_all() {
   for (auto& [id, f] : inflight_) {
     f.resuming = true;
     flatbuffers::FlatBufferBuilder fbb;
-    auto body = fbc::CreateResume(fbb, id, f.ids_received, f.text_bytes);
+    auto body = fbc::CreateResume(fbb, id, f.ids_received, f.text_bytes,
+                                  f.model.empty() ? 0 : fbb.CreateString(f.model));
     send(finish(fbb, id, fbc::ClientBody::Resume, body.Union()));
     ++resumes_sent_;
   }
@@ -329,12 +330,14 @@ uint64_t Client::submit(const GenerateRequest& r) {
     messages.push_back(fbc::CreateChatMessageDirect(fbb, m.role.c_str(), m.content.c_str()));
   const bool text = r.prompt_ids.empty() && r.messages.empty();
   InFlight& f = inflight_[id];
+  f.model = r.model.empty() ? model_ : r.model;
   auto body = fbc::CreateGenerateDirect(
       fbb, text ? r.prompt.c_str() : nullptr, r.prompt_ids.empty() ? nullptr : &r.prompt_ids,
       sampling, r.max_tokens, stops.empty() ? nullptr : &stops,
       static_cast<fbc::Priority>(r.priority), r.stream, r.plan.c_str(), r.session, r.heartbeat_ms,
       r.ignore_eos, messages.empty() ? nullptr : &messages,
-      r.chat_template.empty() ? nullptr : r.chat_template.c_str(), r.parse_special);
+      r.chat_template.empty() ? nullptr : r.chat_template.c_str(), r.parse_special,
+      f.model.empty() ? nullptr : f.model.c_str());
   f.generate = finish(fbb, id, fbc::ClientBody::Generate, body.Union());
   try {
     send(f.generate);
@@ -477,7 +480,8 @@ EvalResult Client::eval(const std::vector<int32_t>& ids, const std::string& plan
                         const std::string& model_path, std::chrono::milliseconds timeout) {
   const uint64_t id = next_request_id_++;
   flatbuffers::FlatBufferBuilder fbb;
-  auto body = fbc::CreateEvalDirect(fbb, &ids, plan.c_str(), model_path.c_str());
+  auto body = fbc::CreateEvalDirect(fbb, &ids, plan.c_str(), model_path.c_str(),
+                                    model_.empty() ? nullptr : model_.c_str());
   send(finish(fbb, id, fbc::ClientBody::Eval, body.Union()));
   Event e = wait_for(id, Clock::now() + timeout, "eval");
   if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
@@ -489,7 +493,7 @@ EvalResult Client::eval(const std::vector<int32_t>& ids, const std::string& plan
 void Client::close_session(uint64_t session, std::chrono::milliseconds timeout) {
   const uint64_t id = next_request_id_++;
   flatbuffers::FlatBufferBuilder fbb;
-  auto body = fbc::CreateCloseSession(fbb, session);
+  auto body = fbc::CreateCloseSession(fbb, session, model_.empty() ? 0 : fbb.CreateString(model_));
   send(finish(fbb, id, fbc::ClientBody::CloseSession, body.Union()));
   Event e = wait_for(id, Clock::now() + timeout, "close-session");
   if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
@@ -499,7 +503,8 @@ TokenizeResult Client::tokenize(const std::string& text, bool add_special, bool 
                                 std::chrono::milliseconds timeout) {
   const uint64_t id = next_request_id_++;
   flatbuffers::FlatBufferBuilder fbb;
-  auto body = fbc::CreateTokenize(fbb, fbb.CreateString(text), add_special, parse_special);
+  auto body = fbc::CreateTokenize(fbb, fbb.CreateString(text), add_special, parse_special,
+                                  model_.empty() ? 0 : fbb.CreateString(model_));
   send(finish(fbb, id, fbc::ClientBody::Tokenize, body.Union()));
   Event e = wait_for(id, Clock::now() + timeout, "tokenize");
   if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
@@ -511,7 +516,7 @@ TokenizeResult Client::tokenize(const std::string& text, bool add_special, bool 
 std::string Client::detokenize(const std::vector<int32_t>& ids, std::chrono::milliseconds timeout) {
   const uint64_t id = next_request_id_++;
   flatbuffers::FlatBufferBuilder fbb;
-  auto body = fbc::CreateDetokenizeDirect(fbb, &ids);
+  auto body = fbc::CreateDetokenizeDirect(fbb, &ids, model_.empty() ? nullptr : model_.c_str());
   send(finish(fbb, id, fbc::ClientBody::Detokenize, body.Union()));
   Event e = wait_for(id, Clock::now() + timeout, "detokenize");
   if (e.kind == Event::Kind::error) throw Error(e.code, e.message);
@@ -561,6 +566,7 @@ int run_eval_on_stack(const StackEvalArgs& args) {
   static_assert(std::endian::native == std::endian::little,
                 "logits files are little-endian float32");
   Client c(stack_endpoint(args.stack_id, args.run_dir));
+  c.set_model(args.model_name);
   const auto start = Clock::now();
   const EvalResult r =
       c.eval(args.ids, args.plan, args.model_path, std::chrono::seconds(args.timeout_s));

@@ -50,6 +50,9 @@ struct GenerateRequest {
   std::vector<ChatMessage> messages;
   std::string chat_template;
   bool parse_special = false;  // prompt text: "<|eot_id|>" etc. become their ids
+  // Which of the stack's models serves it (issue 25); "" = the client's model (set_model), else
+  // the stack's default (its first).
+  std::string model;
 };
 
 struct Stats {
@@ -154,6 +157,10 @@ class Client {
                                                std::chrono::milliseconds timeout);
 
   const std::string& endpoint() const { return endpoint_; }
+  // The model every call of this client names unless a GenerateRequest names its own (issue 25:
+  // a stack serving several models); "" = the stack's default.
+  void set_model(std::string name) { model_ = std::move(name); }
+  const std::string& model() const { return model_; }
   // How long a lost frontend may stay away before the requests in flight fail.
   void set_resume_timeout(std::chrono::milliseconds t) { resume_timeout_ = t; }
   uint64_t reconnects() const { return reconnects_; }  // times the frontend came back
@@ -165,6 +172,7 @@ class Client {
     uint32_t ids_received = 0;
     uint64_t text_bytes = 0;
     bool resuming = false;  // Resume sent, its answer not here yet
+    std::string model;      // the Generate's: its Resume names it too
   };
   void send(const std::vector<uint8_t>& bytes);
   std::optional<std::vector<uint8_t>> recv_frame(std::chrono::milliseconds timeout);
@@ -183,6 +191,7 @@ class Client {
                  const char* what);
 
   std::string endpoint_;
+  std::string model_;
   std::unique_ptr<zmq::socket_t> monitor_;  // PAIR: the DEALER's connect/disconnect events
   std::unique_ptr<zmq::socket_t> socket_;
   uint64_t next_request_id_ = 1;
@@ -212,6 +221,7 @@ struct StackEvalArgs {
   std::vector<int32_t> ids;
   std::string plan;
   std::string model_path;
+  std::string model_name;  // which of the stack's models ("" = its default)
   std::string logits_out;
   int timeout_s = 300;
 };

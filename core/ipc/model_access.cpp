@@ -7,6 +7,7 @@
 
 #include "core/base/error.h"
 #include "core/base/settings.h"
+#include "core/ipc/stack_models.h"
 
 namespace duet {
 namespace {
@@ -35,11 +36,12 @@ void allow_model_dirs(const std::vector<std::string>& dirs) {
 std::vector<std::string> model_dirs_for(const std::string& model_path,
                                         const std::vector<std::string>& extra_dirs) {
   std::vector<std::string> dirs;
-  if (!model_path.empty()) {
-    dirs.push_back(fs::absolute(model_path).parent_path().string());
-    // The stack's own model may be a link (models/fortune-q8_0.gguf is): its file's directory too.
+  // The stack's models (issue 25: every one of DUET_MODELS, else --model's).
+  for (const ServedModel& m : stack_models(model_path)) {
+    dirs.push_back(fs::absolute(m.path).parent_path().string());
+    // A model may be a link (models/fortune-q8_0.gguf is): its file's directory too.
     std::error_code ec;
-    const fs::path real = fs::canonical(model_path, ec);
+    const fs::path real = fs::canonical(m.path, ec);
     if (!ec) dirs.push_back(real.parent_path().string());
   }
   dirs.insert(dirs.end(), extra_dirs.begin(), extra_dirs.end());

@@ -93,6 +93,57 @@ KvPoolPlan plan_kv_pool(const KvPoolRequest& q) {
   return p;
 }
 
+std::vector<KvPoolPlan> plan_kv_pools(std::vector<KvPoolRequest> requests, uint64_t budget_bytes) {
+  if (requests.size() == 1) {
+    requests[0].budget_bytes = budget_bytes;
+    return {plan_kv_pool(requests[0])};
+  }
+  // Water-filling: shares in proportion to one sequence's bytes; a model whose cap is below its
+  // share takes its cap and the rest is shared again among the others.
+  const size_t n = requests.size();
+  std::vector<uint64_t> seq(n), cap(n), share(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    KvPoolRequest unbounded = requests[i];
+    unbounded.budget_bytes = std::numeric_limits<uint64_t>::max() / 2;
+    const KvPoolPlan p = plan_kv_pool(unbounded);
+    seq[i] = uint64_t{p.pages_per_seq} * p.page_bytes;
+    cap[i] = p.pool_bytes;
+  }
+  std::vector<bool> fixed(n, false);
+  uint64_t left = budget_bytes;
+  for (bool changed = true; changed;) {
+    changed = false;
+    long double weight = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (!fixed[i]) weight += static_cast<long double>(seq[i]);
+    if (weight == 0) break;
+    for (size_t i = 0; i < n; ++i) {
+      if (fixed[i]) continue;
+      share[i] = static_cast<uint64_t>(static_cast<long double>(left) *
+                                       static_cast<long double>(seq[i]) / weight);
+      if (share[i] >= cap[i]) {
+        share[i] = cap[i];
+        fixed[i] = true;
+        left -= cap[i];
+        changed = true;
+        break;  // the others' shares grow: compute them again
+      }
+    }
+  }
+  std::vector<KvPoolPlan> plans;
+  for (size_t i = 0; i < n; ++i) {
+    requests[i].budget_bytes = share[i];
+    try {
+      plans.push_back(plan_kv_pool(requests[i]));
+    } catch (const Error& e) {
+      throw Error(e.code(), "model " + std::to_string(i) + ": " + e.what() + " (its share of " +
+                                format_bytes(budget_bytes) + " for " + std::to_string(n) +
+                                " models)");
+    }
+  }
+  return plans;
+}
+
 uint64_t parse_memory_size(std::string_view text) {
   return parse_setting_size(text);  // one parser for --kv-memory and the kv.memory setting
 }

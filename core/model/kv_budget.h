@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/model/dtype.h"
 
@@ -63,6 +64,16 @@ struct KvPoolPlan {
 KvPoolPlan plan_kv_pool(const KvPoolRequest& request);
 KvPoolRequest kv_pool_request(const LlamaHparams& hp, int max_ctx, int max_seqs, int sharers,
                               uint64_t budget_bytes);
+
+// Several models in one stack (issue 25), one budget: each model's pool is a segment of its own
+// (its page layout, layers x kv_dim, is its own; a page table indexes only its model's segment,
+// so no model can read another's KV), and the budget is divided when the stack comes up, in
+// proportion to one full-context sequence of each model, so that every model holds the same
+// number of sequences; a model whose pool is capped lower (max_seqs x sharers sequences, a
+// layer's region) leaves the rest to the others. `requests[i].budget_bytes` is ignored. One
+// request gets the whole budget (exactly plan_kv_pool). Throws as plan_kv_pool does, the message
+// starting with "model i: " when there are several.
+std::vector<KvPoolPlan> plan_kv_pools(std::vector<KvPoolRequest> requests, uint64_t budget_bytes);
 
 // "4G", "512MiB", "1.5GB", "1073741824" -> bytes (K/M/G/T are powers of 1024, with or without
 // "i"/"B"). Error(invalid_argument) naming the text otherwise.

@@ -12,6 +12,7 @@
 
 #include "core/base/error.h"
 #include "core/ipc/run_dir.h"
+#include "core/ipc/stack_models.h"
 #include "services/frontend/stack_engines.h"
 
 namespace duet::frontend {
@@ -101,6 +102,7 @@ Frontend::Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
       model_chat_template_(engine_->model().vocab().chat_template),
       run_dir_(run_dir),
       socket_path_(client_socket_path(run_dir)),
+      socket_(options_.shared_socket),
       scheduler_(options.max_running, options.max_queue) {
   scheduler_.set_agent_config(options_.agent);
   step_ring_ = StepRing(options_.trace_steps);
@@ -108,11 +110,15 @@ Frontend::Frontend(std::unique_ptr<Engine> engine, const std::string& run_dir,
   if (options_.max_context <= 0 || options_.max_context > n_ctx) options_.max_context = n_ctx;
   if (options_.max_running <= 0 || options_.max_queue < 0)
     throw Error(Errc::invalid_argument, "frontend: max_running must be > 0 and max_queue >= 0");
-  make_private_dir(run_dir);
-  socket_ = msg::bind_router(socket_path_);
-  // A send to a client that is gone fails with EHOSTUNREACH instead of vanishing silently: that
-  // is how a disconnect mid-stream is noticed.
-  socket_.set(zmq::sockopt::router_mandatory, true);
+  if (options_.model_name.empty())
+    options_.model_name = std::filesystem::path(engine_->model().file().path()).stem().string();
+  if (!socket_) {
+    make_private_dir(run_dir);
+    socket_ = std::make_shared<zmq::socket_t>(msg::bind_router(socket_path_));
+    // A send to a client that is gone fails with EHOSTUNREACH instead of vanishing silently:
+    // that is how a disconnect mid-stream is noticed.
+    socket_->set(zmq::sockopt::router_mandatory, true);
+  }
   if (options_.make_proactive_engine) {
     proactive_engine_ = options_.make_proactive_engine();
     // Proactive generate requests outside a session run on the proactive engine (Agent.xpu).
@@ -162,7 +168,7 @@ void Frontend::pump_for(std::chrono::milliseconds budget) {
 void Frontend::serve(const std::atomic<bool>& stop, std::chrono::milliseconds idle_tick) {
   while (!stop.load()) {
     if (!pump()) {
-      zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
+      zmq::pollitem_t item{static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, idle_tick);
     }
   }
@@ -171,7 +177,7 @@ void Frontend::serve(const std::atomic<bool>& stop, std::chrono::milliseconds id
 void Frontend::read_socket() {
   msg::Envelope env;
   // A bounded batch per pump, so a flood of clients cannot starve the running requests.
-  for (int i = 0; i < 256 && msg::try_recv_envelope(socket_, env); ++i) handle(env);
+  for (int i = 0; i < 256 && msg::try_recv_envelope(*socket_, env); ++i) dispatch(env);
 }
 
 Frontend::SendResult Frontend::send_to(const std::vector<std::string>& routing,
@@ -180,11 +186,11 @@ Frontend::SendResult Frontend::send_to(const std::vector<std::string>& routing,
   try {
     for (const auto& r : routing) {
       zmq::message_t frame(r.data(), r.size());
-      if (!socket_.send(frame, zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+      if (!socket_->send(frame, zmq::send_flags::sndmore | zmq::send_flags::dontwait))
         return SendResult::full;
     }
     zmq::message_t body(bytes.data(), bytes.size());
-    if (!socket_.send(body, zmq::send_flags::dontwait)) return SendResult::full;
+    if (!socket_->send(body, zmq::send_flags::dontwait)) return SendResult::full;
     return SendResult::sent;
   } catch (const zmq::error_t&) {
     // EHOSTUNREACH: the client is gone (ZMQ_ROUTER_MANDATORY). Nothing else is expected on a
@@ -228,6 +234,17 @@ void Frontend::flush_outboxes() {
       r->outbox.pop_front();
     }
   }
+}
+
+bool Frontend::holds_request(const std::vector<std::string>& routing, uint64_t id) const {
+  return requests_.count({peer_key(routing), id}) > 0;
+}
+
+// A request naming a model: this frontend's, or an error naming it (a router of several models
+// sends each request to its model, so this refuses only a direct client's wrong name).
+void Frontend::check_model(const flatbuffers::String* model) const {
+  if (!model || model->size() == 0 || model->string_view() == options_.model_name) return;
+  throw Error(Errc::not_found, unknown_model_message(model->string_view(), options_.model_name));
 }
 
 void Frontend::handle(msg::Envelope& env) {
@@ -274,6 +291,7 @@ void Frontend::handle(msg::Envelope& env) {
         on_resume(routing, id, *m->body_as_Resume());
         return;
       case fbc::ClientBody::CloseSession:
+        check_model(m->body_as_CloseSession()->model());
         on_close_session(routing, id, m->body_as_CloseSession()->session());
         return;
       case fbc::ClientBody::Tokenize:
@@ -329,6 +347,7 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
   if (requests_.count(key))
     throw Error(Errc::invalid_argument,
                 "request id " + std::to_string(id) + " is already in flight on this connection");
+  check_model(g.model());
   check_plan(g.plan());
   if (static_cast<uint8_t>(g.priority()) > static_cast<uint8_t>(fbc::Priority::MAX))
     throw Error(Errc::invalid_argument, "unknown priority " +
@@ -511,6 +530,7 @@ void Frontend::on_eval(const std::vector<std::string>& routing, uint64_t id, con
                 "request id " + std::to_string(id) + " is already in flight on this connection");
   const bool other_plan = e.plan() && e.plan()->size() > 0 && e.plan()->string_view() != "auto" &&
                           e.plan()->string_view() != engine_->plan_name() && options_.make_engine;
+  check_model(e.model());
   if (!other_plan) check_plan(e.plan());
   if (e.model_path() && e.model_path()->size() > 0) {
     namespace fs = std::filesystem;
@@ -632,6 +652,7 @@ nlohmann::json Frontend::status() const {
                        {"number", r->number},
                        {"age_ms", now - r->arrived_ms}});
   return {{"service", "frontend"},
+          {"model", options_.model_name},
           {"plan", engine_->plan_name()},
           // Issue 23: what runs here and what the modelled times are of, on the SoC.
           {"executed_plan", engine_->executed_plan()},

@@ -78,6 +78,12 @@ struct FrontendOptions {
   double adopt_finished_max_age_ms = 60000;
   // Steps kept for `duet trace` (step_ring.h; env DUET_TRACE_STEPS); 0: none recorded.
   size_t trace_steps = 1024;
+  // Issue 25: the model's name (a request naming another is refused; "" = the file's stem), and
+  // for one of several models behind one client socket (model_router.h) that socket, not bound
+  // here, and where a message this frontend reads from it goes (the router picks the model).
+  std::string model_name;
+  std::shared_ptr<zmq::socket_t> shared_socket;
+  std::function<void(msg::Envelope&)> dispatch;
 };
 
 // Aggregates over every finished request (per stack).
@@ -113,12 +119,21 @@ class Frontend {
              std::chrono::milliseconds idle_tick = std::chrono::milliseconds(20));
 
   bool has_work() const;
-  zmq::socket_t& socket() { return socket_; }
+  zmq::socket_t& socket() { return *socket_; }
   const std::string& socket_path() const { return socket_path_; }
   Engine& engine() { return *engine_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   nlohmann::json status() const;
   const StackMetrics& metrics() const { return metrics_; }
+  const std::string& model_name() const { return options_.model_name; }
+
+  // One client message (verified here; errors answered to its sender). The router of several
+  // models (model_router.h) hands each message to its model's frontend through this.
+  void handle(msg::Envelope& env);
+  // Whether a request (client routing, client's id) or a chat session is this frontend's: the
+  // router sends a Cancel, KeepAlive, Resume or CloseSession to the model that holds it.
+  bool holds_request(const std::vector<std::string>& routing, uint64_t id) const;
+  bool holds_session(uint64_t session) const { return sessions_.count(session) > 0; }
 
  private:
   using Key = std::pair<std::string, uint64_t>;  // (client identity, client's request id)
@@ -139,7 +154,8 @@ class Frontend {
 
   // frontend.cpp: messages in and out
   void read_socket();
-  void handle(msg::Envelope& env);
+  // A message read from the socket: handled here, or by the router's choice of model.
+  void dispatch(msg::Envelope& env) { options_.dispatch ? options_.dispatch(env) : handle(env); }
   void on_generate(const std::vector<std::string>& routing, uint64_t id,
                    const fb::client::Generate& g);
   void on_eval(const std::vector<std::string>& routing, uint64_t id, const fb::client::Eval& e);
@@ -154,6 +170,7 @@ class Frontend {
   void journal_progress(Request& r);  // after a step or at the end (finish, fail)
   nlohmann::json journal_status() const;
   void check_plan(const flatbuffers::String* plan) const;
+  void check_model(const flatbuffers::String* model) const;
   // frontend_trace.cpp: `duet trace` (issue 23)
   void on_trace(const std::vector<std::string>& routing, uint64_t id, const fb::client::Trace& t);
   nlohmann::json build_trace(uint64_t number) const;
@@ -214,7 +231,7 @@ class Frontend {
   std::string model_chat_template_;  // tokenizer.chat_template ("" = none)
   std::string run_dir_;
   std::string socket_path_;
-  zmq::socket_t socket_;
+  std::shared_ptr<zmq::socket_t> socket_;  // bound here, or the router's (options_.shared_socket)
   Scheduler scheduler_;
   std::map<Key, std::unique_ptr<Request>> requests_;
   std::map<uint64_t, Session> sessions_;

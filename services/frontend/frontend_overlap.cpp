@@ -52,7 +52,7 @@ StepKind Frontend::step_overlapped(const StepBatch& main, StepKind main_kind, do
   }
   if (!async_.running()) return StepKind::none;
   // Nothing for the main engine: wait for the step or a client message, without spinning.
-  async_.wait(socket_, std::chrono::milliseconds(5));
+  async_.wait(*socket_, std::chrono::milliseconds(5));
   if (async_.done()) collect_overlapped_step();
   return StepKind::proactive_lane;
 }

@@ -217,6 +217,7 @@ void Frontend::adopt_record(JournalRecord& rec) {
 
 void Frontend::on_resume(const std::vector<std::string>& routing, uint64_t id,
                          const fbc::Resume& resume) {
+  check_model(resume.model());
   const uint64_t target = resume.request_id() ? resume.request_id() : id;
   auto it = requests_.find({peer_key(routing), target});
   if (it == requests_.end()) {

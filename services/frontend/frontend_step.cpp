@@ -205,7 +205,7 @@ void Frontend::run_proactive_step(std::optional<StepBatch> fresh) {
             return resuming ? engine.resume(&stats)
                             : engine.step_preemptible(fresh->entries, &stats);
           },
-          socket_, held, 256,
+          *socket_, held, 256,
           [&](const msg::Envelope& env) {
             if (asked_us > 0) return;
             try {
@@ -230,7 +230,7 @@ void Frontend::run_proactive_step(std::optional<StepBatch> fresh) {
     for (uint64_t seq : std::exchange(deferred_close_, {})) engine.close_seq(seq);
     for (const StepPart& p : batch.parts)
       if (p.request) fail(*p.request, code, e.what());
-    for (msg::Envelope& env : held) handle(env);
+    for (msg::Envelope& env : held) dispatch(env);
     return;
   }
   ++agent_metrics_.proactive_steps;
@@ -258,7 +258,7 @@ void Frontend::run_proactive_step(std::optional<StepBatch> fresh) {
     apply_batch(batch, *logits, stats);
   }
   // After the step's results: a Cancel among them finds its request as it now is.
-  for (msg::Envelope& env : held) handle(env);
+  for (msg::Envelope& env : held) dispatch(env);
 }
 
 void Frontend::apply_batch(const StepBatch& batch, const std::vector<float>& logits,

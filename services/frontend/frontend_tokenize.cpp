@@ -9,6 +9,7 @@ namespace fbc = fb::client;
 
 void Frontend::on_tokenize(const std::vector<std::string>& routing, uint64_t id,
                            const fbc::Tokenize& t) {
+  check_model(t.model());
   const std::string_view text = t.text() ? t.text()->string_view() : std::string_view();
   if (text.size() > options_.max_prompt_bytes)
     throw Error(Errc::out_of_range, "text of " + std::to_string(text.size()) +
@@ -33,6 +34,7 @@ void Frontend::on_tokenize(const std::vector<std::string>& routing, uint64_t id,
 
 void Frontend::on_detokenize(const std::vector<std::string>& routing, uint64_t id,
                              const fbc::Detokenize& d) {
+  check_model(d.model());
   std::vector<int32_t> ids;
   if (d.ids()) {
     if (d.ids()->size() > static_cast<size_t>(options_.max_prompt_bytes))

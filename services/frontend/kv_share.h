@@ -131,6 +131,9 @@ struct KvPool {
 struct KvShare {
   std::mutex mu;
   std::weak_ptr<KvPool> pool;
+  // The pool's segment is "kv.<tag>": each model of a several-model stack (issue 25) shares a
+  // pool of its own between its engines ("shared" for the first, "shared_m<i>" for model i).
+  std::string tag = "shared";
 };
 
 // The share's pool if one lives (its geometry must be n_pages of page_bytes: invalid_argument

@@ -100,7 +100,7 @@ struct ProgramEngineOptions {
   // another turns it off for both).
   bool prefix_sharing = true;
   // Engines of one stack that step each other's sequences (kv_share.h): the first one built
-  // makes the pool ("kv.shared", kv_pages pages), the others use it (same geometry, or an
+  // makes the pool ("kv.<KvShare::tag>", kv_pages pages), the others use it (same geometry, or an
   // error). Null: this engine has a KV segment of its own.
   std::shared_ptr<KvShare> kv_share;
   // A restarted frontend with requests to adopt (issue 22): attach the stack's existing KV

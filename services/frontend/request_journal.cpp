@@ -159,13 +159,14 @@ uint64_t RequestJournal::bytes_for(const Geometry& g) {
   return sizeof(Header) + slot * g.n_slots;
 }
 
-std::string RequestJournal::segment_name_for(const std::string& stack_id) {
-  return shm::segment_name(stack_id, "journal");
+std::string RequestJournal::segment_name_for(const std::string& stack_id, uint32_t model_index) {
+  return shm::segment_name(stack_id, model_index == 0 ? std::string("journal")
+                                                      : "journal_m" + std::to_string(model_index));
 }
 
 std::unique_ptr<RequestJournal> RequestJournal::open_or_create(const std::string& stack_id,
-                                                               Geometry g) {
-  const std::string name = segment_name_for(stack_id);
+                                                               Geometry g, uint32_t model_index) {
+  const std::string name = segment_name_for(stack_id, model_index);
   try {
     shm::Segment seg = shm::Segment::open(name);
     try {

@@ -94,11 +94,14 @@ class RequestJournal {
   // The static area that holds up to n_stop stop strings of stop_bytes each.
   static uint32_t static_bytes_for(size_t n_stop, size_t stop_bytes);
   static uint64_t bytes_for(const Geometry& g);
-  static std::string segment_name_for(const std::string& stack_id);  // "/duet-<stack>-journal"
+  // "/duet-<stack>-journal"; a stack's model i > 0 (issue 25) has its own, "...-journal_m<i>", so a
+  // restarted frontend adopts each request into the model it was running on.
+  static std::string segment_name_for(const std::string& stack_id, uint32_t model_index = 0);
 
   // The stack's journal: the existing segment when its header matches `g` (recover() then reads
   // what it holds), else a fresh one (a segment of another geometry or a bad header is removed).
-  static std::unique_ptr<RequestJournal> open_or_create(const std::string& stack_id, Geometry g);
+  static std::unique_ptr<RequestJournal> open_or_create(const std::string& stack_id, Geometry g,
+                                                        uint32_t model_index = 0);
   // Over memory the caller owns (tests): format = true writes an empty journal, else the header
   // must match `g` (bad_format otherwise).
   RequestJournal(uint8_t* base, uint64_t bytes, Geometry g, bool format);

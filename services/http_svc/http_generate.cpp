@@ -201,14 +201,9 @@ std::string serve_completion(ServerContext& ctx, Endpoint endpoint, const httpli
                              httplib::Response& res) {
   auto g = std::make_shared<Generation>(ctx.frontend_endpoint());
   g->req = parse_completion_request(endpoint, req.body, req.get_header_value("X-Duet-Priority"));
-  if (!g->req.model.empty() && g->req.model != ctx.model)
-    throw ApiError(404, "invalid_request_error",
-                   "the model '" + g->req.model + "' does not exist; this stack serves '" +
-                       ctx.model + "' (GET /v1/models)",
-                   "model", "model_not_found");
+  g->model = ctx.pick_model(g->req.model, g->req.generate.model).name;
   if (endpoint == Endpoint::chat) apply_chat_messages(g->req);
   g->cmpl_id = completion_id(endpoint);
-  g->model = ctx.model;
   g->created = static_cast<int64_t>(std::time(nullptr));
   try {
     g->submit(ctx.options.request_timeout);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/base/settings.h"
 #include "core/ipc/listen_socket.h"
 #include "core/ipc/messaging.h"
 #include "core/ipc/run_dir.h"
@@ -43,6 +44,30 @@ std::string model_id(const std::string& model_path) {
   std::string name = std::filesystem::path(model_path).filename().string();
   if (name.ends_with(".gguf")) name.resize(name.size() - 5);
   return name.empty() ? "duet" : name;
+}
+
+const ServedModel& ServerContext::pick_model(const std::string& name,
+                                             std::string& frontend_name) const {
+  frontend_name.clear();
+  if (name.empty()) return models.front();
+  for (size_t i = 0; i < models.size(); ++i)
+    if (models[i].name == name) {
+      // The default goes by no name: a one-model stack's frontend knows its model by the file's
+      // stem, which need not be its HTTP id (model_id keeps a non-.gguf extension).
+      if (i > 0) frontend_name = name;
+      return models[i];
+    }
+  throw ApiError(404, "invalid_request_error",
+                 "the model '" + name + "' does not exist; this stack serves " +
+                     (models.size() == 1 ? "'" + models.front().name + "'" : model_names(models)) +
+                     " (GET /v1/models)",
+                 "model", "model_not_found");
+}
+
+// The models http_svc names: DUET_MODELS's, else the one --model by its id.
+std::vector<ServedModel> http_models(const std::string& model_path) {
+  if (setting_override("DUET_MODELS")) return stack_models(model_path);
+  return {ServedModel{model_id(model_path), model_path}};
 }
 
 std::string ServerContext::frontend_endpoint() const {
@@ -141,6 +166,7 @@ struct HttpServer::Impl {
     const bool with_pieces = optional_bool(body, "with_pieces");
     const bool parse_special = optional_bool(body, "parse_special");
     client::Client c(ctx.frontend_endpoint());
+    c.set_model(model_of(body));
     const client::TokenizeResult t =
         c.tokenize(body["content"].get<std::string>(), add_special, parse_special);
     json tokens = json::array();
@@ -165,9 +191,20 @@ struct HttpServer::Impl {
       ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
     client::Client c(ctx.frontend_endpoint());
+    c.set_model(model_of(body));
     res.set_content(
         json{{"content", c.detokenize(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
         "application/json");
+  }
+
+  // /tokenize and /detokenize take an optional "model" (an extension of llama-server's shapes).
+  std::string model_of(const json& body) const {
+    std::string name;
+    if (body.contains("model")) {
+      if (!body["model"].is_string()) throw bad_request("model", "'model' must be a string");
+      (void)ctx.pick_model(body["model"].get<std::string>(), name);
+    }
+    return name;
   }
 
   static json parse_object(const std::string& text) {
@@ -264,14 +301,17 @@ struct HttpServer::Impl {
     });
     s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       guarded("models", res, [&] {
-        json model = {
-            {"id", ctx.model},
-            {"object", "model"},
-            {"created", 0},
-            {"owned_by", "duet"},
-            {"duet", {{"path", ctx.options.model_path}, {"stack", ctx.options.stack_id}}}};
-        res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),
-                        "application/json");
+        json data = json::array();
+        for (const ServedModel& m : ctx.models)
+          data.push_back({{"id", m.name},
+                          {"object", "model"},
+                          {"created", 0},
+                          {"owned_by", "duet"},
+                          {"duet",
+                           {{"path", m.path},
+                            {"stack", ctx.options.stack_id},
+                            {"default", m.name == ctx.model}}}});
+        res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
         return std::string("ok");
       });
     });
@@ -301,7 +341,8 @@ HttpServer::HttpServer(HttpOptions options, std::shared_ptr<spdlog::logger> log)
     : options_(std::move(options)), log_(std::move(log)) {
   server_ = std::make_unique<httplib::Server>();
   impl_ = std::make_unique<Impl>(
-      Impl{ServerContext{options_, *log_, metrics_, model_id(options_.model_path)}});
+      Impl{ServerContext{options_, *log_, metrics_, "", http_models(options_.model_path)}});
+  impl_->ctx.model = impl_->ctx.models.front().name;
   const int workers = options_.workers;
   server_->new_task_queue = [workers] { return new httplib::ThreadPool(size_t(workers)); };
   server_->set_payload_max_length(options_.max_body_bytes);

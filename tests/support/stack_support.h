@@ -79,6 +79,20 @@ inline std::vector<int> stack_pids(const std::string& run_dir) {
   return pids;
 }
 
+// A second small model of another architecture and shape than tiny-fortune (issue 25's
+// several-model stacks): mkmodel's tiny qwen2 (Qwen2's vocab, q/k/v biases, NEOX rope), Q8_0,
+// written to `dir` once; its path.
+inline std::string make_tiny_qwen2(const std::filesystem::path& dir) {
+  const std::filesystem::path out = dir / "qwen2-q8_0.gguf";
+  if (std::filesystem::exists(out)) return out.string();
+  std::filesystem::create_directories(dir);
+  const CliResult r = run_duet("mkmodel --shape tiny-qwen2 --arch qwen2 --vocab '" DUET_SOURCE_DIR
+                               "/tests/data/vocab/qwen2.gguf' --type q8_0 --std 0.08 --out '" +
+                               out.string() + "'");
+  if (r.rc != 0) throw Error(Errc::internal, "mkmodel tiny-qwen2 failed: " + r.out);
+  return out.string();
+}
+
 // `stack down` first; then whatever a failed test left: processes, segments, files.
 inline void tear_down_stack(const std::string& id, const std::string& run_dir) {
   const std::vector<int> pids = stack_pids(run_dir);

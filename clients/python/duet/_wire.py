@@ -99,7 +99,7 @@ def encode_generate(request_id: int, *, prompt: Optional[str], prompt_ids: List[
                     messages: List[dict], temperature: float, top_k: int, top_p: float,
                     seed: int, max_tokens: int, stop: List[str], priority: str, stream: bool,
                     plan: str, session: int, heartbeat_ms: int, ignore_eos: bool,
-                    chat_template: str, parse_special: bool) -> bytes:
+                    chat_template: str, parse_special: bool, model: str = "") -> bytes:
     if priority not in PRIORITIES:
         raise DuetError(Code.InvalidArgument,
                         f"unknown priority '{priority}' (reactive or proactive)")
@@ -120,6 +120,7 @@ def encode_generate(request_id: int, *, prompt: Optional[str], prompt_ids: List[
         chat = _offset_vector(b, built)
     plan_s = b.CreateString(plan)
     template = _string(b, chat_template) if chat_template else None
+    model_s = _string(b, model) if model else None
     SamplingParams.Start(b)
     SamplingParams.AddTemperature(b, float(temperature))
     SamplingParams.AddTopK(b, int(top_k))
@@ -146,6 +147,8 @@ def encode_generate(request_id: int, *, prompt: Optional[str], prompt_ids: List[
     if template is not None:
         Generate.AddChatTemplate(b, template)
     Generate.AddParseSpecial(b, bool(parse_special))
+    if model_s is not None:
+        Generate.AddModel(b, model_s)
     return _finish(b, request_id, ClientBody.Generate, Generate.End(b))
 
 
@@ -163,10 +166,15 @@ def encode_keep_alive(request_id: int) -> bytes:
     return _finish(b, request_id, ClientBody.KeepAlive, KeepAlive.End(b))
 
 
-def encode_resume(request_id: int, ids_received: int, text_bytes_received: int) -> bytes:
-    """Asks a restarted frontend for the rest of a request's stream (issue 22)."""
+def encode_resume(request_id: int, ids_received: int, text_bytes_received: int,
+                  model: str = "") -> bytes:
+    """Asks a restarted frontend for the rest of a request's stream (issue 22), on the model the
+    Generate named (issue 25)."""
     b = flatbuffers.Builder(64)
+    model_s = _string(b, model) if model else None
     Resume.Start(b)
+    if model_s is not None:
+        Resume.AddModel(b, model_s)
     Resume.AddRequestId(b, request_id)
     Resume.AddIdsReceived(b, ids_received)
     Resume.AddTextBytesReceived(b, text_bytes_received)
@@ -179,27 +187,37 @@ def encode_status(request_id: int) -> bytes:
     return _finish(b, request_id, ClientBody.Status, Status.End(b))
 
 
-def encode_close_session(request_id: int, session: int) -> bytes:
+def encode_close_session(request_id: int, session: int, model: str = "") -> bytes:
     b = flatbuffers.Builder(64)
+    model_s = _string(b, model) if model else None
     CloseSession.Start(b)
+    if model_s is not None:
+        CloseSession.AddModel(b, model_s)
     CloseSession.AddSession(b, session)
     return _finish(b, request_id, ClientBody.CloseSession, CloseSession.End(b))
 
 
-def encode_tokenize(request_id: int, text: str, add_special: bool, parse_special: bool) -> bytes:
+def encode_tokenize(request_id: int, text: str, add_special: bool, parse_special: bool,
+                    model: str = "") -> bytes:
     b = flatbuffers.Builder(64 + len(text))
     s = b.CreateString(text)
+    model_s = _string(b, model) if model else None
     Tokenize.Start(b)
+    if model_s is not None:
+        Tokenize.AddModel(b, model_s)
     Tokenize.AddText(b, s)
     Tokenize.AddAddSpecial(b, bool(add_special))
     Tokenize.AddParseSpecial(b, bool(parse_special))
     return _finish(b, request_id, ClientBody.Tokenize, Tokenize.End(b))
 
 
-def encode_detokenize(request_id: int, ids: List[int]) -> bytes:
+def encode_detokenize(request_id: int, ids: List[int], model: str = "") -> bytes:
     b = flatbuffers.Builder(64 + 4 * len(ids))
     v = _int_vector(b, ids)
+    model_s = _string(b, model) if model else None
     Detokenize.Start(b)
+    if model_s is not None:
+        Detokenize.AddModel(b, model_s)
     Detokenize.AddIds(b, v)
     return _finish(b, request_id, ClientBody.Detokenize, Detokenize.End(b))
 

@@ -121,8 +121,11 @@ class Client:
     """A connection to one stack's frontend. Not thread-safe: one Client per thread."""
 
     def __init__(self, stack: str = "default", run_dir: Optional[str] = None,
-                 endpoint: Optional[str] = None):
+                 endpoint: Optional[str] = None, model: str = ""):
         self.endpoint = endpoint or stack_endpoint(stack, run_dir)
+        # Which of the stack's models every call names unless generate() names its own (issue
+        # 25); "" = the stack's default (its first).
+        self.model = model
         self._ctx = zmq.Context.instance()
         self._socket = self._ctx.socket(zmq.DEALER)
         # As core/ipc/client.cpp: no lingering, requests queue until the connection is up (set
@@ -143,7 +146,7 @@ class Client:
         self._next_id = 1
         self._live = set()  # ids of requests that may still get events
         self._pending: List[Event] = []  # events read while waiting for another request
-        # generations in flight: id -> [Generate bytes, ids received, text bytes, resuming]
+        # generations in flight: id -> [Generate bytes, ids received, text bytes, resuming, model]
         self._inflight = {}
         self._lost_since: Optional[float] = None
         self.resume_timeout = 30.0
@@ -174,16 +177,18 @@ class Client:
                  parse_special: bool = False, session: int = 0, stream: bool = False,
                  heartbeat_ms: int = 1000, timeout: float = 600.0,
                  messages: Sequence[Message] = (),
-                 chat_template: str = "") -> Union[Result, Stream]:
+                 chat_template: str = "", model: str = "") -> Union[Result, Stream]:
         """Generates from a text prompt (the frontend tokenises it, BOS as the vocab says) or from
         prompt_ids. temperature 0 is greedy. stream=False returns the Result; stream=True
         returns a Stream of Chunks (its `result` is set once it ends). Raises DuetError with the
-        frontend's code: busy (queue full), invalid_argument (naming the field), timeout."""
+        frontend's code: busy (queue full), invalid_argument (naming the field), timeout,
+        not_found (a model the stack does not serve, named with the served ones)."""
         if prompt is None and not prompt_ids and not messages:
             raise DuetError(Code.InvalidArgument, "generate: give a prompt, prompt_ids or messages")
         rid = self._new_id()
+        model = model or self.model
         self._send_generate(
-            rid,
+            rid, model,
             _wire.encode_generate(rid, prompt=prompt, prompt_ids=list(prompt_ids),
                                   messages=[_message(m) for m in messages],
                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -191,7 +196,8 @@ class Client:
                                   stop=[stop] if isinstance(stop, str) else list(stop),
                                   priority=priority, stream=stream, plan=plan, session=session,
                                   heartbeat_ms=heartbeat_ms, ignore_eos=ignore_eos,
-                                  chat_template=chat_template, parse_special=parse_special))
+                                  chat_template=chat_template, parse_special=parse_special,
+                                  model=model))
         self._live.add(rid)
         s = Stream(self, rid, heartbeat_ms, time.monotonic() + timeout)
         if stream:
@@ -217,7 +223,7 @@ class Client:
     def close_session(self, session: int, timeout: float = 5.0) -> None:
         """Ends a chat session and frees its KV cache."""
         rid = self._new_id()
-        self._send(_wire.encode_close_session(rid, session))
+        self._send(_wire.encode_close_session(rid, session, self.model))
         self._expect(rid, "done", time.monotonic() + timeout, "CloseSession")
 
     # -- the stack -----------------------------------------------------------------------------
@@ -234,12 +240,12 @@ class Client:
         """The stack's tokenizer: (ids, pieces), pieces[i] the bytes ids[i] stands for (maybe
         part of a UTF-8 character). add_special: BOS/EOS as the vocab says."""
         rid = self._new_id()
-        self._send(_wire.encode_tokenize(rid, text, add_special, parse_special))
+        self._send(_wire.encode_tokenize(rid, text, add_special, parse_special, self.model))
         return self._expect(rid, "tokenize", time.monotonic() + timeout, "Tokenize").value
 
     def detokenize(self, ids: Iterable[int], timeout: float = 5.0) -> str:
         rid = self._new_id()
-        self._send(_wire.encode_detokenize(rid, list(ids)))
+        self._send(_wire.encode_detokenize(rid, list(ids), self.model))
         text = self._expect(rid, "detokenize", time.monotonic() + timeout, "Detokenize").value
         return text.decode("utf-8", errors="replace")
 
@@ -260,8 +266,8 @@ class Client:
                             f"cannot send to the frontend at {self.endpoint} within 2 s (its queue "
                             "is full or it is not accepting connections)") from e
 
-    def _send_generate(self, rid: int, data: bytes) -> None:
-        self._inflight[rid] = [data, 0, 0, False]
+    def _send_generate(self, rid: int, model: str, data: bytes) -> None:
+        self._inflight[rid] = [data, 0, 0, False, model]
         try:
             self._send(data)
         except DuetError:
@@ -280,7 +286,7 @@ class Client:
                 self.reconnects += 1
                 for rid, f in self._inflight.items():
                     f[3] = True
-                    self._send(_wire.encode_resume(rid, f[1], f[2]))
+                    self._send(_wire.encode_resume(rid, f[1], f[2], f[4]))
 
     def _track(self, e: Event) -> Optional[Event]:
         f = self._inflight.get(e.request_id)

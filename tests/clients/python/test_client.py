@@ -161,10 +161,6 @@ class ClientOnARealStack(unittest.TestCase):
         self.assertEqual(self.client.generate("x", max_tokens=2).stats.generated_tokens, 2)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class ResumeAfterAFrontendKill(unittest.TestCase):
     """Issue 22: kill -9 of the frontend mid-stream; the restarted frontend adopts the request
     from its journal and the client resumes: every token once, the undisturbed run's. Plan
@@ -204,3 +200,52 @@ class ResumeAfterAFrontendKill(unittest.TestCase):
             journal = c.status()["journal"]
             self.assertEqual(journal["adopted_live"], 1, journal)
             self.assertEqual(journal["resumed"], 1, journal)
+
+
+class TwoModelsOnARealStack(unittest.TestCase):
+    """Issue 25: a stack of two models (tiny-fortune at Q8_0 as "fortune", the default, and at
+    Q4_0 as "q4"); generate(model=...) and Client(model=...) pick one, as `duet generate
+    --model-name` does; an unknown name raises not_found naming it and the served ones."""
+
+    STACK = f"pymodels_{os.getpid() % 100000}"
+    DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../data/tiny-fortune")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.addClassCleanup(subprocess.run, [os.path.join(BIN, "duet"), "stack", "down", "--stack",
+                                             cls.STACK], capture_output=True, timeout=60)
+        run_duet("stack", "up", "--stack", cls.STACK,
+                 "--model", "fortune=" + os.path.join(cls.DATA, "fortune-q8_0.gguf"),
+                 "--model", "q4=" + os.path.join(cls.DATA, "fortune-q4_0.gguf"))
+
+    def native(self, *args: str) -> dict:
+        out = run_duet("generate", "--stack", self.STACK, "--json", *args)
+        return json.loads(out[out.index("{"):])
+
+    def test_each_model_is_picked_by_name(self):
+        with duet.Client(self.STACK) as c, duet.Client(self.STACK, model="q4") as q4:
+            for name, client in (("fortune", c), ("q4", q4)):
+                want = self.native("--model-name", name, "--max-tokens", "24", "Once upon a time")
+                self.assertEqual(client.generate("Once upon a time", max_tokens=24).ids,
+                                 want["ids"], name)
+                self.assertEqual(c.generate("Once upon a time", max_tokens=24, model=name).ids,
+                                 want["ids"], name)
+            self.assertEqual(q4.tokenize("Once upon a time")[0],
+                             c.tokenize("Once upon a time")[0], "one tokenizer file, two names")
+            st = c.status()
+            self.assertEqual(st["default_model"], "fortune")
+            self.assertEqual(sorted(st["models"]), ["fortune", "q4"])
+            self.assertEqual(st["models"]["q4"]["metrics"]["requests"]["completed"], 3)
+
+    def test_an_unknown_model_raises_not_found_naming_it(self):
+        with duet.Client(self.STACK) as c:
+            with self.assertRaises(duet.DuetError) as e:
+                c.generate("x", max_tokens=2, model="nope")
+            self.assertEqual(e.exception.name, "not_found")
+            self.assertIn("unknown model 'nope'", e.exception.message)
+            self.assertIn("fortune, q4", e.exception.message)
+            self.assertEqual(c.generate("x", max_tokens=2).stats.generated_tokens, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -97,5 +97,41 @@ TEST(KvBudget, MemorySizesParseAndNonsenseIsNamed) {
   EXPECT_GT(default_kv_memory_bytes(), 0u);
 }
 
+// Several models, one budget (issue 25): shares in proportion to one full sequence of each, so
+// every model holds the same number of sequences; a model capped lower leaves the rest to others.
+TEST(KvBudget, SeveralModelsDivideOneBudgetBySequenceBytes) {
+  const uint64_t budget = uint64_t{6} << 30;
+  KvPoolRequest big = llama32_1b(budget, 2);
+  KvPoolRequest half = big;
+  half.kv_dim /= 2;  // half the bytes per token
+  const auto plans = plan_kv_pools({big, half}, budget);
+  ASSERT_EQ(plans.size(), 2u);
+  EXPECT_EQ(plans[0].budget_bytes + plans[1].budget_bytes, budget);
+  EXPECT_NEAR(double(plans[0].budget_bytes) / double(plans[1].budget_bytes), 2.0, 1e-6);
+  EXPECT_EQ(plans[0].n_pages / plans[0].pages_per_seq, plans[1].n_pages / plans[1].pages_per_seq)
+      << "both hold the same number of full sequences";
+  EXPECT_LE(plans[0].pool_bytes + plans[1].pool_bytes, budget);
+  // One model: the whole budget, exactly plan_kv_pool's pool.
+  EXPECT_EQ(plan_kv_pools({big}, budget)[0].n_pages, plan_kv_pool(big).n_pages);
+
+  // A model whose sequences use at most 1 MiB takes that; the other gets the rest.
+  KvPoolRequest tiny = half;
+  tiny.model_ctx = 64;
+  tiny.max_seqs = 1;
+  tiny.sharers = 1;
+  const auto capped = plan_kv_pools({tiny, big}, budget);
+  EXPECT_EQ(capped[0].n_pages, capped[0].pages_per_seq);
+  EXPECT_EQ(capped[0].budget_bytes, capped[0].pool_bytes);
+  EXPECT_EQ(capped[1].budget_bytes, budget - capped[0].pool_bytes);
+
+  // A share too small for one sequence names the model.
+  try {
+    (void)plan_kv_pools({big, big}, uint64_t{5} << 30);
+    FAIL() << "2.5 GiB holds no 4 GiB sequence";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model 0: "), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace duet

@@ -1,0 +1,263 @@
+// Issue 25's device-in-the-loop check: the GA's Pareto solutions for a small scenario of two tiny
+// models (tiny-fortune and mkmodel's tiny qwen2, one group), and the four whole-model mappings
+// beside them, each re-run through a real stack on this host serving both models at once, with
+// each model placed as the candidate says
+// (`stack up --model fortune=A --model qwen=B --model-plan NAME=subgraph:FILE`). For each
+// solution: the modelled makespan (puzzle/simulator.h on the SoC profile, periods long enough
+// that no request waits for the previous one) and the measured one (both models' requests of a
+// group released together through the client API; makespan = release to the later Done), mean
+// and p90 over the group's requests, and whether the two orders of the solutions agree.
+//
+//   puzzle_device_check --fortune F.gguf --qwen Q.gguf [--duet build/bin/duet] [--soc sd8gen3]
+//                       [--requests 8] [--repeats 3] [--seed 1] [--stack mmcheck]
+//                       [--work-dir /tmp/puzzle-check] [--out results.json]
+// The stack runs every model's remaining plan gpu-only (DUET_PLAN); model priorities (the GA's
+// third chromosome) have no counterpart in the stack yet: models' steps take turns.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/base/error.h"
+#include "core/ipc/client.h"
+#include "puzzle/scenarios.h"
+
+using namespace duet;
+using namespace duet::puzzle;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string fortune, qwen, duet = "build/bin/duet", soc = "sd8gen3", stack = "mmcheck";
+  std::string work_dir = "/tmp/puzzle-check", out;
+  int requests = 8, repeats = 3;
+  uint64_t seed = 1;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) throw Error(Errc::invalid_argument, k + " needs a value");
+    const std::string v = argv[++i];
+    if (k == "--fortune")
+      a.fortune = v;
+    else if (k == "--qwen")
+      a.qwen = v;
+    else if (k == "--duet")
+      a.duet = v;
+    else if (k == "--soc")
+      a.soc = v;
+    else if (k == "--stack")
+      a.stack = v;
+    else if (k == "--work-dir")
+      a.work_dir = v;
+    else if (k == "--out")
+      a.out = v;
+    else if (k == "--requests")
+      a.requests = std::stoi(v);
+    else if (k == "--repeats")
+      a.repeats = std::stoi(v);
+    else if (k == "--seed")
+      a.seed = std::stoull(v);
+    else
+      throw Error(Errc::invalid_argument, "unknown option " + k);
+  }
+  if (a.fortune.empty() || a.qwen.empty())
+    throw Error(Errc::invalid_argument, "give --fortune and --qwen (model files)");
+  return a;
+}
+
+// Mean and p90 (nearest rank, as puzzle/simulator.h's objectives) of makespans in ms.
+std::pair<double, double> mean_p90(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  double sum = 0;
+  for (double v : ms) sum += v;
+  const size_t rank = static_cast<size_t>(std::ceil(0.9 * double(ms.size())));
+  return {sum / double(ms.size()), ms[std::max<size_t>(rank, 1) - 1]};
+}
+
+void run_or_throw(const std::string& cmd) {
+  if (std::system(cmd.c_str()) != 0) throw Error(Errc::internal, "failed: " + cmd);
+}
+
+// The group's requests through the stack: both models' requests released together, the next
+// group once both are done; makespans in ms (release to the later Done).
+std::vector<double> measure(const Args& a, const Scenario& sc,
+                            const std::vector<std::string>& names) {
+  client::Client c(client::stack_endpoint(a.stack));
+  std::vector<double> makespans;
+  for (int j = 0; j < a.requests; ++j) {
+    const auto release = Clock::now();
+    std::map<uint64_t, bool> open;
+    for (size_t m = 0; m < sc.models.size(); ++m) {
+      client::GenerateRequest req;
+      req.model = names[m];
+      // Ids 100.. (valid in both vocabularies): exactly the scenario's prompt length.
+      for (int64_t t = 0; t < sc.models[m].prompt; ++t)
+        req.prompt_ids.push_back(static_cast<int32_t>(100 + t));
+      req.max_tokens = static_cast<int>(sc.models[m].output);
+      req.ignore_eos = true;
+      req.stream = false;
+      req.heartbeat_ms = 0;
+      open[c.submit(req)] = true;
+    }
+    Clock::time_point last = release;
+    while (!open.empty()) {
+      const auto e = c.next_event(std::chrono::seconds(120));
+      if (!e) throw Error(Errc::timeout, "no answer within 120 s");
+      if (e->kind == client::Event::Kind::error) throw Error(e->code, e->message);
+      if (e->kind == client::Event::Kind::done) {
+        open.erase(e->request_id);
+        last = Clock::now();
+      }
+    }
+    makespans.push_back(std::chrono::duration<double, std::milli>(last - release).count());
+  }
+  return makespans;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Args a = parse(argc, argv);
+  const SocProfile soc = load_soc_profile(a.soc);
+  Scenario sc;
+  sc.groups = 1;
+  sc.models = {{"tiny-fortune", 96, 16, 0}, {"tiny-qwen2", 64, 24, 0}};
+  const std::vector<std::string> names = {"fortune", "qwen"};
+  const std::vector<std::string> files = {std::filesystem::absolute(a.fortune).string(),
+                                          std::filesystem::absolute(a.qwen).string()};
+  ScenarioModel sm(sc, soc, a.requests);
+  SearchOptions so;
+  so.seed = a.seed;
+  const MethodResult ga = run_puzzle(sm, so);
+  // The candidates: the GA's Pareto placements (genomes that differ only where the placement
+  // does not, e.g. in priority, measure once), then each model wholly on one device (the four
+  // mappings Best Mapping chooses from), so that the modelled times differ across the rows.
+  struct Candidate {
+    std::string source;
+    std::vector<SubgraphPlan> plans;
+  };
+  std::vector<Candidate> candidates;
+  const std::vector<int> units = sm.units();
+  // Two placements are the same when every unit is on the same device (a cut between two
+  // subgraphs of one device changes nothing the stack runs).
+  auto same_placement = [](const Candidate& x, const Candidate& y) {
+    for (size_t m = 0; m < x.plans.size(); ++m)
+      for (int u = 0; u < x.plans[m].units; ++u) {
+        auto device_of = [u](const SubgraphPlan& p) {
+          for (const Subgraph& s : p.subgraphs)
+            if (u >= s.first && u <= s.last) return s.device;
+          return Proc::both;
+        };
+        if (device_of(x.plans[m]) != device_of(y.plans[m])) return false;
+      }
+    return true;
+  };
+  for (size_t i = 0; i < ga.solutions.size(); ++i) {
+    Candidate c{"GA Pareto " + std::to_string(i), {}};
+    for (size_t m = 0; m < names.size(); ++m)
+      c.plans.push_back(subgraph_plan_from_json(ga.detail["solutions"][i]["models"][m]));
+    const bool seen = std::any_of(candidates.begin(), candidates.end(),
+                                  [&](const Candidate& o) { return same_placement(o, c); });
+    if (!seen) candidates.push_back(std::move(c));
+  }
+  for (Proc f : {Proc::gpu, Proc::npu})
+    for (Proc q : {Proc::gpu, Proc::npu}) {
+      Candidate c{"whole models", {}};
+      for (size_t m = 0; m < names.size(); ++m)
+        c.plans.push_back({sc.models[m].shape, units[m], {{0, units[m] - 1, m == 0 ? f : q}}});
+      const bool seen = std::any_of(candidates.begin(), candidates.end(),
+                                    [&](const Candidate& o) { return same_placement(o, c); });
+      if (!seen) candidates.push_back(std::move(c));
+    }
+  std::filesystem::create_directories(a.work_dir);
+  nlohmann::json out = {{"soc", soc.name},
+                        {"seed", a.seed},
+                        {"scenario", scenario_to_json(sc)},
+                        {"requests", a.requests},
+                        {"repeats", a.repeats},
+                        {"search_s", ga.search_s},
+                        {"ga_pareto", ga.solutions.size()},
+                        {"solutions", nlohmann::json::array()}};
+  std::printf(
+      "| candidate | placement (fortune; qwen) | modelled mean / p90 ms (%s) | measured "
+      "mean / p90 ms (this host, best of %d) |\n|---|---|---|---|\n",
+      soc.name.c_str(), a.repeats);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const Candidate& cand = candidates[i];
+    // Modelled: a period so long that each request runs alone (no queueing behind the last).
+    std::vector<SimModel> sim;
+    for (size_t m = 0; m < names.size(); ++m)
+      sim.push_back({0, static_cast<int>(m), sm.steps(m, cand.plans[m].subgraphs)});
+    const std::vector<double> modelled = objectives_ms(sm.run(sim, 1000.0));
+    std::string flags, placement;
+    nlohmann::json plans = nlohmann::json::array();
+    for (size_t m = 0; m < names.size(); ++m) {
+      const std::string path =
+          a.work_dir + "/candidate" + std::to_string(i) + "-" + names[m] + ".json";
+      plans.push_back(subgraph_plan_to_json(cand.plans[m]));
+      std::ofstream(path) << plans.back().dump(1) << "\n";
+      flags += " --model " + names[m] + "='" + files[m] + "' --model-plan " + names[m] +
+               "=subgraph:" + path;
+      std::string p;
+      for (const Subgraph& s : cand.plans[m].subgraphs)
+        p += (p.empty() ? "" : " ") + std::to_string(s.first) + "-" + std::to_string(s.last) + ":" +
+             std::string(proc_name(s.device));
+      placement += (placement.empty() ? "" : "; ") + p;
+    }
+    run_or_throw("'" + a.duet + "' stack up --timeout 120 --plan gpu-only --stack " + a.stack +
+                 flags + " > /dev/null");
+    std::vector<double> best;
+    try {
+      (void)measure(a, sc, names);  // warm: programs registered, NPU graphs compiled
+      for (int r = 0; r < a.repeats; ++r) {
+        const std::vector<double> ms = measure(a, sc, names);
+        if (best.empty() || mean_p90(ms).first < mean_p90(best).first) best = ms;
+      }
+    } catch (...) {
+      std::system(("'" + a.duet + "' stack down --stack " + a.stack + " > /dev/null").c_str());
+      throw;
+    }
+    run_or_throw("'" + a.duet + "' stack down --stack " + a.stack + " > /dev/null");
+    const auto [mean, p90] = mean_p90(best);
+    out["solutions"].push_back({{"source", cand.source},
+                                {"plans", plans},
+                                {"modelled_ms", {{"mean", modelled[0]}, {"p90", modelled[1]}}},
+                                {"measured_ms", {{"mean", mean}, {"p90", p90}, {"all", best}}}});
+    std::printf("| %s | %s | %.2f / %.2f | %.2f / %.2f |\n", cand.source.c_str(), placement.c_str(),
+                modelled[0], modelled[1], mean, p90);
+    std::fflush(stdout);
+  }
+  // Do the modelled and measured means order the solutions alike? (pairs that agree / all)
+  int agree = 0, pairs = 0;
+  const auto& sols = out["solutions"];
+  for (size_t i = 0; i < sols.size(); ++i)
+    for (size_t j = i + 1; j < sols.size(); ++j) {
+      const double dm = sols[i]["modelled_ms"]["mean"].get<double>() -
+                        sols[j]["modelled_ms"]["mean"].get<double>();
+      const double dh = sols[i]["measured_ms"]["mean"].get<double>() -
+                        sols[j]["measured_ms"]["mean"].get<double>();
+      // Pairs the model calls a tie (within 1%) say nothing about its order.
+      if (std::abs(dm) <= 0.01 * sols[i]["modelled_ms"]["mean"].get<double>()) continue;
+      ++pairs;
+      agree += (dm < 0) == (dh < 0);
+    }
+  out["order_agreement"] = {{"agree", agree}, {"pairs", pairs}};
+  std::printf(
+      "\norder of the candidates' means, modelled vs measured: %d of %d pairs agree "
+      "(pairs the model ties left out)\n",
+      agree, pairs);
+  if (!a.out.empty()) std::ofstream(a.out) << out.dump(1) << "\n";
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "puzzle_device_check: %s\n", e.what());
+  return 2;
+}
