@@ -241,15 +241,15 @@ TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
 
   fb::ProgramT outside = b.gpu;
   const fb::TensorRef& out = *outside.ops[3]->out;
-  *outside.ops[3]->out =
-      fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(), out.cols());
+  *outside.ops[3]->out = fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(),
+                                       out.cols(), out.slot());
   expect_error([&] { r.register_program(1, outside, run.mem()); }, Errc::out_of_range,
                "outside its segment");
 
   fb::ProgramT misaligned = b.gpu;
   const fb::TensorRef& in = *misaligned.ops[1]->in0;
   *misaligned.ops[1]->in0 =
-      fb::TensorRef(in.segment(), in.dtype(), in.offset() + 2, in.rows(), in.cols());
+      fb::TensorRef(in.segment(), in.dtype(), in.offset() + 2, in.rows(), in.cols(), in.slot());
   expect_error([&] { r.register_program(1, misaligned, run.mem()); }, Errc::invalid_argument,
                "aligned");
 

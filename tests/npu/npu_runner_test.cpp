@@ -34,7 +34,7 @@ using test_support::tiny_fortune_path;
 
 // A copy of a TensorRef with one field changed (flatbuffers structs are immutable here).
 fb::TensorRef with(const fb::TensorRef& r, uint64_t offset, uint32_t rows, uint32_t cols) {
-  return fb::TensorRef(r.segment(), r.dtype(), offset, rows, cols);
+  return fb::TensorRef(r.segment(), r.dtype(), offset, rows, cols, r.slot());
 }
 
 // The two programs of a plan over one arena and KV cache: GPU half interpreted, NPU half on

@@ -319,8 +319,8 @@ TEST(ProgramValidation, RejectsOffsetsOutsideTheArena) {
   ProgramMemory& mem = host.mem;
   validate_program(b.gpu, mem);
   const fb::TensorRef& out = *b.gpu.ops[3]->out;
-  *b.gpu.ops[3]->out =
-      fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(), out.cols());
+  *b.gpu.ops[3]->out = fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(),
+                                     out.cols(), out.slot());
   try {
     validate_program(b.gpu, mem);
     FAIL() << "expected an error";
