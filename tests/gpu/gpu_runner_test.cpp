@@ -243,8 +243,9 @@ TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
   const fb::TensorRef& out = *outside.ops[3]->out;
   *outside.ops[3]->out = fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(),
                                        out.cols(), out.slot());
+  // Past its slot (core/program/symbolic.h), so past the arena at the largest step.
   expect_error([&] { r.register_program(1, outside, run.mem()); }, Errc::out_of_range,
-               "outside its segment");
+               "does not fit its slot");
 
   fb::ProgramT misaligned = b.gpu;
   const fb::TensorRef& in = *misaligned.ops[1]->in0;
