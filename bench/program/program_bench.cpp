@@ -68,6 +68,18 @@ nlohmann::json run(const std::string& model, const std::string& plan, bool per_b
                             frontend::make_local_service_link("gpu", gpu),
                             frontend::make_local_service_link("npu", npu));
   const double engine_ms = ms_since(t0);
+  // The arena before symbolic programs (main 54cb9de's ArenaPlan): twelve named slots at the
+  // largest bucket, each 64-aligned, reused layer after layer by the same tensor of each layer.
+  const LlamaHparams& hp = e.model().hp();
+  const uint64_t n = o.buckets.back(), seqs = o.max_seqs;
+  const uint64_t pages = (static_cast<uint64_t>(max_ctx) + 15) / 16;
+  auto aligned = [](uint64_t b) { return (b + 63) / 64 * 64; };
+  const uint64_t e_ = hp.n_embd, q = uint64_t(hp.n_head) * hp.head_dim,
+                 kv = uint64_t(hp.n_head_kv) * hp.head_dim, ff = hp.n_ff;
+  const uint64_t named_slots = aligned(n * 16) + aligned(seqs * pages * 4) +
+                               3 * aligned(n * e_ * 4) + 2 * aligned(n * q * 4) +
+                               2 * aligned(n * kv * 4) + 2 * aligned(n * ff * 4) +
+                               aligned(seqs * uint64_t(hp.n_vocab) * 4);
   const auto reg = e.registration();
   const nlohmann::json npu_status = npu.status_json();
 
@@ -102,6 +114,7 @@ nlohmann::json run(const std::string& model, const std::string& plan, bool per_b
                       {"register_ms", reg.register_ms},
                       {"engine_ms", engine_ms},
                       {"arena_bytes", reg.arena_bytes},
+                      {"arena_bytes_named_slots", named_slots},
                       {"npu_graphs", npu_status["graphs_cached"]},
                       {"prefill_tokens", prompt.size()},
                       {"prefill_ms", prefill_ms},

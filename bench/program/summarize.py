@@ -22,7 +22,8 @@ for (model, plan, mode), r in by.items():
 
     kc = (f"{r.get('pocl_binaries_compiled', '-')} -> {s.get('pocl_binaries_compiled', '-')}")
     ms = f"{r['build_ms'] + r['register_ms']:.0f} -> {s['build_ms'] + s['register_ms']:.0f}"
-    mb = f"{r['arena_bytes'] / 1e6:.2f} -> {s['arena_bytes'] / 1e6:.2f}"
+    # Before: the named-slot layout per-bucket programs had (arena_bytes_named_slots).
+    mb = f"{r['arena_bytes_named_slots'] / 1e6:.2f} -> {s['arena_bytes'] / 1e6:.2f}"
     print(f"| {model} | {plan} | {pair('programs')} | {pair('register_calls')} | {ms} | {mb} "
           f"| {kc} | {pair('npu_graphs')} | {pair('decode_ms_per_token', '{:.2f}')} "
           f"| {'yes' if r['ids'] == s['ids'] else 'NO'} |")
