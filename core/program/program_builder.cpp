@@ -1,5 +1,6 @@
 // Builds the per-device programs of a model under a plan (core/program/program.h).
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <map>
 
@@ -279,6 +280,21 @@ BuiltPrograms Builder::build() {
   tensor(SymExpr::constant(uint64_t{spec_.max_seqs} * out.max_pages_per_seq), 1);
   tensor(SymExpr::constant(spec_.max_logit_rows), vocab);
   auto activation = [&](uint32_t cols) { return tensor(n_rows, cols); };
+  // Where the NPU computes matmuls, a value shares its slot with the same value of every layer
+  // (named slots: xn, q, k, v, attn, tmp, gate, up): reusing across values would add cross-device
+  // write-after-read waits on GPU ops (norms, ropes) that then publish flags and fuse no more
+  // (gpu_svc's op_fusion). GPU-only programs reuse by the symbolic rule alone.
+  bool npu = spec_.plan.uses_npu();
+  for (const Plan& p : spec_.layer_plans) npu = npu || p.uses_npu();
+  enum Named { kXn, kQ, kK, kV, kAttn, kTmp, kGate, kUp, kNamed };
+  std::array<uint64_t, kNamed> named{};
+  std::array<bool, kNamed> made{};
+  auto value = [&](Named n, uint32_t cols) {
+    if (!npu) return activation(cols);
+    if (!made[n]) named[n] = activation(cols);
+    made[n] = true;
+    return named[n];
+  };
   const uint64_t x = activation(embd);  // the residual stream, the whole step
 
   auto fill_heads = [&](fb::OpT& op) {
@@ -324,8 +340,8 @@ BuiltPrograms Builder::build() {
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& L = model_.layers[l];
     const uint64_t kv_key = kKvKey + static_cast<uint64_t>(l);
-    const uint64_t xn = activation(embd), q = activation(qdim), k = activation(kv_dim),
-                   v = activation(kv_dim);
+    const uint64_t xn = value(kXn, embd), q = value(kQ, qdim), k = value(kK, kv_dim),
+                   v = value(kV, kv_dim);
     rmsnorm(l, L.attn_norm, x, xn);
     matmul(MatmulRole::q, l, L.wq, xn, embd, q, nt);
     matmul(MatmulRole::k, l, L.wk, xn, embd, k, nt);
@@ -356,7 +372,7 @@ BuiltPrograms Builder::build() {
       op->in1 = std::make_unique<fb::TensorRef>(arena_ref(v, nt, kv_dim));
       simple(Device::gpu, std::move(op), {k, v, kTokens, kPageTables}, {kv_key});
     }
-    const uint64_t attn = activation(qdim);
+    const uint64_t attn = value(kAttn, qdim);
     {
       auto op = new_op(fb::OpKind::Attention, l);
       fill_heads(*op);
@@ -364,10 +380,10 @@ BuiltPrograms Builder::build() {
       op->out = std::make_unique<fb::TensorRef>(arena_ref(attn, nt, qdim));
       simple(Device::gpu, std::move(op), {q, kv_key, kTokens, kPageTables}, {attn});
     }
-    const uint64_t attn_out = activation(embd);
+    const uint64_t attn_out = value(kTmp, embd);
     matmul(MatmulRole::o, l, L.wo, attn, qdim, attn_out, nt);
     add(l, x, attn_out);
-    const uint64_t xn2 = activation(embd), gate = activation(ff), up = activation(ff);
+    const uint64_t xn2 = value(kXn, embd), gate = value(kGate, ff), up = value(kUp, ff);
     rmsnorm(l, L.ffn_norm, x, xn2);
     matmul(MatmulRole::gate, l, L.w_gate, xn2, embd, gate, nt);
     matmul(MatmulRole::up, l, L.w_up, xn2, embd, up, nt);
@@ -379,11 +395,11 @@ BuiltPrograms Builder::build() {
       op->out = std::make_unique<fb::TensorRef>(arena_ref(gate, nt, ff));
       simple(Device::gpu, std::move(op), {gate, up}, {gate});
     }
-    const uint64_t ffn_out = activation(embd);
+    const uint64_t ffn_out = value(kTmp, embd);
     matmul(MatmulRole::down, l, L.w_down, gate, ff, ffn_out, nt);
     add(l, x, ffn_out);
   }
-  const uint64_t x_final = activation(embd);
+  const uint64_t x_final = value(kXn, embd);
   rmsnorm(-1, model_.output_norm, x, x_final);
   matmul(MatmulRole::logits, -1, model_.output, x_final, embd, kLogits, spec_.max_logit_rows);
 
