@@ -92,14 +92,9 @@ Result run_in_process(const std::string& model_path, const std::string& plan, in
   o.buckets = {1, 16, g_max_step};
   o.max_seqs = kFrontendMaxSeqs;
   o.max_ctx = static_cast<uint32_t>(max_ctx);
-  frontend::ProgramEngine e(
-      o, LlamaModel::load(model_path),
-      frontend::make_local_service_link(
-          "gpu", [&](const fb::Message& m) { return gpu.register_program(m); },
-          [&](const fb::Message& m) { return gpu.run_step(m); }),
-      frontend::make_local_service_link(
-          "npu", [&](const fb::Message& m) { return npu.register_program(m); },
-          [&](const fb::Message& m) { return npu.run_step(m); }));
+  frontend::ProgramEngine e(o, LlamaModel::load(model_path),
+                            frontend::make_local_service_link("gpu", gpu),
+                            frontend::make_local_service_link("npu", npu));
   const int32_t eos = e.model().vocab().eos;
   const int ctx = max_ctx > 0 ? max_ctx : e.model().hp().n_ctx;
   // Warm-up (as the stack's warm-up request): the first steps of each bucket pay one-time costs.

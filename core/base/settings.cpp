@@ -51,6 +51,11 @@ const std::array kSettings = {
             "requests waiting beyond the running batch; one more is refused (busy)"},
     Setting{"DUET_TRACE_STEPS", "frontend.trace_steps", T::integer, "1024", 0, 1 << 20, "",
             "recent steps the frontend keeps for `duet trace`"},
+    Setting{"DUET_PROGRAMS", "frontend.programs", T::choice, "symbolic", 0, 0,
+            "symbolic|per-bucket",
+            "symbolic: one program per model and plan, its arena offsets evaluated per step "
+            "(Transformer-Lite's symbolic shapes); per-bucket: one per token bucket, as before "
+            "(for comparisons)"},
     // Agent.xpu (issue 9): the proactive lane.
     Setting{"DUET_AGENT", "agent.enabled", T::choice, "on", 0, 0, "on|off",
             "a second engine for proactive requests, preempted by reactive ones; off: one "

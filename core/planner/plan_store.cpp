@@ -170,6 +170,16 @@ std::string plan_cache_path(const PlanQuery& q, const QueryModel& model) {
          ".json";
 }
 
+Plan modeled_plan_for(const std::string& model_path, int64_t n_tokens) {
+  PlanQuery q;
+  q.model_path = model_path;
+  q.phase = n_tokens <= 1 ? Phase::decode : Phase::prefill;
+  q.n_tokens = n_tokens;
+  q.use_cache = false;
+  q.baselines = false;
+  return plan_from_json(plan_json_for(q));
+}
+
 nlohmann::json plan_json_for(const PlanQuery& q) {
   q.validate();
   const QueryModel model = query_model(q);

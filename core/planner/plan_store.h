@@ -63,6 +63,9 @@ std::string plan_cache_path(const PlanQuery& q, const QueryModel& model);
 // "timing", "profile" {device, entries, profiling_s, cached}, "cached" and, with baselines,
 // "baselines" {name: total_us} and "best_single_device".
 nlohmann::json plan_json_for(const PlanQuery& q);
+// The solver's modelled sd8gen3 plan for a step of n_tokens of a model file (decode for 1; no
+// plan cache, no baselines): what a `tensor` stack runs for that bucket, without solver_svc.
+Plan modeled_plan_for(const std::string& model_path, int64_t n_tokens);
 
 // The paper's Table 3 layout: weight shape, activation shape, T_gpu, T_npu, strategy, ratio, one
 // line per op of each plan.

@@ -38,6 +38,7 @@ struct Placement {
   Strategy strategy = Strategy::gpu_only;
   int64_t gpu_rows = 0;    // weight_split / hybrid: output rows [0, gpu_rows) on the GPU
   int64_t npu_tokens = 0;  // activation_split / hybrid / padding: tokens handled by the NPU
+  bool operator==(const Placement&) const = default;
 };
 
 // What the NPU does with a token count it has no compiled graph for (HeteroInfer's baselines).
@@ -54,6 +55,8 @@ struct Plan {
   std::array<Placement, kMatmulRoles> matmul{};
   NpuGraphMode npu_mode = NpuGraphMode::padding;
 
+  // Whether `o` places every matmul as this plan does (its name aside): the same program.
+  bool same_placements(const Plan& o) const { return matmul == o.matmul && npu_mode == o.npu_mode; }
   Placement& at(MatmulRole r) { return matmul[static_cast<int>(r)]; }
   const Placement& at(MatmulRole r) const { return matmul[static_cast<int>(r)]; }
   bool uses_npu() const;

@@ -8,6 +8,7 @@
 //
 // The interpreter runs a program with the reference ops (core/model/ops.h). It is the oracle for
 // the device runners, and the in-process executor.
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -16,28 +17,25 @@
 
 #include "core/model/dtype.h"
 #include "core/program/plan.h"
+#include "core/program/symbolic.h"
 #include "schemas/program_generated.h"
 
 namespace duet {
 
 class LlamaModel;
 
-// Where each activation tensor lives in the arena (byte offsets; 64-byte aligned). Slots are
-// reused layer after layer (HeteroInfer's memory pool).
+// The arena of a program (core/program/symbolic.h). The step's interface sits at fixed offsets
+// (the frontend writes the token and page tables and reads the logits there); the activations
+// follow in slots whose offsets and sizes are expressions of the step's symbols, reused by
+// tensors whose size provably fits (HeteroInfer's memory pool, Transformer-Lite's rule).
 struct ArenaPlan {
   uint64_t tokens = 0;       // int32 [max_tokens][4]: token, position, sequence, logits_row
-  uint64_t page_tables = 0;  // int32 [max_seqs][max_pages]
-  uint64_t x = 0;            // f32 [max_tokens][n_embd]   residual stream
-  uint64_t xn = 0;           // f32 [max_tokens][n_embd]   normed
-  uint64_t q = 0;            // f32 [max_tokens][n_head * head_dim]
-  uint64_t k = 0;            // f32 [max_tokens][kv_dim]
-  uint64_t v = 0;            // f32 [max_tokens][kv_dim]
-  uint64_t attn = 0;         // f32 [max_tokens][n_head * head_dim]
-  uint64_t tmp = 0;          // f32 [max_tokens][n_embd]   wo / w_down output
-  uint64_t gate = 0;         // f32 [max_tokens][n_ff]
-  uint64_t up = 0;           // f32 [max_tokens][n_ff]
+  uint64_t page_tables = 0;  // int32 [max_seqs][max_pages]: a step's rows are P columns wide
   uint64_t logits = 0;       // f32 [max_logit_rows][n_vocab]
-  uint64_t bytes = 0;        // total arena size
+  std::vector<SymExpr> slot_offset, slot_size;  // every slot, the three above first
+  SymExpr end;           // the slots' end: the arena a step of given symbols touches
+  uint64_t bytes = 0;    // `end` at the symbols' largest values: the arena's size
+  uint32_t tensors = 0;  // tensors placed (one per value of each layer)
 };
 
 struct KvGeometry {
@@ -79,6 +77,8 @@ struct ProgramSpec {
   uint32_t max_ctx = 0;         // positions per sequence (0 = the model's context)
   uint32_t kv_pages = 0;        // pages in the KV segment (0 = max_seqs * pages per sequence)
   uint32_t page_tokens = 16;
+  // Arena slots reused by tensors whose size provably fits (symbolic.h); off: a slot per tensor.
+  bool reuse_slots = true;
   DType kv_type = DType::F32;    // F32 or F16 values in the KV pages
   uint64_t kv_pages_offset = 0;  // shm::KvPages puts its header first: page 0 starts here
   uint32_t flag_base = 0;        // first flag index this pair of programs may use
@@ -115,8 +115,11 @@ struct ProgramMemory {
 };
 
 // Checks every TensorRef of every op against the segment sizes for max_tokens rows, and the op
-// fields against each other (head counts, row ranges). Throws Error(invalid_argument or
-// out_of_range) naming the op and the problem. Runners call this at registration.
+// fields against each other (head counts, row ranges). With slots: the slots lie within the arena
+// at the symbols' largest values and provably never overlap, and every Arena ref fits its slot at
+// every N (its row bytes within the slot's N coefficient, or its bytes within a constant slot).
+// Throws Error(invalid_argument or out_of_range) naming the op and the problem. Runners call this
+// at registration.
 void validate_program(const fb::ProgramT& program, const ProgramMemory& mem);
 
 // One step's arguments, as RunStep carries them.
@@ -135,6 +138,37 @@ struct StepArgs {
   // Stack epoch the step was issued under (0: use the epoch current when the device starts it).
   uint64_t epoch = 0;
 };
+
+// A step's symbols (symbolic.h): N = n_tokens, S = n_seqs, P = page_table_cols.
+inline SymValues step_symbols(const StepArgs& step) {
+  return {step.n_tokens, step.n_seqs, step.page_table_cols};
+}
+
+// The arena addresses of one step of a program: its slots' offsets evaluated once per step (8
+// multiply-adds a slot over monomial values computed once, no allocation); an Arena TensorRef's
+// address is then one add. A program without slots keeps absolute offsets.
+class ArenaOffsets {
+ public:
+  static constexpr size_t kMaxSlots = 64;
+  ArenaOffsets() = default;
+  ArenaOffsets(const fb::ProgramT& program, const SymValues& v) { evaluate(program, v); }
+  // The program's slot table must have been validated (validate_program).
+  void evaluate(const fb::ProgramT& program, const SymValues& v);
+  uint64_t operator()(const fb::TensorRef& r) const {
+    return r.segment() == fb::SegmentKind::Arena && n_slots_ ? slot_[r.slot()] + r.offset()
+                                                             : r.offset();
+  }
+  size_t slots() const { return n_slots_; }
+
+ private:
+  std::array<uint64_t, kMaxSlots> slot_{};
+  size_t n_slots_ = 0;
+};
+
+// Refuses (out_of_range, prefixed by `who`) a step whose symbols pass the program's largest:
+// n_seqs > max_seqs or page_table_cols > max_pages, where the program has slots (their offsets
+// would pass the arena). n_tokens is each runner's own check.
+void check_step_symbols(const fb::ProgramT& program, const StepArgs& step, const std::string& who);
 
 // Where a step stopped: next_op == the program's op count when it ran to the end.
 struct StepProgress {

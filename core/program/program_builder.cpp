@@ -1,5 +1,7 @@
 // Builds the per-device programs of a model under a plan (core/program/program.h).
 #include <algorithm>
+#include <array>
+#include <limits>
 #include <map>
 
 #include "core/base/error.h"
@@ -9,13 +11,11 @@
 namespace duet {
 namespace {
 
-constexpr uint64_t kAlign = 64;
-uint64_t align_up(uint64_t v) {
-  return (v + kAlign - 1) / kAlign * kAlign;
-}
-
-fb::TensorRef arena_ref(uint64_t offset, uint32_t rows, uint32_t cols) {
-  return fb::TensorRef(fb::SegmentKind::Arena, fb::DTypeCode::F32, offset, rows, cols);
+// An activation: until the slots are planned `slot` names the tensor (Builder::tensor), then
+// its slot; its offset in the slot is 0.
+fb::TensorRef arena_ref(uint64_t tensor, uint32_t rows, uint32_t cols) {
+  return fb::TensorRef(fb::SegmentKind::Arena, fb::DTypeCode::F32, 0, rows, cols,
+                       static_cast<uint16_t>(tensor));
 }
 
 // Tracks, per tensor (an arena slot or a layer's KV), which ops of which device last wrote it
@@ -69,34 +69,41 @@ class Builder {
   struct PendingOp {
     Device device;
     std::unique_ptr<fb::OpT> op;
-    std::vector<uint32_t> waits;  // global op ids
+    std::vector<uint64_t> reads, writes;  // tensor ids (kKvKey + layer: a layer's KV)
+    uint32_t group = 0;                   // ops emitted together (a split matmul) share one
+    std::vector<uint32_t> waits;          // global op ids
   };
 
   fb::TensorRef weight_ref(const ops::Matrix& m) const {
     return fb::TensorRef(fb::SegmentKind::Weights, static_cast<fb::DTypeCode>(m.type),
                          model_.offset_of(m.data), static_cast<uint32_t>(m.rows),
-                         static_cast<uint32_t>(m.cols));
+                         static_cast<uint32_t>(m.cols), 0);
   }
   fb::TensorRef norm_ref(const float* w, int n) const {
     return fb::TensorRef(fb::SegmentKind::Weights, fb::DTypeCode::F32, model_.offset_of(w), 1,
-                         static_cast<uint32_t>(n));
+                         static_cast<uint32_t>(n), 0);
   }
 
   // Adds one op, or a group of ops that together produce one output (a split matmul).
-  // `reads`/`writes` name tensors by a key (arena offset, or kKvKey + layer).
+  // `reads`/`writes` name tensors (Builder::tensor ids, or kKvKey + layer); the cross-device waits
+  // are found once the tensors have their slots (finish_ops).
   void emit(std::vector<std::pair<Device, std::unique_ptr<fb::OpT>>> group,
             const std::vector<uint64_t>& reads, const std::vector<uint64_t>& writes) {
-    std::vector<HazardTracker::Access> writers;
-    for (auto& [device, op] : group) {
-      const uint32_t id = static_cast<uint32_t>(ops_.size());
-      PendingOp p{device, std::move(op), tracker_.hazards(device, reads, writes)};
-      ops_.push_back(std::move(p));
-      writers.push_back({device, id});
-    }
-    for (const auto& w : writers)
-      for (uint64_t t : reads) tracker_.record_read(t, w);
-    for (uint64_t t : writes) tracker_.record_writes(t, writers);
+    for (auto& [device, op] : group)
+      ops_.push_back(PendingOp{device, std::move(op), reads, writes, groups_, {}});
+    ++groups_;
   }
+
+  // A new tensor of the step: `rows` rows (N for activations) of `cols` f32 values.
+  uint64_t tensor(const SymExpr& rows, uint32_t cols) {
+    if (tensor_bytes_.size() >= std::numeric_limits<uint16_t>::max())
+      throw Error(Errc::out_of_range, "program: too many tensors for the slot planner");
+    tensor_bytes_.push_back(rows * (uint64_t{cols} * 4));
+    return tensor_bytes_.size() - 1;
+  }
+  // Plans the slots from the tensors' accesses, then records the hazards between the ops by slot
+  // (a slot's tenants are one tensor to the hazard tracker) and rewrites the refs to name slots.
+  SlotPlan finish_ops(const SymExpr& base, const SymValues& largest);
 
   std::unique_ptr<fb::OpT> new_op(fb::OpKind kind, int layer) const {
     auto op = std::make_unique<fb::OpT>();
@@ -115,13 +122,66 @@ class Builder {
   }
 
   static constexpr uint64_t kKvKey = uint64_t{1} << 62;
+  // The step's interface tensors: made first, so they are tensors (and slots) 0, 1 and 2.
+  static constexpr uint64_t kTokens = 0, kPageTables = 1, kLogits = 2;
 
   const ProgramSpec& spec_;
   const LlamaModel& model_;
   ArenaPlan arena_;
-  HazardTracker tracker_;
+  std::vector<SymExpr> tensor_bytes_;  // per tensor id
   std::vector<PendingOp> ops_;
+  uint32_t groups_ = 0;
 };
+
+SlotPlan Builder::finish_ops(const SymExpr& base, const SymValues& largest) {
+  // A tensor lives from its group's first access to its last: ops of one group run side by side.
+  std::vector<SymTensor> tensors(tensor_bytes_.size());
+  std::vector<bool> seen(tensor_bytes_.size(), false);
+  for (size_t t = 0; t < tensors.size(); ++t) tensors[t].bytes = tensor_bytes_[t];
+  for (const PendingOp& p : ops_)
+    for (const auto* list : {&p.reads, &p.writes})
+      for (uint64_t t : *list) {
+        if (t >= kKvKey) continue;
+        if (!seen[t]) tensors[t].first = p.group;
+        seen[t] = true;
+        tensors[t].last = p.group;
+      }
+  // The step's interface (token table, page tables, logits) keeps its slot for the whole step:
+  // the frontend writes and reads it around the ops.
+  for (uint64_t t : {kTokens, kPageTables, kLogits}) {
+    tensors[t].first = 0;
+    tensors[t].last = groups_;
+  }
+  SlotPlan plan = plan_slots(tensors, base, largest, spec_.reuse_slots);
+  if (plan.size.size() > ArenaOffsets::kMaxSlots)
+    throw Error(Errc::out_of_range, "program: " + std::to_string(plan.size.size()) +
+                                        " arena slots (at most " +
+                                        std::to_string(ArenaOffsets::kMaxSlots) + ")");
+  auto key = [&](uint64_t t) { return t >= kKvKey ? t : uint64_t{plan.slot_of[t]}; };
+  HazardTracker tracker;
+  for (size_t i = 0; i < ops_.size();) {
+    size_t end = i;
+    while (end < ops_.size() && ops_[end].group == ops_[i].group) ++end;
+    std::vector<uint64_t> reads, writes;
+    for (uint64_t t : ops_[i].reads) reads.push_back(key(t));
+    for (uint64_t t : ops_[i].writes) writes.push_back(key(t));
+    std::vector<HazardTracker::Access> writers;
+    for (size_t j = i; j < end; ++j) {
+      ops_[j].waits = tracker.hazards(ops_[j].device, reads, writes);
+      writers.push_back({ops_[j].device, static_cast<uint32_t>(j)});
+    }
+    for (const auto& w : writers)
+      for (uint64_t t : reads) tracker.record_read(t, w);
+    for (uint64_t t : writes) tracker.record_writes(t, writers);
+    i = end;
+  }
+  for (PendingOp& p : ops_)
+    for (std::unique_ptr<fb::TensorRef>* r : {&p.op->in0, &p.op->in1, &p.op->out})
+      if (*r && (*r)->segment() == fb::SegmentKind::Arena)
+        **r = fb::TensorRef((*r)->segment(), (*r)->dtype(), (*r)->offset(), (*r)->rows(),
+                            (*r)->cols(), plan.slot_of[(*r)->slot()]);
+  return plan;
+}
 
 void Builder::matmul(MatmulRole role, int layer, const ops::Matrix& w, uint64_t in,
                      uint32_t in_cols, uint64_t out, uint32_t out_rows_max) {
@@ -212,25 +272,30 @@ BuiltPrograms Builder::build() {
   out.max_pages_per_seq = (max_ctx + spec_.page_tokens - 1) / spec_.page_tokens;
   out.kv.n_pages = spec_.kv_pages ? spec_.kv_pages : out.max_pages_per_seq * spec_.max_seqs;
 
-  uint64_t at = 0;
-  auto slot = [&](uint64_t bytes) {
-    const uint64_t off = at;
-    at = align_up(at + bytes);
-    return off;
+  // The tensors, by id: the step's interface first (kTokens, kPageTables, kLogits: constant
+  // sizes at their largest, so their offsets are constants the frontend can use), then the
+  // activations as they are made, one per value (each layer's q is a tensor of its own).
+  const SymExpr n_rows = SymExpr::symbol(Sym::tokens);
+  tensor(SymExpr::constant(nt), 4);
+  tensor(SymExpr::constant(uint64_t{spec_.max_seqs} * out.max_pages_per_seq), 1);
+  tensor(SymExpr::constant(spec_.max_logit_rows), vocab);
+  auto activation = [&](uint32_t cols) { return tensor(n_rows, cols); };
+  // Where the NPU computes matmuls, a value shares its slot with the same value of every layer
+  // (named slots: xn, q, k, v, attn, tmp, gate, up): reusing across values would add cross-device
+  // write-after-read waits on GPU ops (norms, ropes) that then publish flags and fuse no more
+  // (gpu_svc's op_fusion). GPU-only programs reuse by the symbolic rule alone.
+  bool npu = spec_.plan.uses_npu();
+  for (const Plan& p : spec_.layer_plans) npu = npu || p.uses_npu();
+  enum Named { kXn, kQ, kK, kV, kAttn, kTmp, kGate, kUp, kNamed };
+  std::array<uint64_t, kNamed> named{};
+  std::array<bool, kNamed> made{};
+  auto value = [&](Named n, uint32_t cols) {
+    if (!npu) return activation(cols);
+    if (!made[n]) named[n] = activation(cols);
+    made[n] = true;
+    return named[n];
   };
-  arena_.tokens = slot(uint64_t{nt} * 4 * 4);
-  arena_.page_tables = slot(uint64_t{spec_.max_seqs} * out.max_pages_per_seq * 4);
-  arena_.x = slot(uint64_t{nt} * embd * 4);
-  arena_.xn = slot(uint64_t{nt} * embd * 4);
-  arena_.q = slot(uint64_t{nt} * qdim * 4);
-  arena_.k = slot(uint64_t{nt} * kv_dim * 4);
-  arena_.v = slot(uint64_t{nt} * kv_dim * 4);
-  arena_.attn = slot(uint64_t{nt} * qdim * 4);
-  arena_.tmp = slot(uint64_t{nt} * embd * 4);
-  arena_.gate = slot(uint64_t{nt} * ff * 4);
-  arena_.up = slot(uint64_t{nt} * ff * 4);
-  arena_.logits = slot(uint64_t{spec_.max_logit_rows} * vocab * 4);
-  arena_.bytes = at;
+  const uint64_t x = activation(embd);  // the residual stream, the whole step
 
   auto fill_heads = [&](fb::OpT& op) {
     op.n_heads = static_cast<uint16_t>(hp.n_head);
@@ -252,9 +317,9 @@ BuiltPrograms Builder::build() {
   {  // Embedding lookup: tokens -> x.
     auto op = new_op(fb::OpKind::Embed, -1);
     op->weight = std::make_unique<fb::TensorRef>(weight_ref(model_.tok_embd));
-    op->out = std::make_unique<fb::TensorRef>(arena_ref(arena_.x, nt, embd));
+    op->out = std::make_unique<fb::TensorRef>(arena_ref(x, nt, embd));
     op->scale = hp.embd_scale;
-    simple(Device::gpu, std::move(op), {arena_.tokens}, {arena_.x});
+    simple(Device::gpu, std::move(op), {kTokens}, {x});
   }
   auto rmsnorm = [&](int layer, const float* w, uint64_t in, uint64_t dst) {
     auto op = new_op(fb::OpKind::RmsNorm, layer);
@@ -275,16 +340,18 @@ BuiltPrograms Builder::build() {
   for (int l = 0; l < hp.n_layer; ++l) {
     const LlamaLayer& L = model_.layers[l];
     const uint64_t kv_key = kKvKey + static_cast<uint64_t>(l);
-    rmsnorm(l, L.attn_norm, arena_.x, arena_.xn);
-    matmul(MatmulRole::q, l, L.wq, arena_.xn, embd, arena_.q, nt);
-    matmul(MatmulRole::k, l, L.wk, arena_.xn, embd, arena_.k, nt);
-    matmul(MatmulRole::v, l, L.wv, arena_.xn, embd, arena_.v, nt);
+    const uint64_t xn = value(kXn, embd), q = value(kQ, qdim), k = value(kK, kv_dim),
+                   v = value(kV, kv_dim);
+    rmsnorm(l, L.attn_norm, x, xn);
+    matmul(MatmulRole::q, l, L.wq, xn, embd, q, nt);
+    matmul(MatmulRole::k, l, L.wk, xn, embd, k, nt);
+    matmul(MatmulRole::v, l, L.wv, xn, embd, v, nt);
     if (L.bq) {
-      add_bias(l, L.bq, arena_.q, qdim);
-      add_bias(l, L.bk, arena_.k, kv_dim);
-      add_bias(l, L.bv, arena_.v, kv_dim);
+      add_bias(l, L.bq, q, qdim);
+      add_bias(l, L.bk, k, kv_dim);
+      add_bias(l, L.bv, v, kv_dim);
     }
-    for (uint64_t t : {arena_.q, arena_.k}) {
+    for (uint64_t t : {q, k}) {
       auto op = new_op(fb::OpKind::Rope, l);
       fill_heads(*op);
       op->rope_mode = static_cast<uint8_t>(hp.rope_mode);
@@ -292,47 +359,60 @@ BuiltPrograms Builder::build() {
       if (model_.rope_freqs)
         op->freq_factors =
             std::make_unique<fb::TensorRef>(norm_ref(model_.rope_freqs, hp.head_dim / 2));
-      if (t == arena_.k) op->n_heads = static_cast<uint16_t>(hp.n_head_kv);
-      const uint32_t cols = t == arena_.q ? qdim : kv_dim;
+      if (t == k) op->n_heads = static_cast<uint16_t>(hp.n_head_kv);
+      const uint32_t cols = t == q ? qdim : kv_dim;
       op->in0 = std::make_unique<fb::TensorRef>(arena_ref(t, nt, cols));
       op->out = std::make_unique<fb::TensorRef>(arena_ref(t, nt, cols));
-      simple(Device::gpu, std::move(op), {t, arena_.tokens}, {t});
+      simple(Device::gpu, std::move(op), {t, kTokens}, {t});
     }
     {
       auto op = new_op(fb::OpKind::KvWrite, l);
       fill_heads(*op);
-      op->in0 = std::make_unique<fb::TensorRef>(arena_ref(arena_.k, nt, kv_dim));
-      op->in1 = std::make_unique<fb::TensorRef>(arena_ref(arena_.v, nt, kv_dim));
-      simple(Device::gpu, std::move(op), {arena_.k, arena_.v, arena_.tokens, arena_.page_tables},
-             {kv_key});
+      op->in0 = std::make_unique<fb::TensorRef>(arena_ref(k, nt, kv_dim));
+      op->in1 = std::make_unique<fb::TensorRef>(arena_ref(v, nt, kv_dim));
+      simple(Device::gpu, std::move(op), {k, v, kTokens, kPageTables}, {kv_key});
     }
+    const uint64_t attn = value(kAttn, qdim);
     {
       auto op = new_op(fb::OpKind::Attention, l);
       fill_heads(*op);
-      op->in0 = std::make_unique<fb::TensorRef>(arena_ref(arena_.q, nt, qdim));
-      op->out = std::make_unique<fb::TensorRef>(arena_ref(arena_.attn, nt, qdim));
-      simple(Device::gpu, std::move(op), {arena_.q, kv_key, arena_.tokens, arena_.page_tables},
-             {arena_.attn});
+      op->in0 = std::make_unique<fb::TensorRef>(arena_ref(q, nt, qdim));
+      op->out = std::make_unique<fb::TensorRef>(arena_ref(attn, nt, qdim));
+      simple(Device::gpu, std::move(op), {q, kv_key, kTokens, kPageTables}, {attn});
     }
-    matmul(MatmulRole::o, l, L.wo, arena_.attn, qdim, arena_.tmp, nt);
-    add(l, arena_.x, arena_.tmp);
-    rmsnorm(l, L.ffn_norm, arena_.x, arena_.xn);
-    matmul(MatmulRole::gate, l, L.w_gate, arena_.xn, embd, arena_.gate, nt);
-    matmul(MatmulRole::up, l, L.w_up, arena_.xn, embd, arena_.up, nt);
+    const uint64_t attn_out = value(kTmp, embd);
+    matmul(MatmulRole::o, l, L.wo, attn, qdim, attn_out, nt);
+    add(l, x, attn_out);
+    const uint64_t xn2 = value(kXn, embd), gate = value(kGate, ff), up = value(kUp, ff);
+    rmsnorm(l, L.ffn_norm, x, xn2);
+    matmul(MatmulRole::gate, l, L.w_gate, xn2, embd, gate, nt);
+    matmul(MatmulRole::up, l, L.w_up, xn2, embd, up, nt);
     {
       auto op = new_op(fb::OpKind::SwiGlu, l);
       op->ffn_act = static_cast<uint8_t>(hp.ffn_act);
-      op->in0 = std::make_unique<fb::TensorRef>(arena_ref(arena_.gate, nt, ff));
-      op->in1 = std::make_unique<fb::TensorRef>(arena_ref(arena_.up, nt, ff));
-      op->out = std::make_unique<fb::TensorRef>(arena_ref(arena_.gate, nt, ff));
-      simple(Device::gpu, std::move(op), {arena_.gate, arena_.up}, {arena_.gate});
+      op->in0 = std::make_unique<fb::TensorRef>(arena_ref(gate, nt, ff));
+      op->in1 = std::make_unique<fb::TensorRef>(arena_ref(up, nt, ff));
+      op->out = std::make_unique<fb::TensorRef>(arena_ref(gate, nt, ff));
+      simple(Device::gpu, std::move(op), {gate, up}, {gate});
     }
-    matmul(MatmulRole::down, l, L.w_down, arena_.gate, ff, arena_.tmp, nt);
-    add(l, arena_.x, arena_.tmp);
+    const uint64_t ffn_out = value(kTmp, embd);
+    matmul(MatmulRole::down, l, L.w_down, gate, ff, ffn_out, nt);
+    add(l, x, ffn_out);
   }
-  rmsnorm(-1, model_.output_norm, arena_.x, arena_.xn);
-  matmul(MatmulRole::logits, -1, model_.output, arena_.xn, embd, arena_.logits,
-         spec_.max_logit_rows);
+  const uint64_t x_final = value(kXn, embd);
+  rmsnorm(-1, model_.output_norm, x, x_final);
+  matmul(MatmulRole::logits, -1, model_.output, x_final, embd, kLogits, spec_.max_logit_rows);
+
+  const SymValues largest{nt, spec_.max_seqs, out.max_pages_per_seq};
+  const SlotPlan slots = finish_ops(SymExpr{}, largest);
+  arena_.tokens = slots.offset[kTokens].eval(largest);
+  arena_.page_tables = slots.offset[kPageTables].eval(largest);
+  arena_.logits = slots.offset[kLogits].eval(largest);
+  arena_.slot_offset = slots.offset;
+  arena_.slot_size = slots.size;
+  arena_.end = slots.end;
+  arena_.bytes = slots.end.eval(largest);
+  arena_.tensors = static_cast<uint32_t>(tensor_bytes_.size());
 
   // Flags: one per op that another device waits on, plus each device's last op (step done).
   std::vector<int64_t> flag_of(ops_.size(), -1);
@@ -375,6 +455,14 @@ BuiltPrograms Builder::build() {
     prog.kv->n_pages = out.kv.n_pages;
     prog.kv->pages_offset = out.kv.pages_offset;
     prog.kv->dtype = static_cast<fb::DTypeCode>(spec_.kv_type);
+    prog.max_seqs = spec_.max_seqs;
+    prog.max_pages = out.max_pages_per_seq;
+    for (size_t k = 0; k < arena_.slot_offset.size(); ++k) {
+      const auto& off = arena_.slot_offset[k].coefs();
+      const auto& size = arena_.slot_size[k].coefs();
+      prog.slot_offsets.insert(prog.slot_offsets.end(), off.begin(), off.end());
+      prog.slot_sizes.insert(prog.slot_sizes.end(), size.begin(), size.end());
+    }
   }
   out.arena = arena_;
   return out;

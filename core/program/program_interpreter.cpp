@@ -31,8 +31,9 @@ uint64_t segment_size(const ProgramMemory& mem, fb::SegmentKind s) {
   return 0;
 }
 
-void check_ref(const fb::TensorRef* ref, const ProgramMemory& mem, const std::string& where,
-               const char* what, bool required) {
+// `largest`: the program's arena offsets at the symbols' largest values (the arena ends there).
+void check_ref(const fb::TensorRef* ref, const ProgramMemory& mem, const ArenaOffsets& largest,
+               const std::string& where, const char* what, bool required) {
   if (!ref) {
     if (required) throw Error(Errc::invalid_argument, where + ": missing " + what);
     return;
@@ -47,18 +48,70 @@ void check_ref(const fb::TensorRef* ref, const ProgramMemory& mem, const std::st
                 where + ": " + what + " cols not a multiple of the block size");
   const uint64_t bytes = uint64_t{ref->rows()} * dtype_row_bytes(dt, ref->cols());
   const uint64_t size = segment_size(mem, ref->segment());
-  if (ref->offset() > size || bytes > size - ref->offset())
-    throw Error(Errc::out_of_range, where + ": " + what + " [" + std::to_string(ref->offset()) +
-                                        ", +" + std::to_string(bytes) +
-                                        ") lies outside its segment of " + std::to_string(size) +
-                                        " bytes");
+  const uint64_t offset = largest(*ref);
+  if (offset > size || bytes > size - offset)
+    throw Error(Errc::out_of_range, where + ": " + what + " [" + std::to_string(offset) + ", +" +
+                                        std::to_string(bytes) + ") lies outside its segment of " +
+                                        std::to_string(size) + " bytes");
+}
+
+// The program's slot table (validate_program's part for programs with slots): slots in order,
+// each provably ending where the next may begin, the last within the arena at the symbols'
+// largest values; every Arena ref within its slot at every N.
+void check_slots(const fb::ProgramT& program, const ProgramMemory& mem) {
+  const size_t n = program.slot_offsets.size() / kMonomials;
+  if (program.slot_offsets.size() % kMonomials != 0 ||
+      program.slot_sizes.size() != program.slot_offsets.size() || n > ArenaOffsets::kMaxSlots)
+    throw Error(Errc::invalid_argument,
+                "program: a slot table of " + std::to_string(program.slot_offsets.size()) +
+                    " offset and " + std::to_string(program.slot_sizes.size()) +
+                    " size coefficients (8 each per slot, at most " +
+                    std::to_string(ArenaOffsets::kMaxSlots) + " slots)");
+  if (program.max_seqs == 0 || program.max_pages == 0)
+    throw Error(Errc::invalid_argument, "program: slots with max_seqs or max_pages 0");
+  auto expr = [&](const std::vector<uint64_t>& table, size_t k) {
+    return SymExpr::from_coefs(std::span(table).subspan(k * kMonomials, kMonomials));
+  };
+  const SymValues largest{program.max_tokens, program.max_seqs, program.max_pages};
+  for (size_t k = 0; k < n; ++k) {
+    const SymExpr offset = expr(program.slot_offsets, k),
+                  end = offset + expr(program.slot_sizes, k);
+    for (uint64_t c : offset.coefs())
+      if (c % 4 != 0)
+        throw Error(Errc::invalid_argument, "program: slot " + std::to_string(k) + " at " +
+                                                offset.str() + " is not 4-byte aligned");
+    if (k + 1 < n ? !provably_le(end, expr(program.slot_offsets, k + 1))
+                  : end.eval(largest) > mem.arena_bytes)
+      throw Error(Errc::out_of_range, "program: slot " + std::to_string(k) + " [" + offset.str() +
+                                          ", " + end.str() + ") may overlap the next slot or " +
+                                          "pass the arena of " + std::to_string(mem.arena_bytes) +
+                                          " bytes");
+  }
+  for (size_t i = 0; i < program.ops.size(); ++i)
+    for (const fb::TensorRef* r :
+         {program.ops[i]->in0.get(), program.ops[i]->in1.get(), program.ops[i]->out.get()}) {
+      if (!r || r->segment() != fb::SegmentKind::Arena) continue;
+      if (r->slot() >= n)
+        throw Error(Errc::out_of_range, op_name(*program.ops[i], i) + ": slot " +
+                                            std::to_string(r->slot()) + " of " + std::to_string(n));
+      const SymExpr size = expr(program.slot_sizes, r->slot());
+      const uint64_t row_bytes = uint64_t{r->cols()} * 4;
+      const bool fits = size.is_constant()
+                            ? r->offset() + uint64_t{r->rows()} * row_bytes <= size.coef(0)
+                            : r->offset() == 0 && row_bytes <= size.coef(1);  // 1: N's monomial
+      if (!fits)
+        throw Error(Errc::out_of_range, op_name(*program.ops[i], i) + ": a tensor of " +
+                                            std::to_string(r->rows()) + " x " +
+                                            std::to_string(r->cols()) +
+                                            " does not fit its slot of " + size.str() + " bytes");
+    }
 }
 
 template <typename T>
-T* at(const ProgramMemory& mem, const fb::TensorRef& ref) {
+T* at(const ProgramMemory& mem, const ArenaOffsets& arena, const fb::TensorRef& ref) {
   switch (ref.segment()) {
     case fb::SegmentKind::Arena:
-      return reinterpret_cast<T*>(mem.arena + ref.offset());
+      return reinterpret_cast<T*>(mem.arena + arena(ref));
     case fb::SegmentKind::Kv:
       return reinterpret_cast<T*>(mem.kv + ref.offset());
     case fb::SegmentKind::Weights:
@@ -69,8 +122,33 @@ T* at(const ProgramMemory& mem, const fb::TensorRef& ref) {
 
 ops::Matrix matrix(const ProgramMemory& mem, const fb::TensorRef& ref) {
   return ops::Matrix{static_cast<DType>(ref.dtype()), ref.rows(), ref.cols(),
-                     at<const uint8_t>(mem, ref)};
+                     at<const uint8_t>(mem, ArenaOffsets(), ref)};
 }
+
+}  // namespace
+
+void check_step_symbols(const fb::ProgramT& program, const StepArgs& step, const std::string& who) {
+  if (program.slot_offsets.empty()) return;
+  if (step.n_seqs > program.max_seqs || step.page_table_cols > program.max_pages)
+    throw Error(Errc::out_of_range, who + ": a step of " + std::to_string(step.n_seqs) +
+                                        " sequences and " + std::to_string(step.page_table_cols) +
+                                        " page-table columns passes the " + "program's " +
+                                        std::to_string(program.max_seqs) + " and " +
+                                        std::to_string(program.max_pages));
+}
+
+void ArenaOffsets::evaluate(const fb::ProgramT& program, const SymValues& v) {
+  n_slots_ = std::min(program.slot_offsets.size() / kMonomials, kMaxSlots);
+  const std::array<uint64_t, kMonomials> m = monomial_values(v);
+  const uint64_t* c = program.slot_offsets.data();
+  for (size_t k = 0; k < n_slots_; ++k, c += kMonomials) {
+    uint64_t offset = 0;
+    for (int j = 0; j < kMonomials; ++j) offset += c[j] * m[j];
+    slot_[k] = offset;
+  }
+}
+
+namespace {
 
 struct TokenRow {
   int32_t token, pos, seq, logits_row;
@@ -114,6 +192,8 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
     throw Error(Errc::out_of_range, "program: " + std::to_string(kv.n_pages) +
                                         " KV pages do not fit the KV segment of " +
                                         std::to_string(mem.kv_bytes) + " bytes");
+  if (!program.slot_offsets.empty() || !program.slot_sizes.empty()) check_slots(program, mem);
+  const ArenaOffsets largest(program, {program.max_tokens, program.max_seqs, program.max_pages});
   for (size_t i = 0; i < program.ops.size(); ++i) {
     const fb::OpT& op = *program.ops[i];
     const std::string where = op_name(op, i);
@@ -127,10 +207,10 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
     const bool has_in1 = op.kind == fb::OpKind::KvWrite || op.kind == fb::OpKind::SwiGlu ||
                          op.kind == fb::OpKind::Add;
     const bool has_out = op.kind != fb::OpKind::KvWrite;
-    check_ref(op.in0.get(), mem, where, "in0", has_in0);
-    check_ref(op.in1.get(), mem, where, "in1", has_in1);
-    check_ref(op.weight.get(), mem, where, "weight", has_weight);
-    check_ref(op.out.get(), mem, where, "out", has_out);
+    check_ref(op.in0.get(), mem, largest, where, "in0", has_in0);
+    check_ref(op.in1.get(), mem, largest, where, "in1", has_in1);
+    check_ref(op.weight.get(), mem, largest, where, "weight", has_weight);
+    check_ref(op.out.get(), mem, largest, where, "out", has_out);
     for (const fb::TensorRef* r : {op.in0.get(), op.in1.get(), op.out.get()}) {
       if (r && r->segment() != fb::SegmentKind::Arena)
         throw Error(Errc::invalid_argument, where + ": activations must live in the arena");
@@ -181,7 +261,8 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
           b.cols() != op.in0->cols())
         throw Error(Errc::invalid_argument,
                     where + ": bias must be one F32 row as wide as its input");
-      if (op.out->offset() != op.in0->offset() || op.out->cols() != op.in0->cols())
+      if (op.out->offset() != op.in0->offset() || op.out->slot() != op.in0->slot() ||
+          op.out->cols() != op.in0->cols())
         throw Error(Errc::invalid_argument, where + ": a bias is added in place (out = in0)");
     }
     if (op.kind == fb::OpKind::Rope) {
@@ -195,7 +276,7 @@ void validate_program(const fb::ProgramT& program, const ProgramMemory& mem) {
                                                 ": rope freq_base and freq_scale must be "
                                                 "positive and finite");
       if (op.freq_factors) {
-        check_ref(op.freq_factors.get(), mem, where, "freq_factors", true);
+        check_ref(op.freq_factors.get(), mem, largest, where, "freq_factors", true);
         const fb::TensorRef& f = *op.freq_factors;
         if (f.segment() != fb::SegmentKind::Weights ||
             static_cast<DType>(f.dtype()) != DType::F32 || f.rows() != 1 ||
@@ -256,6 +337,8 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
     throw Error(Errc::out_of_range, "step: n_tokens " + std::to_string(step.n_tokens) +
                                         " outside [1, " + std::to_string(program.max_tokens) + "]");
   const fb::KvLayoutT& kv = *program.kv;
+  check_step_symbols(program, step, "step");
+  const ArenaOffsets arena(program, step_symbols(step));  // the step's slots, once
   const auto* rows = reinterpret_cast<const TokenRow*>(mem.arena + step.tokens_offset);
   const auto* page_tables = reinterpret_cast<const int32_t*>(mem.arena + step.page_tables_offset);
   const int n = static_cast<int>(step.n_tokens);
@@ -306,13 +389,13 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
     }
     switch (op.kind) {
       case fb::OpKind::Embed:
-        ops::embed(matrix(mem, *op.weight), token_ids.data(), n, at<float>(mem, *op.out));
+        ops::embed(matrix(mem, *op.weight), token_ids.data(), n, at<float>(mem, arena, *op.out));
         if (op.scale != 1.0f)
-          ops::scale(at<float>(mem, *op.out), op.scale, int64_t{n} * op.out->cols());
+          ops::scale(at<float>(mem, arena, *op.out), op.scale, int64_t{n} * op.out->cols());
         break;
       case fb::OpKind::RmsNorm:
-        ops::rmsnorm(at<float>(mem, *op.in0), at<float>(mem, *op.weight), n,
-                     static_cast<int>(op.in0->cols()), op.eps, at<float>(mem, *op.out));
+        ops::rmsnorm(at<float>(mem, arena, *op.in0), at<float>(mem, arena, *op.weight), n,
+                     static_cast<int>(op.in0->cols()), op.eps, at<float>(mem, arena, *op.out));
         break;
       case fb::OpKind::MatMul: {
         const ops::Matrix w = matrix(mem, *op.weight);
@@ -320,8 +403,8 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
         const int t1 = static_cast<int>(op.seq_end ? std::min<uint32_t>(op.seq_end, step.n_tokens)
                                                    : step.n_tokens);
         if (t1 > t0)
-          ops::matmul(w, at<float>(mem, *op.in0) + size_t(t0) * w.cols, t1 - t0,
-                      at<float>(mem, *op.out) + size_t(t0) * w.rows, op.row_begin,
+          ops::matmul(w, at<float>(mem, arena, *op.in0) + size_t(t0) * w.cols, t1 - t0,
+                      at<float>(mem, arena, *op.out) + size_t(t0) * w.rows, op.row_begin,
                       op.row_end ? op.row_end : w.rows);
         break;
       }
@@ -334,17 +417,18 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
           if (rows[t].logits_row < 0) continue;
           if (static_cast<uint32_t>(rows[t].logits_row) >= op.out->rows())
             throw Error(Errc::out_of_range, "step: logits_row past the logits tensor");
-          ops::matmul(w, at<float>(mem, *op.in0) + size_t(t) * w.cols, 1,
-                      at<float>(mem, *op.out) + size_t(rows[t].logits_row) * w.rows, op.row_begin,
-                      op.row_end ? op.row_end : w.rows);
+          ops::matmul(w, at<float>(mem, arena, *op.in0) + size_t(t) * w.cols, 1,
+                      at<float>(mem, arena, *op.out) + size_t(rows[t].logits_row) * w.rows,
+                      op.row_begin, op.row_end ? op.row_end : w.rows);
         }
         break;
       }
       case fb::OpKind::Rope: {
         ops::RopeParams rope{op.freq_base, op.freq_scale, nullptr,
                              static_cast<ops::RopeMode>(op.rope_mode)};
-        if (op.freq_factors) rope.freq_factors = at<float>(mem, *op.freq_factors);
-        ops::rope(at<float>(mem, *op.in0), n, op.n_heads, op.head_dim, positions.data(), rope);
+        if (op.freq_factors) rope.freq_factors = at<float>(mem, arena, *op.freq_factors);
+        ops::rope(at<float>(mem, arena, *op.in0), n, op.n_heads, op.head_dim, positions.data(),
+                  rope);
         break;
       }
       case fb::OpKind::AddBias: {
@@ -352,13 +436,14 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
         const uint32_t t1 =
             op.seq_end ? std::min<uint32_t>(op.seq_end, step.n_tokens) : step.n_tokens;
         if (t1 > t0)
-          ops::add_bias(at<float>(mem, *op.in0) + size_t(t0) * op.in0->cols(),
-                        at<float>(mem, *op.weight), static_cast<int>(t1 - t0), op.in0->cols());
+          ops::add_bias(at<float>(mem, arena, *op.in0) + size_t(t0) * op.in0->cols(),
+                        at<float>(mem, arena, *op.weight), static_cast<int>(t1 - t0),
+                        op.in0->cols());
         break;
       }
       case fb::OpKind::KvWrite: {
-        const float* k = at<float>(mem, *op.in0);
-        const float* v = at<float>(mem, *op.in1);
+        const float* k = at<float>(mem, arena, *op.in0);
+        const float* v = at<float>(mem, arena, *op.in1);
         for (int t = 0; t < n; ++t) {
           store_row(kv_row(op.layer, 0, rows[t].seq, rows[t].pos), k + size_t(t) * kv.kv_dim);
           store_row(kv_row(op.layer, 1, rows[t].seq, rows[t].pos), v + size_t(t) * kv.kv_dim);
@@ -384,24 +469,25 @@ StepProgress interpret_program(const fb::ProgramT& program, const ProgramMemory&
                 kv_type,
                 [&](int64_t p) { return kv_row(op.layer, which, seq, static_cast<int>(p)); }, len,
                 kv.kv_dim, (which == 0 ? k_scratch : v_scratch).data());
-          ops::attention(at<float>(mem, *op.in0) + size_t(t0) * width, k_scratch.data(),
+          ops::attention(at<float>(mem, arena, *op.in0) + size_t(t0) * width, k_scratch.data(),
                          v_scratch.data(), t1 - t0, positions.data() + t0, op.n_heads,
-                         op.n_kv_heads, op.head_dim, at<float>(mem, *op.out) + size_t(t0) * width);
+                         op.n_kv_heads, op.head_dim,
+                         at<float>(mem, arena, *op.out) + size_t(t0) * width);
           t0 = t1;
         }
         break;
       }
       case fb::OpKind::SwiGlu:
-        ops::gated_ffn(static_cast<ops::FfnAct>(op.ffn_act), at<float>(mem, *op.in0),
-                       at<float>(mem, *op.in1), int64_t{n} * op.in0->cols(),
-                       at<float>(mem, *op.out));
+        ops::gated_ffn(static_cast<ops::FfnAct>(op.ffn_act), at<float>(mem, arena, *op.in0),
+                       at<float>(mem, arena, *op.in1), int64_t{n} * op.in0->cols(),
+                       at<float>(mem, arena, *op.out));
         break;
       case fb::OpKind::Add: {
-        float* out = at<float>(mem, *op.out);
-        const float* a = at<float>(mem, *op.in0);
+        float* out = at<float>(mem, arena, *op.out);
+        const float* a = at<float>(mem, arena, *op.in0);
         const int64_t count = int64_t{n} * op.out->cols();
         if (out != a) std::memcpy(out, a, size_t(count) * 4);
-        ops::add(out, at<float>(mem, *op.in1), count);
+        ops::add(out, at<float>(mem, arena, *op.in1), count);
         break;
       }
     }

@@ -92,45 +92,14 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
   try {
     attach_kv(n_pages, page_bytes);
 
+    build_programs_and_buckets(max_ctx, n_pages);
     uint64_t arena_bytes = 0;
     uint32_t n_flags = 0;
-    for (uint32_t b : options_.buckets) {
-      ProgramSpec spec;
-      spec.model = model_.get();
-      spec.plan = options_.plan_for ? options_.plan_for(b) : Plan::fixed(options_.plan_name);
-      if (options_.layer_plans_for) spec.layer_plans = options_.layer_plans_for(b);
-      spec.max_tokens = b;
-      spec.max_seqs = options_.max_seqs;
-      spec.max_logit_rows = options_.max_seqs;
-      spec.max_ctx = max_ctx;
-      spec.kv_pages = n_pages;
-      spec.page_tokens = options_.page_tokens;
-      spec.kv_type = options_.kv_type;
-      spec.kv_pages_offset = kv_->pages->page_offset(0);
-      spec.name = options_.plan_name + "/" + std::to_string(b);
-      spec.arena_segment = arena_name(options_.stack_id, options_.segment_tag);
-      spec.kv_segment = kv_->name;
-      spec.flags_segment = flags_name(options_.stack_id, options_.segment_tag);
-      Bucket bucket{b, spec.plan, build_programs(spec), spec.plan, {}};
-      if (soc_) {
-        // The SoC's plan, when it is not the one executed, is built only to be modelled: its
-        // programs are never registered with a device.
-        if (options_.soc_plan_for) {
-          ProgramSpec soc_spec = spec;
-          soc_spec.plan = bucket.soc_plan = options_.soc_plan_for(b);
-          bucket.soc_schedule =
-              schedule_from_programs(build_programs(soc_spec), bucket.soc_plan.npu_mode);
-        } else {
-          bucket.soc_schedule = schedule_from_programs(bucket.programs, spec.plan.npu_mode);
-        }
-      }
-      arena_bytes = std::max(arena_bytes, bucket.programs.arena.bytes);
-      n_flags = std::max(n_flags, bucket.programs.n_flags);
-      if (!bucket.programs.npu.ops.empty() && !npu_)
-        throw Error(Errc::invalid_argument,
-                    "plan '" + spec.plan.name + "' uses the NPU but there is none");
-      buckets_.push_back(std::move(bucket));
+    for (const BuiltPrograms& p : programs_) {
+      arena_bytes = std::max(arena_bytes, p.arena.bytes);
+      n_flags = std::max(n_flags, p.n_flags);
     }
+    registration_.arena_bytes = arena_bytes;
     arena_seg_ =
         shm::Segment::create(arena_name(options_.stack_id, options_.segment_tag), arena_bytes);
     // One flag past the programs' own: the preempt word (see request_preempt).
@@ -151,16 +120,22 @@ ProgramEngine::ProgramEngine(ProgramEngineOptions options, std::unique_ptr<Llama
       const shm::DoorbellRef ref{doorbell_flag + 2 * slot, doorbell_flag + 2 * slot + 1,
                                  region_offset, slot, doorbells.instance()};
       link->attach_doorbell(shm::DoorbellBell(flags_, doorbells, ref));
-      for (Bucket& b : buckets_) {
-        fb::ProgramT& mine = slot == 0 ? b.programs.gpu : b.programs.npu;
+      for (BuiltPrograms& b : programs_) {
+        fb::ProgramT& mine = slot == 0 ? b.gpu : b.npu;
         mine.doorbell = std::make_unique<fb::DoorbellRef>(
             ref.ring_flag, ref.report_flag, ref.region_offset, ref.slot, ref.instance,
-            doorbell_hold_flag(mine, slot == 0 ? b.programs.npu : b.programs.gpu));
+            doorbell_hold_flag(mine, slot == 0 ? b.npu : b.gpu));
       }
     }
 
+    const auto register_start = Clock::now();
     reregister(*gpu_);
     if (npu_) reregister(*npu_);
+    registration_.register_ms = us_since(register_start) / 1000.0;
+    for (const BuiltPrograms& p : programs_) {
+      registration_.programs += p.gpu.ops.empty() ? 0 : 1;
+      registration_.registered += (p.gpu.ops.empty() ? 0 : 1) + (p.npu.ops.empty() ? 0 : 1);
+    }
   } catch (...) {
     // (The KV pool, if this engine made it, goes with kv_: its last holder removes it.)
     for (shm::Segment* seg : {&arena_seg_, &flags_seg_}) {
@@ -186,8 +161,8 @@ ProgramEngine::~ProgramEngine() {
 
 void ProgramEngine::reregister(DeviceLink& device) {
   const bool is_gpu = &device == gpu_.get();
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    const fb::ProgramT& p = is_gpu ? buckets_[i].programs.gpu : buckets_[i].programs.npu;
+  for (size_t i = 0; i < programs_.size(); ++i) {
+    const fb::ProgramT& p = is_gpu ? programs_[i].gpu : programs_[i].npu;
     if (!p.ops.empty()) device.register_program(program_id(i, is_gpu), p);
   }
 }
@@ -272,8 +247,8 @@ void ProgramEngine::request_preempt() {
 }
 
 size_t ProgramEngine::step_ops(uint32_t n_tokens) const {
-  const Bucket& b = bucket_for(n_tokens);
-  return b.programs.gpu.ops.size() + b.programs.npu.ops.size();
+  const BuiltPrograms& b = programs_[bucket_for(n_tokens).program];
+  return b.gpu.ops.size() + b.npu.ops.size();
 }
 
 ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch) {
@@ -308,7 +283,7 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
   }
   const Bucket& bucket = bucket_for(n_tokens);
   const size_t bucket_index = static_cast<size_t>(&bucket - buckets_.data());
-  const BuiltPrograms& built = bucket.programs;
+  const BuiltPrograms& built = programs_[bucket.program];
   const int32_t n_vocab = model_->hp().n_vocab;
   for (const SeqStep& s : batch) {
     if (s.tokens.size() > 0)
@@ -319,6 +294,14 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
     ensure_pages(s.seq_id, s.pos0 + static_cast<int>(s.tokens.size()));
   }
 
+  // The step's symbol P: page-table columns for its longest sequence (a row of the tables is
+  // written for every page up to it, and no further: the attention reads no further).
+  uint32_t page_cols = 1;
+  for (const SeqStep& s : batch)
+    page_cols = std::max<uint32_t>(
+        page_cols, (static_cast<uint32_t>(s.pos0) + static_cast<uint32_t>(s.tokens.size()) +
+                    options_.page_tokens - 1) /
+                       options_.page_tokens);
   // The step's token table and page tables, in the arena.
   auto* rows = reinterpret_cast<TokenRow*>(arena_seg_.data() + built.arena.tokens);
   auto* tables = reinterpret_cast<int32_t*>(arena_seg_.data() + built.arena.page_tables);
@@ -347,8 +330,8 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
                         (p < pages.size() ? std::to_string(pages[p]) : std::string("(none)")) +
                         ", which it does not own alone (shared or published)");
     kv_->record_tokens(s.seq_id, s.pos0, s.tokens);
-    int32_t* row = tables + i * built.max_pages_per_seq;
-    for (uint32_t p = 0; p < built.max_pages_per_seq; ++p)
+    int32_t* row = tables + i * page_cols;
+    for (uint32_t p = 0; p < page_cols; ++p)
       row[p] = p < pages.size() ? static_cast<int32_t>(pages[p]) : -1;
   }
 
@@ -357,7 +340,7 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
   args.n_seqs = static_cast<uint32_t>(batch.size());
   args.tokens_offset = built.arena.tokens;
   args.page_tables_offset = built.arena.page_tables;
-  args.page_table_cols = built.max_pages_per_seq;
+  args.page_table_cols = page_cols;
   return Prepared{bucket_index, args, n_logits, context};
 }
 
@@ -365,7 +348,7 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
                                                          bool resuming, StepStats* stats) {
   const auto t0 = Clock::now();
   const size_t bucket_index = work.bucket_index;
-  const BuiltPrograms& built = buckets_[bucket_index].programs;
+  const BuiltPrograms& built = programs_of(bucket_index);
   StepArgs args = work.args;
   const uint32_t n_tokens = work.n_tokens;
   const int32_t n_logits = work.n_logits;
@@ -414,8 +397,8 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
     StepDetail& d = stats->detail;
     d.engine = instance_;
     d.seq = args.seq;
-    d.gpu_program = program_id(bucket_index, true);
-    d.npu_program = program_id(bucket_index, false);
+    d.gpu_program = program_id(buckets_[bucket_index].program, true);
+    d.npu_program = program_id(buckets_[bucket_index].program, false);
     d.on_gpu = attempt.on_gpu;
     d.on_npu = attempt.on_npu;
     d.bucket_tokens = buckets_[bucket_index].max_tokens;
@@ -467,7 +450,8 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
 ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepArgs args,
                                                      uint32_t gpu_first, uint32_t npu_first,
                                                      bool preemptible) {
-  const BuiltPrograms& built = buckets_[bucket_index].programs;
+  const BuiltPrograms& built = programs_of(bucket_index);
+  const size_t program = buckets_[bucket_index].program;
   const auto deadline = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
   const uint32_t gpu_ops = static_cast<uint32_t>(built.gpu.ops.size());
   const uint32_t npu_ops = static_cast<uint32_t>(built.npu.ops.size());
@@ -492,11 +476,11 @@ ProgramEngine::Attempt ProgramEngine::run_on_devices(size_t bucket_index, StepAr
   const auto start_at = Clock::now();
   if (on_gpu) {
     args.first_op = gpu_first;
-    gpu_->start_step(program_id(bucket_index, true), args);
+    gpu_->start_step(program_id(program, true), args);
   }
   if (on_npu) {
     args.first_op = npu_first;
-    npu_->start_step(program_id(bucket_index, false), args);
+    npu_->start_step(program_id(program, false), args);
   }
   phases_.start_us += us_since(start_at);
   Attempt a;
@@ -612,14 +596,30 @@ nlohmann::json ProgramEngine::status() const {
     buckets.push_back({{"max_tokens", b.max_tokens},
                        {"plan", b.plan.name},
                        {"soc_plan", b.soc_plan.name},
-                       {"gpu_ops", b.programs.gpu.ops.size()},
-                       {"npu_ops", b.programs.npu.ops.size()}});
+                       {"program", b.program},
+                       {"gpu_ops", programs_[b.program].gpu.ops.size()},
+                       {"npu_ops", programs_[b.program].npu.ops.size()}});
+  nlohmann::json programs = nlohmann::json::array();
+  for (const BuiltPrograms& p : programs_)
+    programs.push_back({{"max_tokens", p.gpu.max_tokens},
+                        {"arena_slots", p.arena.slot_offset.size()},
+                        {"arena_tensors", p.arena.tensors},
+                        {"arena_bytes", p.arena.bytes},
+                        {"arena_end", p.arena.end.str()}});
   std::lock_guard lock(kv_->mu);
   const shm::KvPages::Counts counts = kv_->pages->counts();
   return {{"engine", "programs"},
           {"plan", options_.plan_name},
           {"soc", soc_ ? nlohmann::json(soc_->name) : nlohmann::json(nullptr)},
           {"buckets", buckets},
+          {"programs", programs},
+          {"programs_mode", options_.per_bucket_programs ? "per-bucket" : "symbolic"},
+          {"registration",
+           {{"programs", registration_.programs},
+            {"register_calls", registration_.registered},
+            {"build_ms", registration_.build_ms},
+            {"register_ms", registration_.register_ms},
+            {"arena_bytes", registration_.arena_bytes}}},
           {"kv_segment", kv_->name},
           {"kv_shared", options_.kv_share != nullptr},
           {"kv_pages_total", kv_->pages->n_pages()},

@@ -9,8 +9,10 @@
 // device's done flag with the shm waiter (predicted sleep, spin, futex). KV rows are written in
 // place by the KvWrite op: no KV byte is ever copied.
 //
-// Programs are built per token bucket (max tokens of a step): a bucket's plan comes from
-// plan_for(bucket), so the solver can choose per phase and length.
+// Programs are symbolic (core/program/symbolic.h): one program per model and plan serves every
+// token count up to the largest bucket, its arena offsets evaluated per step. Buckets remain the
+// ranges the plan is chosen for: a bucket's plan comes from plan_for(bucket), so the solver can
+// choose per phase and length, and buckets whose plans are equal share one program.
 #include <atomic>
 #include <functional>
 #include <map>
@@ -82,10 +84,13 @@ struct ProgramEngineOptions {
   // report what the solver's plan does on the phone (issue 23 item 5).
   std::string soc = "sd8gen3";
   std::function<Plan(uint32_t bucket_tokens)> soc_plan_for;
-  std::vector<uint32_t> buckets = {16, 64, 256};  // program sets by max tokens per step
-  uint32_t max_seqs = 16;                         // sequences per step
-  uint32_t max_ctx = 0;   // positions per sequence (0 = the model's context)
-  uint32_t kv_pages = 0;  // 0 = enough for max_seqs full sequences
+  std::vector<uint32_t> buckets = {16, 64, 256};  // plan ranges by max tokens per step
+  // One program per bucket, each sized for its bucket (the layout before symbolic programs, for
+  // comparisons: DUET_PROGRAMS=per-bucket); off: one program per distinct plan.
+  bool per_bucket_programs = false;
+  uint32_t max_seqs = 16;  // sequences per step
+  uint32_t max_ctx = 0;    // positions per sequence (0 = the model's context)
+  uint32_t kv_pages = 0;   // 0 = enough for max_seqs full sequences
   uint32_t page_tokens = 16;
   // KV values: F16 (the stack's default, as llama.cpp's cache; issue 20) or F32.
   DType kv_type = DType::F16;
@@ -94,7 +99,7 @@ struct ProgramEngineOptions {
   // Several engines (plans) of one stack side by side: each needs its own segment names and
   // program ids on the services.
   std::string segment_tag;  // appended to the segment names ("arena.<tag>"); letters, digits, _
-  uint32_t program_id_base = 0;  // program ids are program_id_base + bucket * 2 + device
+  uint32_t program_id_base = 0;  // program ids are program_id_base + program * 2 + device
   // Prefix sharing of KV pages (kv_share.h): sequences borrow the published blocks their prompt
   // starts with. Off: every sequence computes its whole prompt (an engine sharing a pool with
   // another turns it off for both).
@@ -158,6 +163,16 @@ class ProgramEngine : public Engine {
   // Ops a step of n_tokens runs on both devices together (for the no-recompute check).
   size_t step_ops(uint32_t n_tokens) const;
 
+  // What registering cost (status "programs"): programs, the time from the first build to the
+  // last registration reply, the arena.
+  struct RegistrationStats {
+    size_t programs = 0;     // programs registered per device that has ops (gpu's count)
+    size_t registered = 0;   // RegisterProgram calls, both devices
+    double build_ms = 0;     // building them (the SoC's modelled schedules included)
+    double register_ms = 0;  // the devices' registration round trips
+    uint64_t arena_bytes = 0;
+  };
+  RegistrationStats registration() const { return registration_; }
   // Re-sends every program to a device that restarted (it re-maps the segments on register).
   void reregister(DeviceLink& device);
   // What the services need to map the data plane.
@@ -175,7 +190,7 @@ class ProgramEngine : public Engine {
   struct Bucket {
     uint32_t max_tokens;
     Plan plan;
-    BuiltPrograms programs;
+    size_t program = 0;     // programs_[program] runs its steps
     Plan soc_plan;          // what the SoC is modelled running (= plan unless soc_plan_for)
     Schedule soc_schedule;  // its ops, for the modelled timeline
   };
@@ -214,9 +229,14 @@ class ProgramEngine : public Engine {
   std::optional<std::vector<float>> execute(Parked work, bool preemptible, bool resuming,
                                             StepStats* stats);
   const Bucket& bucket_for(uint32_t n_tokens) const;
-  uint32_t program_id(size_t bucket, bool gpu) const {
-    return options_.program_id_base + static_cast<uint32_t>(bucket * 2 + (gpu ? 0 : 1));
+  const BuiltPrograms& programs_of(size_t bucket_index) const {
+    return programs_[buckets_[bucket_index].program];
   }
+  uint32_t program_id(size_t program, bool gpu) const {
+    return options_.program_id_base + static_cast<uint32_t>(program * 2 + (gpu ? 0 : 1));
+  }
+  // Builds the programs (one per distinct plan, or per bucket) and the buckets (constructor).
+  void build_programs_and_buckets(uint32_t max_ctx, uint32_t n_pages);
   Attempt run_on_devices(size_t bucket_index, StepArgs args, uint32_t gpu_first = 0,
                          uint32_t npu_first = 0, bool preemptible = false);
   void check_not_parked(const char* what) const;
@@ -235,6 +255,8 @@ class ProgramEngine : public Engine {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<DeviceLink> gpu_, npu_;
   std::vector<Bucket> buckets_;
+  std::vector<BuiltPrograms> programs_;
+  RegistrationStats registration_;
   shm::Segment arena_seg_, flags_seg_;
   // KV pages and the sequence table: this engine's own, or shared (options_.kv_share).
   std::shared_ptr<KvPool> kv_;
@@ -289,6 +311,14 @@ using ControlHandler = std::function<msg::Bytes(const fb::Message&)>;
 std::unique_ptr<DeviceLink> make_local_service_link(std::string name,
                                                     ControlHandler register_program,
                                                     ControlHandler run_step);
+// The same over a service object with register_program and run_step handlers (gpu::GpuService,
+// npu::NpuService), which must outlive the link.
+template <typename Service>
+std::unique_ptr<DeviceLink> make_local_service_link(std::string name, Service& service) {
+  return make_local_service_link(
+      std::move(name), [&service](const fb::Message& m) { return service.register_program(m); },
+      [&service](const fb::Message& m) { return service.run_step(m); });
+}
 
 // The control messages both kinds of link send and read.
 msg::Bytes build_register_program(uint64_t request_id, uint32_t program_id,

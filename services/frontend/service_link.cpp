@@ -37,9 +37,9 @@ msg::Bytes build_register_program(uint64_t request_id, uint32_t program_id,
 msg::Bytes build_run_step(uint32_t program_id, const StepArgs& step) {
   flatbuffers::FlatBufferBuilder fbb(256);
   const fb::TensorRef tokens(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.tokens_offset,
-                             step.n_tokens, 4);
+                             step.n_tokens, 4, 0);
   const fb::TensorRef tables(fb::SegmentKind::Arena, fb::DTypeCode::F32, step.page_tables_offset,
-                             step.n_seqs, step.page_table_cols);
+                             step.n_seqs, step.page_table_cols, 0);
   auto body = fb::CreateRunStep(fbb, program_id, step.seq, step.n_tokens, step.n_seqs, &tokens,
                                 &tables, kDeviceStepDeadlineMs, step.first_op, step.preempt_flag,
                                 step.preempt_token, step.epoch);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
 #include "core/ipc/messaging.h"
 #include "core/ipc/run_dir.h"
 #include "core/model/model.h"
@@ -358,6 +359,7 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   o.max_seqs = static_cast<uint32_t>(std::max(1, c.max_seqs));
   o.max_ctx = static_cast<uint32_t>(c.max_ctx);
   o.segment_tag = tag_of(plan, instance);
+  o.per_bucket_programs = setting_text("DUET_PROGRAMS") == "per-bucket";
   const uint32_t ctx =
       c.max_ctx > 0 ? static_cast<uint32_t>(c.max_ctx) : static_cast<uint32_t>(model->hp().n_ctx);
   const int n_layer = model->hp().n_layer;

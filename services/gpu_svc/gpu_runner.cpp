@@ -213,8 +213,8 @@ void GpuRunner::unregister_program(uint32_t id) {
   programs_.erase(id);
 }
 
-MatmulArgs GpuRunner::matmul_args(const Program& p, const fb::OpT& op, uint32_t n,
-                                  uint64_t tok_off) {
+MatmulArgs GpuRunner::matmul_args(const Program& p, const ArenaOffsets& at, const fb::OpT& op,
+                                  uint32_t n, uint64_t tok_off) {
   const uint32_t t0 = std::min(op.seq_begin, n);
   const uint32_t t1 = op.seq_end ? std::min(op.seq_end, n) : n;
   MatmulArgs a;
@@ -222,9 +222,9 @@ MatmulArgs GpuRunner::matmul_args(const Program& p, const fb::OpT& op, uint32_t 
   a.w = p.weights;
   a.w_off = op.weight->offset();
   a.k = op.weight->cols();
-  a.x_off = op.in0->offset();
+  a.x_off = at(*op.in0);
   a.x_stride = op.in0->cols();
-  a.y_off = op.out->offset();
+  a.y_off = at(*op.out);
   a.y_stride = op.out->cols();
   a.row_begin = op.row_begin;
   a.row_end = op.row_end ? op.row_end : op.weight->rows();
@@ -237,9 +237,9 @@ MatmulArgs GpuRunner::matmul_args(const Program& p, const fb::OpT& op, uint32_t 
   return a;
 }
 
-cl_event GpuRunner::read_back_output(const Program& p, const fb::OpT& op, const void* token_rows,
-                                     const int32_t* page_tables, const StepArgs& step, uint32_t t0,
-                                     uint32_t t1) {
+cl_event GpuRunner::read_back_output(const Program& p, const ArenaOffsets& at, const fb::OpT& op,
+                                     const void* token_rows, const int32_t* page_tables,
+                                     const StepArgs& step, uint32_t t0, uint32_t t1) {
   const uint32_t n = step.n_tokens;
   cl_command_queue q = dev_.queue();
   const auto* rows = static_cast<const TokenRow*>(token_rows);
@@ -255,12 +255,12 @@ cl_event GpuRunner::read_back_output(const Program& p, const fb::OpT& op, const 
     if (b <= a || r1 <= r0) return;
     if (e) clReleaseEvent(e);
     e = nullptr;
-    const size_t buffer_origin[3] = {t.offset() + size_t{r0} * 4, a, 0};
+    const size_t buffer_origin[3] = {at(t) + size_t{r0} * 4, a, 0};
     const size_t host_origin[3] = {size_t{r0} * 4, a, 0};
     const size_t region[3] = {size_t{r1 - r0} * 4, b - a, 1};
     const size_t pitch = size_t{t.cols()} * 4;
     check_cl(clEnqueueReadBufferRect(q, p.arena, CL_FALSE, buffer_origin, host_origin, region,
-                                     pitch, 0, pitch, 0, p.mem.arena + t.offset(), 0, nullptr, &e),
+                                     pitch, 0, pitch, 0, p.mem.arena + at(t), 0, nullptr, &e),
              "clEnqueueReadBufferRect");
   };
   const fb::KvLayoutT& kvl = *p.prog.kv;
@@ -290,13 +290,13 @@ cl_event GpuRunner::read_back_output(const Program& p, const fb::OpT& op, const 
       }
       break;
     case fb::OpKind::Rope:
-      read(p.arena, p.mem.arena, op.in0->offset(), uint64_t{n} * op.in0->cols() * 4);
+      read(p.arena, p.mem.arena, at(*op.in0), uint64_t{n} * op.in0->cols() * 4);
       break;
     case fb::OpKind::AddBias:
       read_rect(*op.in0, t0, t1, 0, op.in0->cols());
       break;
     default:
-      read(p.arena, p.mem.arena, op.out->offset(), uint64_t{n} * op.out->cols() * 4);
+      read(p.arena, p.mem.arena, at(*op.out), uint64_t{n} * op.out->cols() * 4);
       break;
   }
   return e;
@@ -380,6 +380,8 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
                                       " past the logits tensor");
   }
 
+  check_step_symbols(prog, step, "gpu_svc step");
+  const ArenaOffsets at(prog, step_symbols(step));  // the step's slot offsets, evaluated once
   if (p.uses_flags && !flags)
     bad(Errc::invalid_argument, "the program uses completion flags but none were given");
   if (step.first_op > prog.ops.size())
@@ -474,10 +476,10 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
           clReleaseEvent(drained);
           for (const fb::TensorRef* r : {op.in0.get(), op.in1.get()})
             if (r)
-              check_cl(clEnqueueWriteBuffer(q, p.arena, CL_FALSE, r->offset(),
-                                            uint64_t{r->rows()} * r->cols() * 4,
-                                            p.mem.arena + r->offset(), 0, nullptr, nullptr),
-                       "clEnqueueWriteBuffer(input)");
+              check_cl(
+                  clEnqueueWriteBuffer(q, p.arena, CL_FALSE, at(*r), uint64_t{n} * r->cols() * 4,
+                                       p.mem.arena + at(*r), 0, nullptr, nullptr),
+                  "clEnqueueWriteBuffer(input)");
           if (p.mem.kv && (op.kind == fb::OpKind::Attention))
             for (const KvPiece& piece : p.kv.pieces)
               check_cl(clEnqueueWriteBuffer(q, piece.mem, CL_FALSE, 0, piece.bytes,
@@ -499,8 +501,8 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
         const FusedGroup g = p.fusion[i];
         const bool feeds = g.kind != Fusion::rope_pair;
         std::optional<MatmulArgs> next;
-        if (feeds) next = matmul_args(p, *prog.ops[i + g.ops], n, tok);
-        last = launch_fused(kernels_, prog, i, g, p.arena, p.weights, tok, all,
+        if (feeds) next = matmul_args(p, at, *prog.ops[i + g.ops], n, tok);
+        last = launch_fused(kernels_, prog, i, g, p.arena, at, p.weights, tok, all,
                             next ? &*next : nullptr);
         if (last) covered = g.ops;
       }
@@ -508,22 +510,22 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
           case fb::OpKind::Embed:
             last =
                 kernels_.embed(p.arena, static_cast<DType>(op.weight->dtype()), p.weights,
-                               op.weight->offset(), op.weight->cols(), tok, op.out->offset(),
+                               op.weight->offset(), op.weight->cols(), tok, at(*op.out),
                                op.out->cols(), all, packed_.rows(p.weights, op.weight->offset()));
             if (op.scale != 1.0f) {
               first = last;
-              last = kernels_.scale(p.arena, op.out->offset(), op.out->cols(), op.scale,
-                                    op.out->cols(), all);
+              last = kernels_.scale(p.arena, at(*op.out), op.out->cols(), op.scale, op.out->cols(),
+                                    all);
             }
             break;
           case fb::OpKind::RmsNorm:
-            last = kernels_.rmsnorm(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
-                                    op.out->cols(), p.weights, op.weight->offset(), op.in0->cols(),
-                                    op.eps, all);
+            last =
+                kernels_.rmsnorm(p.arena, at(*op.in0), op.in0->cols(), at(*op.out), op.out->cols(),
+                                 p.weights, op.weight->offset(), op.in0->cols(), op.eps, all);
             break;
           case fb::OpKind::MatMul:
           case fb::OpKind::Logits:
-            last = kernels_.matmul(p.arena, matmul_args(p, op, n, tok));
+            last = kernels_.matmul(p.arena, matmul_args(p, at, op, n, tok));
             break;
           case fb::OpKind::Rope: {
             RopeArgs r;
@@ -533,38 +535,37 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
             r.w = p.weights;
             r.has_factors = op.freq_factors != nullptr;
             if (op.freq_factors) r.factors_off = op.freq_factors->offset();
-            last = kernels_.rope(p.arena, op.in0->offset(), op.in0->cols(), op.n_heads, op.head_dim,
-                                 r, tok, all);
+            last = kernels_.rope(p.arena, at(*op.in0), op.in0->cols(), op.n_heads, op.head_dim, r,
+                                 tok, all);
             break;
           }
           case fb::OpKind::AddBias: {
             const TokenRange rows{t0, std::max(t0, t1)};
-            last = kernels_.add_bias(p.arena, op.in0->offset(), op.in0->cols(), p.weights,
+            last = kernels_.add_bias(p.arena, at(*op.in0), op.in0->cols(), p.weights,
                                      op.weight->offset(), op.in0->cols(), rows);
             break;
           }
           case fb::OpKind::KvWrite:
-            last = kernels_.kv_write(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
+            last = kernels_.kv_write(p.arena, at(*op.in0), op.in0->cols(), at(*op.in1),
                                      op.in1->cols(), kv, tok, all);
             break;
           case fb::OpKind::Attention:
-            last = kernels_.attention(p.arena, op.in0->offset(), op.in0->cols(), op.out->offset(),
+            last = kernels_.attention(p.arena, at(*op.in0), op.in0->cols(), at(*op.out),
                                       op.out->cols(), kv, tok, op.n_heads, op.n_kv_heads,
                                       op.head_dim, all, context, &first);
             break;
           case fb::OpKind::SwiGlu:
             last = op.ffn_act == static_cast<uint8_t>(ops::FfnAct::gelu_tanh)
-                       ? kernels_.geglu(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
-                                        op.in1->cols(), op.out->offset(), op.out->cols(),
-                                        op.out->cols(), all)
-                       : kernels_.swiglu(p.arena, op.in0->offset(), op.in0->cols(),
-                                         op.in1->offset(), op.in1->cols(), op.out->offset(),
-                                         op.out->cols(), op.out->cols(), all);
+                       ? kernels_.geglu(p.arena, at(*op.in0), op.in0->cols(), at(*op.in1),
+                                        op.in1->cols(), at(*op.out), op.out->cols(), op.out->cols(),
+                                        all)
+                       : kernels_.swiglu(p.arena, at(*op.in0), op.in0->cols(), at(*op.in1),
+                                         op.in1->cols(), at(*op.out), op.out->cols(),
+                                         op.out->cols(), all);
             break;
           case fb::OpKind::Add:
-            last =
-                kernels_.add(p.arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
-                             op.in1->cols(), op.out->offset(), op.out->cols(), op.out->cols(), all);
+            last = kernels_.add(p.arena, at(*op.in0), op.in0->cols(), at(*op.in1), op.in1->cols(),
+                                at(*op.out), op.out->cols(), op.out->cols(), all);
             break;
         }
       if (!first) first = last;
@@ -583,7 +584,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       // Copies mode: host memory is where the other device and the frontend look, so bring back
       // exactly what this op wrote (never more: the other device may be writing the rest).
       cl_event readback =
-          copies() ? read_back_output(p, op, rows, page_tables, step, t0, t1) : nullptr;
+          copies() ? read_back_output(p, at, op, rows, page_tables, step, t0, t1) : nullptr;
       if (done.publish_flag >= 0) {
         pending_callbacks_.fetch_add(1, std::memory_order_acq_rel);
         auto* ctx = new PublishContext{flags, static_cast<uint32_t>(done.publish_flag), step.seq,

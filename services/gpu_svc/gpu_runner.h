@@ -94,12 +94,13 @@ class GpuRunner {
   cl_mem wrap(const void* host, uint64_t bytes, bool read_only);
   // Copies mode: enqueues reads of exactly the bytes `op` wrote back to host memory; returns
   // the last read's event (the caller releases it) or null when the op wrote nothing.
-  cl_event read_back_output(const Program& p, const fb::OpT& op, const void* token_rows,
-                            const int32_t* page_tables, const StepArgs& step, uint32_t t0,
-                            uint32_t t1);
+  cl_event read_back_output(const Program& p, const ArenaOffsets& at, const fb::OpT& op,
+                            const void* token_rows, const int32_t* page_tables,
+                            const StepArgs& step, uint32_t t0, uint32_t t1);
   void wait_callbacks(std::chrono::steady_clock::time_point deadline);
   // A MatMul/Logits op's kernel arguments for a step of n tokens (token table at tok_off).
-  MatmulArgs matmul_args(const Program& p, const fb::OpT& op, uint32_t n, uint64_t tok_off);
+  MatmulArgs matmul_args(const Program& p, const ArenaOffsets& at, const fb::OpT& op, uint32_t n,
+                         uint64_t tok_off);
 
   ClDevice& dev_;
   GpuKernels kernels_;

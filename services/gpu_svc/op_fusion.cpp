@@ -13,7 +13,7 @@ namespace {
 
 bool same_tensor(const fb::TensorRef* a, const fb::TensorRef* b) {
   return a && b && a->segment() == b->segment() && a->offset() == b->offset() &&
-         a->cols() == b->cols();
+         a->slot() == b->slot() && a->cols() == b->cols();
 }
 
 // Whether ops[i] can be folded into the launch of the op before it: nothing makes the host stop
@@ -75,8 +75,8 @@ std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog) {
 }
 
 cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, FusedGroup g,
-                      cl_mem arena, cl_mem weights, uint64_t tok_off, TokenRange all,
-                      const MatmulArgs* next) {
+                      cl_mem arena, const ArenaOffsets& at, cl_mem weights, uint64_t tok_off,
+                      TokenRange all, const MatmulArgs* next) {
   const fb::OpT& op = *prog.ops[i];
   switch (g.kind) {
     case Fusion::add_norm_quantize:
@@ -85,17 +85,16 @@ cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, F
       const fb::OpT& norm = g.kind == Fusion::norm_quantize ? op : *prog.ops[i + 1];
       std::optional<GpuKernels::ResidualAdd> add;
       if (g.kind == Fusion::add_norm_quantize)
-        add = GpuKernels::ResidualAdd{op.in0->offset(), op.in0->cols(), op.in1->offset(),
-                                      op.in1->cols()};
+        add = GpuKernels::ResidualAdd{at(*op.in0), op.in0->cols(), at(*op.in1), op.in1->cols()};
       return kernels.add_rmsnorm_quantize(
-          arena, add, norm.in0->offset(), norm.in0->cols(), norm.out->offset(), norm.out->cols(),
-          weights, norm.weight->offset(), norm.in0->cols(), norm.eps, all, *next);
+          arena, add, at(*norm.in0), norm.in0->cols(), at(*norm.out), norm.out->cols(), weights,
+          norm.weight->offset(), norm.in0->cols(), norm.eps, all, *next);
     }
     case Fusion::swiglu_quantize:
       if (!next || !kernels.quantizes_input(*next)) return nullptr;
-      return kernels.swiglu_quantize(arena, op.in0->offset(), op.in0->cols(), op.in1->offset(),
-                                     op.in1->cols(), op.out->offset(), op.out->cols(),
-                                     op.out->cols(), all, *next);
+      return kernels.swiglu_quantize(arena, at(*op.in0), op.in0->cols(), at(*op.in1),
+                                     op.in1->cols(), at(*op.out), op.out->cols(), op.out->cols(),
+                                     all, *next);
     case Fusion::rope_pair: {
       if (kernels.device().info().type != "cpu") return nullptr;
       const fb::OpT& k = *prog.ops[i + 1];
@@ -106,7 +105,7 @@ cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, F
       r.w = weights;
       r.has_factors = op.freq_factors != nullptr;
       if (op.freq_factors) r.factors_off = op.freq_factors->offset();
-      return kernels.rope_pair(arena, op.in0->offset(), op.in0->cols(), op.n_heads, k.in0->offset(),
+      return kernels.rope_pair(arena, at(*op.in0), op.in0->cols(), op.n_heads, at(*k.in0),
                                k.in0->cols(), k.n_heads, op.head_dim, r, tok_off, all);
     }
     case Fusion::none:

@@ -37,10 +37,11 @@ std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog);
 
 // Enqueues group g at prog.ops[i] through `kernels`: its event, or null when the ops must run
 // apart after all (`next`, the args of the matmul after a *_quantize group, is not on the integer
-// path). arena/weights/tok_off as the runner passes them to the kernels; `all`: the step's tokens.
+// path). arena/weights/tok_off as the runner passes them to the kernels, `at` the step's arena
+// offsets; `all`: the step's tokens.
 cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, FusedGroup g,
-                      cl_mem arena, cl_mem weights, uint64_t tok_off, TokenRange all,
-                      const MatmulArgs* next);
+                      cl_mem arena, const ArenaOffsets& at, cl_mem weights, uint64_t tok_off,
+                      TokenRange all, const MatmulArgs* next);
 
 // DUET_GPU_FUSE: unset or "1" on, "0" off; anything else throws invalid_argument.
 bool fusion_from_env();

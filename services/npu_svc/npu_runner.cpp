@@ -133,6 +133,8 @@ StepReport NpuRunner::run_step(uint32_t id, const StepArgs& step, FlagSync& flag
                 "npu step: token table at " + std::to_string(step.tokens_offset) +
                     " lies outside the arena of " + std::to_string(mem.arena_bytes) + " bytes");
   const auto* rows = reinterpret_cast<const TokenRow*>(mem.arena + step.tokens_offset);
+  check_step_symbols(prog, step, "npu step");
+  const ArenaOffsets at(prog, step_symbols(step));  // the step's slot offsets, evaluated once
   if (step.first_op > prog.ops.size())
     throw Error(Errc::out_of_range, "npu step: first_op " + std::to_string(step.first_op) +
                                         " past the program's " + std::to_string(prog.ops.size()) +
@@ -199,8 +201,8 @@ StepReport NpuRunner::run_step(uint32_t id, const StepArgs& step, FlagSync& flag
       timing.graphs_run = static_cast<uint32_t>(pl.graphs.graphs.size());
       const ops::Matrix w = weight_matrix(mem, *op.weight);
       const uint32_t row_end = op.row_end ? op.row_end : op.weight->rows();
-      const auto* x = reinterpret_cast<const float*>(mem.arena + op.in0->offset());
-      auto* y = reinterpret_cast<float*>(mem.arena + op.out->offset());
+      const auto* x = reinterpret_cast<const float*>(mem.arena + at(*op.in0));
+      auto* y = reinterpret_cast<float*>(mem.arena + at(*op.out));
       const int64_t k = w.cols, m_all = w.rows;
       const Clock::time_point t_start = Clock::now();
       if (op.kind == fb::OpKind::MatMul) {

@@ -219,7 +219,7 @@ TEST_F(PackedKernelsTest, PackedWeightsPackOnceAndRefuseOverlaps) {
     auto op = std::make_unique<fb::OpT>();
     op->kind = fb::OpKind::MatMul;
     op->weight = std::make_unique<fb::TensorRef>(
-        fb::SegmentKind::Weights, static_cast<fb::DTypeCode>(type), offset, n_rows, cols);
+        fb::SegmentKind::Weights, static_cast<fb::DTypeCode>(type), offset, n_rows, cols, 0);
     p.ops.push_back(std::move(op));
     return p;
   };

@@ -241,17 +241,20 @@ TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
 
   fb::ProgramT outside = b.gpu;
   const fb::TensorRef& out = *outside.ops[3]->out;
-  *outside.ops[3]->out =
-      fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(), out.cols());
+  *outside.ops[3]->out = fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(),
+                                       out.cols(), out.slot());
+  // Past its slot (core/program/symbolic.h), so past the arena at the largest step.
   expect_error([&] { r.register_program(1, outside, run.mem()); }, Errc::out_of_range,
-               "outside its segment");
+               "does not fit its slot");
 
   fb::ProgramT misaligned = b.gpu;
   const fb::TensorRef& in = *misaligned.ops[1]->in0;
   *misaligned.ops[1]->in0 =
-      fb::TensorRef(in.segment(), in.dtype(), in.offset() + 2, in.rows(), in.cols());
-  expect_error([&] { r.register_program(1, misaligned, run.mem()); }, Errc::invalid_argument,
-               "aligned");
+      fb::TensorRef(in.segment(), in.dtype(), in.offset() + 2, in.rows(), in.cols(), in.slot());
+  // A symbolic slot's tensor starts at the slot (its offsets are 64-aligned at every N, checked
+  // with the slot table): any other offset in it is refused before the device's alignment rule.
+  expect_error([&] { r.register_program(1, misaligned, run.mem()); }, Errc::out_of_range,
+               "does not fit its slot");
 
   EXPECT_FALSE(r.has_program(1));
 

@@ -91,9 +91,9 @@ Request register_request(const fb::ProgramT& program, uint32_t id) {
 
 Request step_request(const BuiltPrograms& b, uint32_t id, uint64_t seq, uint32_t n) {
   flatbuffers::FlatBufferBuilder fbb;
-  const fb::TensorRef tokens(fb::SegmentKind::Arena, fb::DTypeCode::F32, b.arena.tokens, n, 4);
+  const fb::TensorRef tokens(fb::SegmentKind::Arena, fb::DTypeCode::F32, b.arena.tokens, n, 4, 0);
   const fb::TensorRef pages(fb::SegmentKind::Arena, fb::DTypeCode::F32, b.arena.page_tables, 1,
-                            b.max_pages_per_seq);
+                            b.max_pages_per_seq, 0);
   return request(fbb, fb::CreateRunStep(fbb, id, seq, n, 1, &tokens, &pages, 10000));
 }
 

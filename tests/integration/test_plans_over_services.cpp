@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -103,13 +104,15 @@ class PlansOverServices : public ::testing::Test {
   }
   std::unique_ptr<ProgramEngine> engine_for(const std::string& path, const std::string& plan_name,
                                             std::function<Plan(uint32_t)> plan_for,
-                                            uint32_t id_base) {
+                                            uint32_t id_base, bool per_bucket = false,
+                                            std::vector<uint32_t> buckets = {1, 64}) {
     ProgramEngineOptions o;
     o.model_path = path;
     o.stack_id = stack_;
     o.plan_name = plan_name;
     o.plan_for = std::move(plan_for);
-    o.buckets = {1, 64};
+    o.per_bucket_programs = per_bucket;
+    o.buckets = std::move(buckets);
     o.max_seqs = 2;
     o.max_ctx = 128;
     o.segment_tag = "p" + std::to_string(id_base);
@@ -126,13 +129,7 @@ class PlansOverServices : public ::testing::Test {
 };
 
 Plan tensor_plan_for_path(const std::string& path, uint32_t bucket) {
-  PlanQuery q;
-  q.model_path = path;
-  q.phase = bucket <= 1 ? Phase::decode : Phase::prefill;
-  q.n_tokens = bucket;
-  q.use_cache = false;
-  q.baselines = false;
-  return plan_from_json(plan_json_for(q));
+  return modeled_plan_for(path, bucket);
 }
 
 Plan tensor_plan_for(const std::string& variant, uint32_t bucket) {
@@ -154,6 +151,53 @@ TEST_F(PlansOverServices, EveryPlanMatchesTheReferenceTeacherForced) {
       const Agreement a = teacher_forced(*e, data_dir(), variant);
       EXPECT_GT(a.clear, 100);
       EXPECT_EQ(a.agree, a.clear) << describe(a);
+    }
+  }
+}
+
+// Symbolic programs (one per model and distinct plan, issue 24) give the bits of per-bucket
+// programs over the real services, on every plan: steps of every bucket (1, 4, 16, 64 tokens)
+// and of sizes between them, logits compared byte for byte. `auto` is what it runs on this
+// host: the solver's plan per bucket, decode on the GPU (emulated: gpu-only for 1, tensor above).
+TEST_F(PlansOverServices, SymbolicProgramsGiveThePerBucketProgramsBits) {
+  const std::string path = model_path("q8_0");
+  auto tensor = [path](uint32_t b) { return tensor_plan_for_path(path, b); };
+  const std::vector<std::pair<std::string, std::function<Plan(uint32_t)>>> plans = {
+      {"gpu-only", nullptr},
+      {"npu-only", nullptr},
+      {"layer", nullptr},
+      {"tensor", tensor},
+      {"auto", [tensor](uint32_t b) { return b == 1 ? Plan::gpu_only() : tensor(b); }},
+  };
+  const std::vector<uint32_t> buckets = {1, 4, 16, 64};
+  uint32_t id_base = 6000;
+  for (const auto& [name, plan_for] : plans) {
+    SCOPED_TRACE(name);
+    auto per_bucket = engine_for(path, name, plan_for, id_base, true, buckets);
+    auto symbolic = engine_for(path, name, plan_for, id_base + 100, false, buckets);
+    id_base += 200;
+    EXPECT_EQ(per_bucket->registration().programs, buckets.size());
+    // One program for a fixed plan; one per distinct placement for the solver's.
+    if (!plan_for) {
+      EXPECT_EQ(symbolic->registration().programs, 1u);
+    }
+    EXPECT_LE(symbolic->registration().programs, buckets.size());
+    EXPECT_LE(symbolic->registration().arena_bytes, per_bucket->registration().arena_bytes);
+    for (ProgramEngine* e : {per_bucket.get(), symbolic.get()}) e->open_seq(1, 128);
+    std::vector<int32_t> tokens = {1, 703, 1975, 310, 263, 1243, 1892, 322, 42};
+    int pos = 0;
+    for (const size_t n : {size_t{9}, size_t{1}, size_t{3}, size_t{1}, size_t{12}, size_t{40},
+                           size_t{1}, size_t{4}, size_t{16}, size_t{1}}) {
+      std::vector<int32_t> step(tokens.end() - static_cast<long>(std::min(n, tokens.size())),
+                                tokens.end());
+      while (step.size() < n) step.push_back(static_cast<int32_t>(3 + (pos + step.size()) % 500));
+      const std::vector<float> a = per_bucket->step({{1, step, pos, true}}, nullptr);
+      const std::vector<float> b = symbolic->step({{1, step, pos, true}}, nullptr);
+      ASSERT_EQ(a.size(), b.size());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << n << " tokens at " << pos;
+      pos += static_cast<int>(n);
+      tokens.push_back(static_cast<int32_t>(std::max_element(a.begin(), a.end()) - a.begin()));
     }
   }
 }

@@ -34,7 +34,7 @@ using test_support::tiny_fortune_path;
 
 // A copy of a TensorRef with one field changed (flatbuffers structs are immutable here).
 fb::TensorRef with(const fb::TensorRef& r, uint64_t offset, uint32_t rows, uint32_t cols) {
-  return fb::TensorRef(r.segment(), r.dtype(), offset, rows, cols);
+  return fb::TensorRef(r.segment(), r.dtype(), offset, rows, cols, r.slot());
 }
 
 // The two programs of a plan over one arena and KV cache: GPU half interpreted, NPU half on
@@ -247,11 +247,12 @@ TEST(NpuRunner, RejectsBadProgramsWithClearErrors) {
     return error_code_of([&] { runner.register_program(7, std::move(p), run.mem()); }, msg);
   };
   std::string msg;
-  // Shape mismatch: the input width disagrees with the weight.
+  // Shape mismatch: the input width disagrees with the weight (narrower: a wider one would not
+  // fit its arena slot, refused before).
   EXPECT_EQ(try_register(
                 [](fb::ProgramT& p) {
                   auto& r = *p.ops[0]->in0;
-                  r = with(r, r.offset(), r.rows(), r.cols() + 32);
+                  r = with(r, r.offset(), r.rows(), r.cols() - 32);
                 },
                 &msg),
             Errc::invalid_argument);

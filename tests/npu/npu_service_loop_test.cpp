@@ -114,7 +114,7 @@ TEST_F(NpuServiceLoopTest, AnswersOverTheSocketAndSurvivesBadRequests) {
   const auto step = client_->call(
       [](uint64_t id) {
         flatbuffers::FlatBufferBuilder fbb;
-        const fb::TensorRef t(fb::SegmentKind::Arena, fb::DTypeCode::F32, 0, 1, 4);
+        const fb::TensorRef t(fb::SegmentKind::Arena, fb::DTypeCode::F32, 0, 1, 4, 0);
         return msg::finish_message(fbb, id, fb::CreateRunStep(fbb, 42, 1, 1, 1, &t, &t, 1000));
       },
       5000ms);

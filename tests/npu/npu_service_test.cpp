@@ -79,9 +79,9 @@ class ServiceFixture : public ::testing::Test {
   msg::Bytes run_step(uint32_t id, uint64_t seq, uint32_t n_tokens) {
     const msg::Bytes req = make_request([&](flatbuffers::FlatBufferBuilder& fbb) {
       const fb::TensorRef tokens(fb::SegmentKind::Arena, fb::DTypeCode::F32, built_.arena.tokens,
-                                 n_tokens, 4);
+                                 n_tokens, 4, 0);
       const fb::TensorRef pages(fb::SegmentKind::Arena, fb::DTypeCode::F32,
-                                built_.arena.page_tables, 1, built_.max_pages_per_seq);
+                                built_.arena.page_tables, 1, built_.max_pages_per_seq, 0);
       return fb::CreateRunStep(fbb, id, seq, n_tokens, 1, &tokens, &pages, 10000);
     });
     return service_->run_step(parse(req));
@@ -186,9 +186,10 @@ TEST_F(ServiceFixture, BadRequestsGetClearErrorsAndTheServiceStaysUp) {
   // Offsets outside the arena, oversized tensors.
   fb::ProgramT outside = built_.npu;
   auto& in0 = *outside.ops[0]->in0;
-  in0 = fb::TensorRef(in0.segment(), in0.dtype(), arena_.size() - 16, in0.rows(), in0.cols());
+  in0 = fb::TensorRef(in0.segment(), in0.dtype(), arena_.size() - 16, in0.rows(), in0.cols(),
+                      in0.slot());
   EXPECT_EQ(error_code_of([&] { register_npu(1, outside); }, &msg), Errc::out_of_range);
-  EXPECT_NE(msg.find("outside its segment"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not fit its slot"), std::string::npos) << msg;  // symbolic.h
   // A flag index past the stack's flag table.
   fb::ProgramT bad_flag = built_.npu;
   bad_flag.ops[0]->wait_flags.push_back(table_.size() + 5);

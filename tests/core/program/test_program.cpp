@@ -236,7 +236,7 @@ TEST(ProgramValidation, RejectsBadRopeFieldsAndBiases) {
         fb::OpT& op = first(p, fb::OpKind::Rope);
         const fb::TensorRef f = *op.freq_factors;
         op.freq_factors =
-            std::make_unique<fb::TensorRef>(f.segment(), f.dtype(), f.offset(), f.rows(), 8);
+            std::make_unique<fb::TensorRef>(f.segment(), f.dtype(), f.offset(), f.rows(), 8, 0);
       },
       "rope freq_factors must be one F32 weights row of head_dim/2 = 16 values");
   expect_rejected(
@@ -244,7 +244,7 @@ TEST(ProgramValidation, RejectsBadRopeFieldsAndBiases) {
         fb::OpT& op = first(p, fb::OpKind::Rope);
         const fb::TensorRef f = *op.freq_factors;
         op.freq_factors = std::make_unique<fb::TensorRef>(fb::SegmentKind::Arena, f.dtype(), 0,
-                                                          f.rows(), f.cols());
+                                                          f.rows(), f.cols(), 0);
       },
       "rope freq_factors must be one F32 weights row");
   expect_rejected(
@@ -263,7 +263,7 @@ TEST(ProgramValidation, RejectsBadRopeFieldsAndBiases) {
         op->in0 = std::make_unique<fb::TensorRef>(*mm.out);
         op->out = std::make_unique<fb::TensorRef>(*mm.out);
         op->weight = std::make_unique<fb::TensorRef>(fb::SegmentKind::Weights, fb::DTypeCode::F32,
-                                                     m->offset_of(m->rope_freqs), 1, 16);
+                                                     m->offset_of(m->rope_freqs), 1, 16, 0);
         p.ops.push_back(std::move(op));
       },
       "bias must be one F32 row as wide as its input");
@@ -319,14 +319,15 @@ TEST(ProgramValidation, RejectsOffsetsOutsideTheArena) {
   ProgramMemory& mem = host.mem;
   validate_program(b.gpu, mem);
   const fb::TensorRef& out = *b.gpu.ops[3]->out;
-  *b.gpu.ops[3]->out =
-      fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(), out.cols());
+  *b.gpu.ops[3]->out = fb::TensorRef(out.segment(), out.dtype(), b.arena.bytes - 8, out.rows(),
+                                     out.cols(), out.slot());
   try {
     validate_program(b.gpu, mem);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::out_of_range);
-    EXPECT_NE(std::string(e.what()).find("outside its segment"), std::string::npos) << e.what();
+    // An Arena offset is within the tensor's slot (core/program/symbolic.h): past the slot.
+    EXPECT_NE(std::string(e.what()).find("does not fit its slot"), std::string::npos) << e.what();
   }
   mem.kv_bytes = 10;
   EXPECT_THROW(validate_program(b.gpu, mem), Error);
