@@ -180,71 +180,73 @@ void score_saturation(const ScenarioModel& sm, MethodResult& r) {
   for (const auto& s : r.solutions)
     r.saturation_best = std::min(r.saturation_best, saturation_multiplier(sm, {s}));
 }
+
+// Method `name`: `search` fills in its solutions, objectives and detail; the result carries the
+// search's time and the saturation of what it found.
+template <class Search>
+MethodResult timed_method(ScenarioModel& sm, std::string name, Search&& search) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MethodResult r;
+  r.method = std::move(name);
+  search(r);
+  r.search_s = seconds_since(t0);
+  score_saturation(sm, r);
+  return r;
+}
+
+// Every model of the scenario as one subgraph on the processor proc(m) says.
+template <class ProcOf>
+std::vector<SimModel> whole_models(ScenarioModel& sm, ProcOf&& proc) {
+  std::vector<SimModel> sol;
+  for (size_t m = 0; m < sm.scenario().models.size(); ++m)
+    sol.push_back(
+        {sm.scenario().models[m].group, 0, sm.steps(m, {{0, sm.coster(m).units() - 1, proc(m)}})});
+  return sol;
+}
+
+// A method's one solution.
+void add_solution(ScenarioModel& sm, MethodResult& r, std::vector<SimModel> sol) {
+  r.objectives.push_back(objectives_ms(sm.run(sol, 1.0)));
+  r.solutions.push_back(std::move(sol));
+}
+
 }  // namespace
 
 MethodResult run_npu_only(ScenarioModel& sm) {
-  const auto t0 = std::chrono::steady_clock::now();
-  MethodResult r;
-  r.method = "npu-only";
-  std::vector<SimModel> sol;
-  for (size_t m = 0; m < sm.scenario().models.size(); ++m)
-    sol.push_back({sm.scenario().models[m].group, 0,
-                   sm.steps(m, {{0, sm.coster(m).units() - 1, Proc::npu}})});
-  r.objectives.push_back(objectives_ms(sm.run(sol, 1.0)));
-  r.solutions.push_back(std::move(sol));
-  r.search_s = seconds_since(t0);
-  score_saturation(sm, r);
-  return r;
+  return timed_method(sm, "npu-only", [&](MethodResult& r) {
+    add_solution(sm, r, whole_models(sm, [](size_t) { return Proc::npu; }));
+  });
 }
 
 MethodResult run_best_mapping(ScenarioModel& sm) {
-  const auto t0 = std::chrono::steady_clock::now();
-  MethodResult r;
-  r.method = "best-mapping";
-  r.detail = nlohmann::json::array();
-  const size_t n = sm.scenario().models.size();
-  for (uint32_t mask = 0; mask < (1u << n); ++mask) {
-    std::vector<SimModel> sol;
-    nlohmann::json map = nlohmann::json::array();
-    for (size_t m = 0; m < n; ++m) {
-      const Proc d = (mask >> m) & 1 ? Proc::npu : Proc::gpu;
-      sol.push_back(
-          {sm.scenario().models[m].group, 0, sm.steps(m, {{0, sm.coster(m).units() - 1, d}})});
-      map.push_back(proc_name(d));
+  return timed_method(sm, "best-mapping", [&](MethodResult& r) {
+    r.detail = nlohmann::json::array();
+    const size_t n = sm.scenario().models.size();
+    for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+      const auto proc = [mask](size_t m) { return (mask >> m) & 1 ? Proc::npu : Proc::gpu; };
+      nlohmann::json map = nlohmann::json::array();
+      for (size_t m = 0; m < n; ++m) map.push_back(proc_name(proc(m)));
+      add_solution(sm, r, whole_models(sm, proc));
+      r.detail.push_back(map);
     }
-    r.objectives.push_back(objectives_ms(sm.run(sol, 1.0)));
-    r.solutions.push_back(std::move(sol));
-    r.detail.push_back(map);
-  }
-  keep_pareto(r);
-  r.search_s = seconds_since(t0);
-  score_saturation(sm, r);
-  return r;
+    keep_pareto(r);
+  });
 }
 
 MethodResult run_per_op_solver(ScenarioModel& sm) {
-  const auto t0 = std::chrono::steady_clock::now();
-  MethodResult r;
-  r.method = "per-op-solver";
-  std::vector<SimModel> sol;
-  nlohmann::json plans = nlohmann::json::array();
-  for (size_t m = 0; m < sm.scenario().models.size(); ++m) {
-    const ModelSpec& spec = sm.scenario().models[m];
-    ModelCoster& c = sm.coster(m);
+  return timed_method(sm, "per-op-solver", [&](MethodResult& r) {
     // The whole model as one subgraph under the solver's tensor plan for each step.
-    sol.push_back({spec.group, 0, sm.steps(m, {{0, c.units() - 1, Proc::both}})});
-    PlanResult pre, dec;
-    pre.plan = c.tensor_plan(spec.prompt);
-    dec.plan = c.tensor_plan(1);
-    plans.push_back(
-        {{"prefill", plan_to_json(pre)["matmul"]}, {"decode", plan_to_json(dec)["matmul"]}});
-  }
-  r.objectives.push_back(objectives_ms(sm.run(sol, 1.0)));
-  r.solutions.push_back(std::move(sol));
-  r.detail = plans;
-  r.search_s = seconds_since(t0);
-  score_saturation(sm, r);
-  return r;
+    add_solution(sm, r, whole_models(sm, [](size_t) { return Proc::both; }));
+    r.detail = nlohmann::json::array();
+    for (size_t m = 0; m < sm.scenario().models.size(); ++m) {
+      ModelCoster& c = sm.coster(m);
+      PlanResult pre, dec;
+      pre.plan = c.tensor_plan(sm.scenario().models[m].prompt);
+      dec.plan = c.tensor_plan(1);
+      r.detail.push_back(
+          {{"prefill", plan_to_json(pre)["matmul"]}, {"decode", plan_to_json(dec)["matmul"]}});
+    }
+  });
 }
 
 MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha) {

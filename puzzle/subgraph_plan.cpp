@@ -1,19 +1,19 @@
 #include "puzzle/subgraph_plan.h"
 
+#include "core/base/enum_names.h"
 #include "core/base/error.h"
 
 namespace duet::puzzle {
 
+namespace {
+
+constexpr std::string_view kProcNames[] = {"gpu", "npu", "both"};
+static_assert(std::size(kProcNames) == kProcs, "a name for every Proc");
+
+}  // namespace
+
 std::string_view proc_name(Proc p) {
-  switch (p) {
-    case Proc::gpu:
-      return "gpu";
-    case Proc::npu:
-      return "npu";
-    case Proc::both:
-      return "both";
-  }
-  return "?";
+  return enum_name(kProcNames, p, "?");
 }
 
 int unit_count(const ModelShape& shape) {

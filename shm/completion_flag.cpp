@@ -193,15 +193,9 @@ size_t FlagTable::bytes_for(uint32_t n_flags) {
 }
 
 FlagTable FlagTable::format(uint8_t* base, size_t bytes, uint32_t n_flags) {
-  if (base == nullptr || reinterpret_cast<uintptr_t>(base) % 64 != 0) {
-    throw Error(Errc::invalid_argument, "flag table: memory must be 64-byte aligned");
-  }
   if (n_flags == 0) throw Error(Errc::invalid_argument, "flag table: needs at least one flag");
-  if (bytes < bytes_for(n_flags)) {
-    throw Error(Errc::out_of_range, "flag table: " + std::to_string(n_flags) + " flags need " +
-                                        std::to_string(bytes_for(n_flags)) + " bytes, region has " +
-                                        std::to_string(bytes));
-  }
+  check_format_region(base, bytes, 64, bytes_for(n_flags), "flag table",
+                      std::to_string(n_flags) + " flags");
   auto* header = new (base) Header{};
   header->magic = kMagic;
   header->version = kVersion;

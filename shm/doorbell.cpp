@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/base/error.h"
+#include "shm/segment.h"
 
 namespace duet::shm {
 namespace {
@@ -68,14 +69,10 @@ size_t DoorbellRegion::bytes_for(uint32_t n_slots) {
 
 DoorbellRegion DoorbellRegion::format(uint8_t* base, size_t bytes, uint32_t n_slots,
                                       uint64_t instance) {
-  if (base == nullptr || reinterpret_cast<uintptr_t>(base) % 64 != 0)
-    throw Error(Errc::invalid_argument, "doorbell region: memory must be 64-byte aligned");
   if (n_slots == 0 || instance == 0)
     throw Error(Errc::invalid_argument, "doorbell region: needs a slot and an instance number");
-  if (bytes < bytes_for(n_slots))
-    throw Error(Errc::out_of_range, "doorbell region: " + std::to_string(n_slots) + " slots need " +
-                                        std::to_string(bytes_for(n_slots)) + " bytes, region has " +
-                                        std::to_string(bytes));
+  check_format_region(base, bytes, 64, bytes_for(n_slots), "doorbell region",
+                      std::to_string(n_slots) + " slots");
   auto* header = new (base) Header{};
   header->magic = kMagic;
   header->instance = instance;

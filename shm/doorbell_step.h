@@ -17,36 +17,33 @@
 
 namespace duet::shm {
 
+// The fields a doorbell request carries of its step's arguments, copied either way.
+template <class To, class From>
+void copy_step_fields(To& to, const From& from) {
+  to.seq = from.seq;
+  to.n_tokens = from.n_tokens;
+  to.n_seqs = from.n_seqs;
+  to.tokens_offset = from.tokens_offset;
+  to.page_tables_offset = from.page_tables_offset;
+  to.page_table_cols = from.page_table_cols;
+  to.first_op = from.first_op;
+  to.preempt_flag = from.preempt_flag;
+  to.preempt_token = from.preempt_token;
+  to.epoch = from.epoch;
+}
+
 inline DoorbellRequest doorbell_request_of(uint32_t program_id, const StepArgs& s,
                                            uint32_t deadline_ms) {
   DoorbellRequest r;
   r.program_id = program_id;
-  r.seq = s.seq;
-  r.n_tokens = s.n_tokens;
-  r.n_seqs = s.n_seqs;
-  r.tokens_offset = s.tokens_offset;
-  r.page_tables_offset = s.page_tables_offset;
-  r.page_table_cols = s.page_table_cols;
-  r.first_op = s.first_op;
-  r.preempt_flag = s.preempt_flag;
-  r.preempt_token = s.preempt_token;
-  r.epoch = s.epoch;
+  copy_step_fields(r, s);
   r.deadline_ms = deadline_ms;
   return r;
 }
 
 inline StepArgs step_args_of(const DoorbellRequest& r) {
   StepArgs s;
-  s.seq = r.seq;
-  s.n_tokens = r.n_tokens;
-  s.n_seqs = r.n_seqs;
-  s.tokens_offset = r.tokens_offset;
-  s.page_tables_offset = r.page_tables_offset;
-  s.page_table_cols = r.page_table_cols;
-  s.first_op = r.first_op;
-  s.preempt_flag = r.preempt_flag;
-  s.preempt_token = r.preempt_token;
-  s.epoch = r.epoch;
+  copy_step_fields(s, r);
   return s;
 }
 

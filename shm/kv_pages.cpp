@@ -89,15 +89,9 @@ uint64_t KvPages::bytes_for(uint32_t n_pages, uint64_t page_bytes, uint32_t page
 KvPages KvPages::format(uint8_t* base, uint64_t bytes, uint32_t n_pages, uint64_t page_bytes,
                         uint32_t page_tokens) {
   const uint64_t need = bytes_for(n_pages, page_bytes, page_tokens);
-  if (base == nullptr || reinterpret_cast<uintptr_t>(base) % kPageAlignment != 0) {
-    throw Error(Errc::invalid_argument, "KV pages: memory must be 4096-byte aligned");
-  }
-  if (bytes < need) {
-    throw Error(Errc::out_of_range, "KV pages: " + std::to_string(n_pages) + " pages of " +
-                                        std::to_string(page_bytes) + " bytes need " +
-                                        std::to_string(need) + " bytes, region has " +
-                                        std::to_string(bytes));
-  }
+  check_format_region(
+      base, bytes, kPageAlignment, need, "KV pages",
+      std::to_string(n_pages) + " pages of " + std::to_string(page_bytes) + " bytes");
   auto* header = new (base) Header{};
   header->magic = kMagic;
   header->version = kVersion;

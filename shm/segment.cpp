@@ -86,6 +86,17 @@ void validate_segment_what(std::string_view what) {
   }
 }
 
+void check_format_region(const void* base, uint64_t bytes, size_t alignment, uint64_t needed,
+                         std::string_view what, const std::string& layout) {
+  if (base == nullptr || reinterpret_cast<uintptr_t>(base) % alignment != 0)
+    throw Error(Errc::invalid_argument, std::string(what) + ": memory must be " +
+                                            std::to_string(alignment) + "-byte aligned");
+  if (bytes < needed)
+    throw Error(Errc::out_of_range, std::string(what) + ": " + layout + " need " +
+                                        std::to_string(needed) + " bytes, region has " +
+                                        std::to_string(bytes));
+}
+
 std::string segment_name(std::string_view stack_id, std::string_view what) {
   validate_stack_id(stack_id);
   validate_segment_what(what);

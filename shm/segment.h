@@ -28,6 +28,12 @@ inline constexpr const char* kShmDir = "/dev/shm";  // where Linux keeps shm_ope
 void validate_stack_id(std::string_view stack_id);
 void validate_segment_what(std::string_view what);
 
+// What a structure's format() checks of the memory it is given: `base` aligned to `alignment`
+// bytes (Errc::invalid_argument) and `bytes` at least `needed` (Errc::out_of_range), each error
+// naming the structure (`what`: "flag table") and what needs the bytes (`layout`: "4 flags").
+void check_format_region(const void* base, uint64_t bytes, size_t alignment, uint64_t needed,
+                         std::string_view what, const std::string& layout);
+
 // "/duet-<stack>-<what>", both parts validated.
 std::string segment_name(std::string_view stack_id, std::string_view what);
 

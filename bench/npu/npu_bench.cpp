@@ -18,6 +18,12 @@
 #include "core/planner/soc_profile.h"
 #include "services/npu_svc/npu_gemm.h"
 
+namespace duet {
+// The timing model's breakdown of one shape, as bench/npu/RESULTS.md records it.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(NpuTiming, total_us, compute_us, dma_us, chunks, chunk_rows,
+                                   passes, stationary_loads, stationary_in_sram)
+}  // namespace duet
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -54,19 +60,12 @@ duet::OpShape matmul(int64_t m, int64_t k, int64_t n, bool transposed = true) {
 }
 
 nlohmann::json breakdown(const duet::SocProfile& soc, const duet::OpShape& s) {
-  const duet::NpuTiming t = duet::npu_timing(soc, s);
-  return {{"m", s.m},
-          {"k", s.k},
-          {"n", s.n},
-          {"order", s.weight_stationary_transposed ? "WxT" : "xWT"},
-          {"total_us", t.total_us},
-          {"compute_us", t.compute_us},
-          {"dma_us", t.dma_us},
-          {"chunks", t.chunks},
-          {"chunk_rows", t.chunk_rows},
-          {"passes", t.passes},
-          {"stationary_loads", t.stationary_loads},
-          {"stationary_in_sram", t.stationary_in_sram}};
+  nlohmann::json j = duet::npu_timing(soc, s);
+  j.update({{"m", s.m},
+            {"k", s.k},
+            {"n", s.n},
+            {"order", s.weight_stationary_transposed ? "WxT" : "xWT"}});
+  return j;
 }
 
 // HeteroInfer Table 3 (NPU column, W4A16), NPU-2 (order) and NPU-3 (shape) on the model.

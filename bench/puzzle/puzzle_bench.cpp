@@ -6,6 +6,7 @@
 //   puzzle_bench [--soc sd8gen3] [--seed 1] [--scenarios 10] [--population 24]
 //                [--generations 60] [--patience 3] [--requests 8] [--search-alpha 1.0]
 //                [--out results.json]
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,36 +27,6 @@ struct Args {
   int scenarios = 10, population = 24, generations = 60, requests = 8, patience = 3;
   double search_alpha = 1.0;
 };
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) throw Error(Errc::invalid_argument, "puzzle_bench: " + k + " needs a value");
-    const std::string v = argv[++i];
-    if (k == "--soc")
-      a.soc = v;
-    else if (k == "--out")
-      a.out = v;
-    else if (k == "--seed")
-      a.seed = std::stoull(v);
-    else if (k == "--scenarios")
-      a.scenarios = std::stoi(v);
-    else if (k == "--population")
-      a.population = std::stoi(v);
-    else if (k == "--generations")
-      a.generations = std::stoi(v);
-    else if (k == "--requests")
-      a.requests = std::stoi(v);
-    else if (k == "--patience")
-      a.patience = std::stoi(v);
-    else if (k == "--search-alpha")
-      a.search_alpha = std::stod(v);
-    else
-      throw Error(Errc::invalid_argument, "puzzle_bench: unknown option " + k);
-  }
-  return a;
-}
 
 nlohmann::json method_json(const MethodResult& r) {
   return {{"method", r.method},
@@ -81,7 +52,19 @@ struct Stat {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const Args a = parse(argc, argv);
+  Args a;
+  CLI::App app{"puzzle_bench: Puzzle's GA against NPU-only, Best Mapping and duet's solver"};
+  app.add_option("--soc", a.soc, "SoC profile");
+  app.add_option("--out", a.out, "write every result as JSON here");
+  app.add_option("--seed", a.seed, "the scenarios' and the search's seed");
+  app.add_option("--scenarios", a.scenarios, "random scenarios");
+  app.add_option("--population", a.population, "GA population");
+  app.add_option("--generations", a.generations, "GA generations at most");
+  app.add_option("--requests", a.requests, "requests simulated per model");
+  app.add_option("--patience", a.patience, "generations without improvement before the GA stops");
+  app.add_option("--search-alpha", a.search_alpha,
+                 "the GA scores candidates at periods search-alpha x the base");
+  CLI11_PARSE(app, argc, argv);
   const SocProfile soc = load_soc_profile(a.soc);
   SearchOptions so;
   so.seed = a.seed;

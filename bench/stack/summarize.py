@@ -9,6 +9,11 @@ def f(x, nd=1):
     return "-" if not x else f"{x:.{nd}f}"
 
 
+def table(title, columns):
+    """A section's heading and its table's header: column names, then the rule."""
+    return [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     by = defaultdict(dict)  # (model, mix, plan) -> mode -> row
@@ -25,20 +30,18 @@ def main(path):
            "1787/5) are scaled down: tiny-fortune 54/32, 296/32, 448/4 (context 512); llama3.2-1b Q4_0",
            "(mkmodel, DUET_MAX_CTX=512) 54/8, 296/8. Decode tok/s = 1000/TPOT; prefill tok/s =",
            "prompt/TTFT. Modelled = the services' sd8gen3 timing models (0 for `reference`).", ""]
-    out += ["## Per plan (full stack; measured here, modelled on sd8gen3)", "",
-           "| model | prompt/gen | plan | prefill tok/s | decode tok/s | generated | "
-           "modelled prefill tok/s | modelled decode tok/s |",
-           "|---|---|---|---|---|---|---|---|"]
+    out += table("Per plan (full stack; measured here, modelled on sd8gen3)",
+                 ["model", "prompt/gen", "plan", "prefill tok/s", "decode tok/s", "generated",
+                  "modelled prefill tok/s", "modelled decode tok/s"])
     for (m, mix, plan), modes in by.items():
         s = modes.get("stack")
         if s:
             out.append(f"| {m} | {mix} | {plan} | {f(s['prefill_tok_s'])} | {f(s['decode_tok_s'])} | "
                        f"{s['generated_tokens']} | {f(s['modeled_prefill_tok_s'])} | "
                        f"{f(s['modeled_decode_tok_s'])} |")
-    out += ["", "## Stack overhead (full stack / all roles in one process, same run)", "",
-            "| model | prompt/gen | plan | stack decode | in-process decode | decode ratio | "
-            "stack prefill | in-process prefill | prefill ratio |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    out += [""] + table("Stack overhead (full stack / all roles in one process, same run)",
+                        ["model", "prompt/gen", "plan", "stack decode", "in-process decode",
+                         "decode ratio", "stack prefill", "in-process prefill", "prefill ratio"])
     for (m, mix, plan), modes in by.items():
         s, i = modes.get("stack"), modes.get("in-process")
         if s and i:
@@ -46,10 +49,9 @@ def main(path):
             pr = s["prefill_tok_s"] / i["prefill_tok_s"] if i["prefill_tok_s"] else 0
             out.append(f"| {m} | {mix} | {plan} | {f(s['decode_tok_s'])} | {f(i['decode_tok_s'])} | "
                        f"{f(dr, 2)}x | {f(s['prefill_tok_s'])} | {f(i['prefill_tok_s'])} | {f(pr, 2)}x |")
-    out += ["", "## duet (best measured plan) / llama.cpp (node-llama-cpp CPU build), same GGUF", "",
-            "| model | prompt/gen | duet prefill (plan) | llama.cpp prefill | ratio | "
-            "duet decode (plan) | llama.cpp decode | ratio |",
-            "|---|---|---|---|---|---|---|---|"]
+    out += [""] + table("duet (best measured plan) / llama.cpp (node-llama-cpp CPU build), same GGUF",
+                        ["model", "prompt/gen", "duet prefill (plan)", "llama.cpp prefill", "ratio",
+                         "duet decode (plan)", "llama.cpp decode", "ratio"])
     for (m, mix, plan), modes in by.items():
         if plan != "llama.cpp":
             continue

@@ -186,6 +186,14 @@ uint64_t heartbeat_seq(const zmq::message_t& m) {
   return hb != nullptr ? hb->seq() : UINT64_MAX;
 }
 
+// A socket of `type` whose receive gives up after 10 s and that lingers `linger_ms` at close.
+zmq::socket_t bench_socket(zmq::context_t& ctx, zmq::socket_type type, int linger_ms) {
+  zmq::socket_t s(ctx, type);
+  s.set(zmq::sockopt::rcvtimeo, 10000);
+  s.set(zmq::sockopt::linger, linger_ms);
+  return s;
+}
+
 Percentiles run_zmq(const Config& cfg) {
   const int total = cfg.warmup + cfg.rounds;
   const std::string endpoint = "ipc:///tmp/duet-sync-bench-" + std::to_string(getpid()) + ".sock";
@@ -196,9 +204,7 @@ Percentiles run_zmq(const Config& cfg) {
     int code = 0;
     {  // closed before _exit so that the last reply is flushed (linger)
       zmq::context_t ctx(1);
-      zmq::socket_t rep(ctx, zmq::socket_type::rep);
-      rep.set(zmq::sockopt::rcvtimeo, 10000);
-      rep.set(zmq::sockopt::linger, 1000);
+      zmq::socket_t rep = bench_socket(ctx, zmq::socket_type::rep, 1000);
       rep.bind(endpoint);
       flatbuffers::FlatBufferBuilder fbb(256);
       for (int i = 0; i < total && code == 0; ++i) {
@@ -218,9 +224,7 @@ Percentiles run_zmq(const Config& cfg) {
   rtt.reserve(static_cast<size_t>(cfg.rounds));
   {
     zmq::context_t ctx(1);
-    zmq::socket_t req(ctx, zmq::socket_type::req);
-    req.set(zmq::sockopt::rcvtimeo, 10000);
-    req.set(zmq::sockopt::linger, 0);
+    zmq::socket_t req = bench_socket(ctx, zmq::socket_type::req, 0);
     req.connect(endpoint);
     flatbuffers::FlatBufferBuilder fbb(256);
     for (int i = 1; i <= total; ++i) {

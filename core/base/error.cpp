@@ -1,35 +1,21 @@
 #include "core/base/error.h"
 
+#include "core/base/enum_names.h"
+
 namespace duet {
 
+namespace {
+
+constexpr std::string_view kErrcNames[] = {
+    "ok",           "invalid_argument", "not_found",   "io",   "bad_format", "unsupported",
+    "out_of_range", "timeout",          "unavailable", "busy", "cancelled",  "internal"};
+static_assert(std::size(kErrcNames) == static_cast<size_t>(Errc::internal) + 1,
+              "a name for every Errc, in order");
+
+}  // namespace
+
 std::string_view errc_name(Errc code) {
-  switch (code) {
-    case Errc::ok:
-      return "ok";
-    case Errc::invalid_argument:
-      return "invalid_argument";
-    case Errc::not_found:
-      return "not_found";
-    case Errc::io:
-      return "io";
-    case Errc::bad_format:
-      return "bad_format";
-    case Errc::unsupported:
-      return "unsupported";
-    case Errc::out_of_range:
-      return "out_of_range";
-    case Errc::timeout:
-      return "timeout";
-    case Errc::unavailable:
-      return "unavailable";
-    case Errc::busy:
-      return "busy";
-    case Errc::cancelled:
-      return "cancelled";
-    case Errc::internal:
-      return "internal";
-  }
-  return "unknown";
+  return enum_name(kErrcNames, code, "unknown");
 }
 
 }  // namespace duet

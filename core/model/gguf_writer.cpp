@@ -275,7 +275,7 @@ void GgufWriter::write(const std::string& path) const {
   header.pod<uint64_t>(kvs_.size() + (has_alignment_key ? 0 : 1));
   if (!has_alignment_key) {
     header.str("general.alignment");
-    header.pod(ValueType::uint32);
+    header.pod(GgufType::U32);
     header.pod<uint32_t>(kAlignment);
   }
   for (const auto& kv : kvs_) {
@@ -288,36 +288,36 @@ void GgufWriter::write(const std::string& path) const {
         [&](const auto& v) {
           using T = std::decay_t<decltype(v)>;
           if constexpr (std::is_same_v<T, uint32_t>) {
-            header.pod(ValueType::uint32);
+            header.pod(GgufType::U32);
             header.pod(v);
           } else if constexpr (std::is_same_v<T, uint64_t>) {
-            header.pod(ValueType::uint64);
+            header.pod(GgufType::U64);
             header.pod(v);
           } else if constexpr (std::is_same_v<T, float>) {
-            header.pod(ValueType::float32);
+            header.pod(GgufType::F32);
             header.pod(v);
           } else if constexpr (std::is_same_v<T, bool>) {
-            header.pod(ValueType::boolean);
+            header.pod(GgufType::BOOL);
             header.pod<uint8_t>(v ? 1 : 0);
           } else if constexpr (std::is_same_v<T, std::string>) {
-            header.pod(ValueType::string);
+            header.pod(GgufType::STRING);
             header.str(v);
           } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-            header.pod(ValueType::array);
-            header.pod(ValueType::string);
+            header.pod(GgufType::ARRAY);
+            header.pod(GgufType::STRING);
             header.pod<uint64_t>(v.size());
             for (const auto& s : v) header.str(s);
           } else if constexpr (std::is_same_v<T, std::vector<float>>) {
-            header.pod(ValueType::array);
-            header.pod(ValueType::float32);
+            header.pod(GgufType::ARRAY);
+            header.pod(GgufType::F32);
             header.pod<uint64_t>(v.size());
             for (float f : v) header.pod(f);
           } else if constexpr (std::is_same_v<T, GgufValue>) {
             write_value(header, v);
           } else {
             static_assert(std::is_same_v<T, std::vector<int32_t>>);
-            header.pod(ValueType::array);
-            header.pod<uint32_t>(5);  // GGUF_TYPE_INT32
+            header.pod(GgufType::ARRAY);
+            header.pod(GgufType::I32);
             header.pod<uint64_t>(v.size());
             for (int32_t i : v) header.pod(i);
           }

@@ -52,15 +52,6 @@ class GgufWriter {
   static uint64_t tensor_bytes(DType type, const std::vector<int64_t>& dims);
 
  private:
-  // GGUF value type codes (gguf_type).
-  enum class ValueType : uint32_t {
-    uint32 = 4,
-    float32 = 6,
-    boolean = 7,
-    string = 8,
-    array = 9,
-    uint64 = 10,
-  };
   using Value = std::variant<uint32_t, uint64_t, float, bool, std::string, std::vector<std::string>,
                              std::vector<float>, std::vector<int32_t>, GgufValue>;
   struct KeyValue {

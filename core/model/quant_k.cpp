@@ -248,7 +248,13 @@ void quantize_row_q6_k(const float* x, BlockQ6_K* y, int64_t n) {
   }
 }
 
-void dequantize_row_q4_k(const BlockQ4_K* x, float* y, int64_t n) {
+namespace {
+
+// Q4_K and Q5_K: each super-block's eight sub-blocks of 32 values are d sc q - dmin mn, with the
+// sub-block's 6-bit scale and min; group g holds sub-blocks 2g (the low nibbles of its 32 bytes)
+// and 2g + 1 (the high nibbles). quant(block, g, l, high) is element l's 4- or 5-bit quant.
+template <class Block, class Quant>
+void dequantize_row_scale_min(const Block* x, float* y, int64_t n, Quant quant) {
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     const float d = fp16_to_fp32(x[b].d), dmin = fp16_to_fp32(x[b].dmin);
     for (int g = 0; g < 4; ++g) {
@@ -256,29 +262,26 @@ void dequantize_row_q4_k(const BlockQ4_K* x, float* y, int64_t n) {
       k_scale_min(2 * g, x[b].scales, &sc0, &mn0);
       k_scale_min(2 * g + 1, x[b].scales, &sc1, &mn1);
       const float d0 = d * sc0, m0 = dmin * mn0, d1 = d * sc1, m1 = dmin * mn1;
-      const uint8_t* q = x[b].qs + 32 * g;
-      for (int l = 0; l < 32; ++l) *y++ = d0 * static_cast<float>(q[l] & 15) - m0;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] >> 4) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d0 * static_cast<float>(quant(x[b], g, l, false)) - m0;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(quant(x[b], g, l, true)) - m1;
     }
   }
 }
 
+}  // namespace
+
+void dequantize_row_q4_k(const BlockQ4_K* x, float* y, int64_t n) {
+  dequantize_row_scale_min(x, y, n, [](const BlockQ4_K& b, int g, int l, bool high) {
+    const uint8_t q = b.qs[32 * g + l];
+    return high ? q >> 4 : q & 15;
+  });
+}
+
 void dequantize_row_q5_k(const BlockQ5_K* x, float* y, int64_t n) {
-  for (int64_t b = 0; b < n / kQK_K; ++b) {
-    const float d = fp16_to_fp32(x[b].d), dmin = fp16_to_fp32(x[b].dmin);
-    for (int g = 0; g < 4; ++g) {
-      uint8_t sc0, mn0, sc1, mn1;
-      k_scale_min(2 * g, x[b].scales, &sc0, &mn0);
-      k_scale_min(2 * g + 1, x[b].scales, &sc1, &mn1);
-      const float d0 = d * sc0, m0 = dmin * mn0, d1 = d * sc1, m1 = dmin * mn1;
-      const uint8_t* q = x[b].qs + 32 * g;
-      const uint8_t* qh = x[b].qh;
-      for (int l = 0; l < 32; ++l)
-        *y++ = d0 * static_cast<float>((q[l] & 15) | ((qh[l] >> (2 * g)) & 1) << 4) - m0;
-      for (int l = 0; l < 32; ++l)
-        *y++ = d1 * static_cast<float>((q[l] >> 4) | ((qh[l] >> (2 * g + 1)) & 1) << 4) - m1;
-    }
-  }
+  dequantize_row_scale_min(x, y, n, [](const BlockQ5_K& b, int g, int l, bool high) {
+    const uint8_t q = b.qs[32 * g + l];
+    return (high ? q >> 4 : q & 15) | ((b.qh[l] >> (2 * g + high)) & 1) << 4;
+  });
 }
 
 void dequantize_row_q6_k(const BlockQ6_K* x, float* y, int64_t n) {

@@ -1,30 +1,21 @@
 #include "core/planner/op_shape.h"
 
+#include "core/base/enum_names.h"
+
 namespace duet {
 
+namespace {
+
+constexpr std::string_view kOpKindNames[] = {"Embed",     "RmsNorm", "MatMul", "Rope",   "KvWrite",
+                                             "Attention", "SwiGlu",  "Add",    "Logits", "AddBias"};
+static_assert(std::size(kOpKindNames) == static_cast<size_t>(OpKind::AddBias) + 1,
+              "a name for every OpKind, in order");
+
+}  // namespace
+
 std::string op_kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::Embed:
-      return "Embed";
-    case OpKind::RmsNorm:
-      return "RmsNorm";
-    case OpKind::MatMul:
-      return "MatMul";
-    case OpKind::Rope:
-      return "Rope";
-    case OpKind::KvWrite:
-      return "KvWrite";
-    case OpKind::Attention:
-      return "Attention";
-    case OpKind::SwiGlu:
-      return "SwiGlu";
-    case OpKind::Add:
-      return "Add";
-    case OpKind::Logits:
-      return "Logits";
-    case OpKind::AddBias:
-      return "AddBias";
-  }
+  const std::string_view name = enum_name(kOpKindNames, k, "");
+  if (!name.empty()) return std::string(name);
   return "OpKind(" + std::to_string(static_cast<int>(k)) + ")";
 }
 

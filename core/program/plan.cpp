@@ -2,69 +2,41 @@
 
 #include <string>
 
+#include "core/base/enum_names.h"
 #include "core/base/error.h"
 
 namespace duet {
 
+namespace {
+
+constexpr std::string_view kMatmulRoleNames[] = {"q",    "k",  "v",    "o",
+                                                 "gate", "up", "down", "logits"};
+static_assert(std::size(kMatmulRoleNames) == kMatmulRoles, "a name for every MatmulRole");
+constexpr std::string_view kStrategyNames[] = {"gpu-only",   "npu-only", "weight",
+                                               "activation", "hybrid",   "padding"};
+static_assert(std::size(kStrategyNames) == static_cast<size_t>(Strategy::padding) + 1,
+              "a name for every Strategy, in order");
+constexpr std::string_view kNpuGraphModeNames[] = {"exact", "padding", "online-prepare", "pipe"};
+static_assert(std::size(kNpuGraphModeNames) == static_cast<size_t>(NpuGraphMode::pipe) + 1,
+              "a name for every NpuGraphMode, in order");
+
+}  // namespace
+
 std::string_view matmul_role_name(MatmulRole r) {
-  switch (r) {
-    case MatmulRole::q:
-      return "q";
-    case MatmulRole::k:
-      return "k";
-    case MatmulRole::v:
-      return "v";
-    case MatmulRole::o:
-      return "o";
-    case MatmulRole::gate:
-      return "gate";
-    case MatmulRole::up:
-      return "up";
-    case MatmulRole::down:
-      return "down";
-    case MatmulRole::logits:
-      return "logits";
-  }
-  return "?";
+  return enum_name(kMatmulRoleNames, r, "?");
 }
 
 std::string_view strategy_name(Strategy s) {
-  switch (s) {
-    case Strategy::gpu_only:
-      return "gpu-only";
-    case Strategy::npu_only:
-      return "npu-only";
-    case Strategy::weight_split:
-      return "weight";
-    case Strategy::activation_split:
-      return "activation";
-    case Strategy::hybrid:
-      return "hybrid";
-    case Strategy::padding:
-      return "padding";
-  }
-  return "?";
+  return enum_name(kStrategyNames, s, "?");
 }
 
 Strategy strategy_from_name(std::string_view name) {
-  for (Strategy s : {Strategy::gpu_only, Strategy::npu_only, Strategy::weight_split,
-                     Strategy::activation_split, Strategy::hybrid, Strategy::padding})
-    if (strategy_name(s) == name) return s;
+  if (const auto s = enum_value<Strategy>(kStrategyNames, name)) return *s;
   throw Error(Errc::invalid_argument, "unknown strategy '" + std::string(name) + "'");
 }
 
 std::string_view npu_graph_mode_name(NpuGraphMode m) {
-  switch (m) {
-    case NpuGraphMode::exact:
-      return "exact";
-    case NpuGraphMode::padding:
-      return "padding";
-    case NpuGraphMode::online_prepare:
-      return "online-prepare";
-    case NpuGraphMode::pipe:
-      return "pipe";
-  }
-  return "?";
+  return enum_name(kNpuGraphModeNames, m, "?");
 }
 
 bool Plan::uses_npu() const {

@@ -3,24 +3,22 @@
 // (status, restart, down). See supervisor_impl.h.
 #include "deploy/supervisor/supervisor_impl.h"
 
+#include "core/base/enum_names.h"
+
 namespace duet::supervisor {
 
+namespace {
+
+// Each a NUL-terminated literal, so state_name's callers may take its data() as a C string.
+constexpr std::string_view kChildStateNames[] = {"stopped",      "starting",   "healthy",
+                                                 "unresponsive", "restarting", "failed"};
+static_assert(std::size(kChildStateNames) == static_cast<size_t>(ChildState::failed) + 1,
+              "a name for every ChildState, in order");
+
+}  // namespace
+
 const char* state_name(ChildState s) {
-  switch (s) {
-    case ChildState::stopped:
-      return "stopped";
-    case ChildState::starting:
-      return "starting";
-    case ChildState::healthy:
-      return "healthy";
-    case ChildState::unresponsive:
-      return "unresponsive";
-    case ChildState::restart_pending:
-      return "restarting";
-    case ChildState::failed:
-      return "failed";
-  }
-  return "unknown";
+  return enum_name(kChildStateNames, s, "unknown").data();
 }
 
 void Supervisor::Impl::heartbeat(Child& c, uint64_t now) {

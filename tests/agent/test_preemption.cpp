@@ -13,6 +13,7 @@
 
 #include "core/base/error.h"
 #include "services/frontend/program_engine.h"
+#include "tests/agent/agent_engines.h"
 #include "tests/support/local_flags.h"
 
 namespace duet::frontend {
@@ -20,33 +21,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string model_path() {
-  return test_support::tiny_fortune_path("q8_0");
-}
+using namespace agent_testing;
 
 std::unique_ptr<ProgramEngine> make_engine(const std::string& tag, Plan plan) {
-  ProgramEngineOptions o;
-  o.model_path = model_path();
-  o.stack_id = "agent" + std::to_string(getpid());
-  o.segment_tag = tag;
-  o.plan_name = plan.name;
-  o.plan_for = [plan](uint32_t) { return plan; };
-  o.buckets = {4, 32};
-  o.max_seqs = 2;
-  o.max_ctx = 128;
-  return std::make_unique<ProgramEngine>(o, LlamaModel::load(o.model_path),
-                                         make_interpreter_link("gpu"),
-                                         make_interpreter_link("npu"));
-}
-
-std::vector<int32_t> prompt_of(int n, int salt) {
-  std::vector<int32_t> p{1};
-  for (int i = 1; i < n; ++i) p.push_back(3 + (i * 37 + salt * 11) % 250);
-  return p;
+  return interpreted_engine(
+      pinned_plan_options("agent" + std::to_string(getpid()), tag, plan, 2, 128));
 }
 
 int32_t argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+  return agent_testing::argmax(v.data(), v.size());
 }
 
 std::vector<int32_t> greedy_decode(ProgramEngine& e, uint64_t seq, std::vector<float> logits,

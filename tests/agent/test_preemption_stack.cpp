@@ -16,39 +16,14 @@
 
 #include "core/ipc/run_dir.h"
 #include "services/frontend/program_engine.h"
-
-extern char** environ;
+#include "tests/agent/agent_engines.h"
+#include "tests/support/service_process.h"
 
 namespace duet::frontend {
 namespace {
 
-std::string model_path() {
-  return std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-q8_0.gguf";
-}
-
-// One device service process, started the way the supervisor starts it.
-class ServiceProcess {
- public:
-  ServiceProcess(const std::string& which, const std::string& stack, const std::string& run_dir) {
-    const std::string exe = std::string(DUET_BINARY_DIR) + "/bin/" + which + "_svc";
-    std::vector<std::string> args = {exe,       "--stack",    stack,   "--run-dir", run_dir,
-                                     "--model", model_path(), "--soc", "sd8gen3"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, exe.c_str(), nullptr, nullptr, argv.data(), environ) != 0) pid_ = -1;
-  }
-  ~ServiceProcess() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-};
+using agent_testing::model_path;
+using test_support::ServiceProcess;
 
 TEST(AgentPreemptionOnTheStack, ParkedPrefillSurvivesReactiveStepsOnTheSameServices) {
   const std::string stack = "agst" + std::to_string(getpid());
@@ -56,20 +31,13 @@ TEST(AgentPreemptionOnTheStack, ParkedPrefillSurvivesReactiveStepsOnTheSameServi
       std::filesystem::temp_directory_path() / ("duet-agst-" + std::to_string(getpid()));
   make_private_dir(run_dir);
   {
-    ServiceProcess gpu("gpu", stack, run_dir), npu("npu", stack, run_dir);
+    ServiceProcess gpu("gpu", stack, run_dir, model_path()),
+        npu("npu", stack, run_dir, model_path());
     ASSERT_GT(gpu.pid(), 0);
     ASSERT_GT(npu.pid(), 0);
     auto engine = [&](const std::string& tag, uint32_t id_base, Plan plan) {
-      ProgramEngineOptions o;
-      o.model_path = model_path();
-      o.stack_id = stack;
-      o.segment_tag = tag;
+      ProgramEngineOptions o = agent_testing::pinned_plan_options(stack, tag, plan, 1, 64);
       o.program_id_base = id_base;
-      o.plan_name = plan.name;
-      o.plan_for = [plan](uint32_t) { return plan; };
-      o.buckets = {4, 32};
-      o.max_seqs = 1;
-      o.max_ctx = 64;
       return std::make_unique<ProgramEngine>(
           o, LlamaModel::load(o.model_path),
           make_service_link("gpu_svc", ipc_endpoint(control_socket_path(run_dir, ServiceId::gpu))),

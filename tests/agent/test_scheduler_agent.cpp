@@ -38,17 +38,23 @@ std::vector<uint64_t> seqs(const StepBatch& b) {
   return out;
 }
 
+// Decoding requests: 1 reactive (context 10), 2, 3 and 4 proactive (contexts 400, 50, 90).
+std::vector<std::unique_ptr<Request>> reactive_and_proactive_decoders() {
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(decoding(1, Priority::reactive, 10, 1000));
+  rs.push_back(decoding(2, Priority::proactive, 400, 1000));
+  rs.push_back(decoding(3, Priority::proactive, 50, 1000));
+  rs.push_back(decoding(4, Priority::proactive, 90, 1000));
+  return rs;
+}
+
 void admit_all(Scheduler& s, std::vector<std::unique_ptr<Request>>& rs) {
   for (auto& r : rs) s.enqueue(r.get());
   s.admit([](Request*) {});
 }
 
 TEST(AgentScheduler, ProactiveDecodersAreCappedWhileReactiveRunsLongestContextsWait) {
-  std::vector<std::unique_ptr<Request>> rs;
-  rs.push_back(decoding(1, Priority::reactive, 10, 1000));
-  rs.push_back(decoding(2, Priority::proactive, 400, 1000));
-  rs.push_back(decoding(3, Priority::proactive, 50, 1000));
-  rs.push_back(decoding(4, Priority::proactive, 90, 1000));
+  std::vector<std::unique_ptr<Request>> rs = reactive_and_proactive_decoders();
   Scheduler s(8, 8);
   admit_all(s, rs);
   // Reactive 1, then the two shortest proactive contexts: 3 entries in all (the
@@ -166,11 +172,7 @@ TEST(AgentScheduler, OverlapAllOpensTheProactiveLaneBesideReactiveDecodeNotReact
 // context evicted) and after the reactive prefill; without one, all of them. The proactive lane
 // then runs prefill only, and a request of a parked step never rides.
 TEST(AgentScheduler, RidingProactiveDecodersJoinTheMainStepsUnderTheCap) {
-  std::vector<std::unique_ptr<Request>> rs;
-  rs.push_back(decoding(1, Priority::reactive, 10, 1000));
-  rs.push_back(decoding(2, Priority::proactive, 400, 1000));
-  rs.push_back(decoding(3, Priority::proactive, 50, 1000));
-  rs.push_back(decoding(4, Priority::proactive, 90, 1000));
+  std::vector<std::unique_ptr<Request>> rs = reactive_and_proactive_decoders();
   rs.push_back(prefilling(5, Priority::reactive, 500));
   rs.push_back(prefilling(6, Priority::proactive, 600));
   for (Request* r : {rs[1].get(), rs[2].get(), rs[3].get(), rs[5].get()}) r->proactive_lane = true;
@@ -319,11 +321,7 @@ TEST(AgentScheduler, SlackRuleCutsRidersToWhatTheMeasuredStepTimesAllow) {
     s->set_riding(true, 8);
     return s;
   };
-  std::vector<std::unique_ptr<Request>> rs;
-  rs.push_back(decoding(1, Priority::reactive, 10, 1000));
-  rs.push_back(decoding(2, Priority::proactive, 400, 1000));
-  rs.push_back(decoding(3, Priority::proactive, 50, 1000));
-  rs.push_back(decoding(4, Priority::proactive, 90, 1000));
+  std::vector<std::unique_ptr<Request>> rs = reactive_and_proactive_decoders();
   for (size_t i = 1; i < rs.size(); ++i) rs[i]->proactive_lane = true;
 
   // Nothing measured yet: the reactive-only step goes first (and is measured).

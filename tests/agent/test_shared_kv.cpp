@@ -15,45 +15,24 @@
 #include "core/base/error.h"
 #include "services/frontend/program_engine.h"
 #include "shm/segment.h"
+#include "tests/agent/agent_engines.h"
 #include "tests/support/local_flags.h"
 
 namespace duet::frontend {
 namespace {
 
-std::string model_path() {
-  return test_support::tiny_fortune_path("q8_0");
-}
+using namespace agent_testing;
 
 const std::string kStack = "sharedkv" + std::to_string(getpid());
 
 std::unique_ptr<ProgramEngine> make_engine(const std::string& tag, std::shared_ptr<KvShare> share,
                                            uint32_t max_ctx = 128) {
-  ProgramEngineOptions o;
-  o.model_path = model_path();
-  o.stack_id = kStack;
-  o.segment_tag = tag;
-  const Plan plan =
-      test_support::activation_split_plan(16);  // both devices in every step: both are preempted
-  o.plan_name = plan.name;
-  o.plan_for = [plan](uint32_t) { return plan; };
-  o.buckets = {4, 32};
-  o.max_seqs = 3;
-  o.max_ctx = max_ctx;
+  // Both devices in every step: both are preempted.
+  ProgramEngineOptions o =
+      pinned_plan_options(kStack, tag, test_support::activation_split_plan(16), 3, max_ctx);
   o.kv_share = std::move(share);
   if (o.kv_share) o.kv_pages = 2 * o.max_seqs * (max_ctx / o.page_tokens);
-  return std::make_unique<ProgramEngine>(o, LlamaModel::load(o.model_path),
-                                         make_interpreter_link("gpu"),
-                                         make_interpreter_link("npu"));
-}
-
-std::vector<int32_t> prompt_of(int n, int salt) {
-  std::vector<int32_t> p{1};
-  for (int i = 1; i < n; ++i) p.push_back(3 + (i * 37 + salt * 11) % 250);
-  return p;
-}
-
-int32_t argmax(const float* v, size_t n) {
-  return static_cast<int32_t>(std::max_element(v, v + n) - v);
+  return interpreted_engine(o);
 }
 
 bool segment_exists(const std::string& name) {

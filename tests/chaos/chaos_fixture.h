@@ -8,9 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -42,14 +44,44 @@ inline double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-class ChaosStack : public ::testing::Test {
- protected:
-  void SetUp() override {
-    id_ = test_support::unique_stack_id("c_", 20);
-    run_dir_ = default_run_dir(id_);
-  }
+// INSTANTIATE_TEST_SUITE_P's name of a case whose parameter is a plan: "npu-only" -> "npu_only"
+// (a test name is [A-Za-z0-9_]).
+inline std::string plan_case_name(const ::testing::TestParamInfo<const char*>& info) {
+  std::string n = info.param;
+  for (char& ch : n)
+    if (ch == '-') ch = '_';
+  return n;
+}
 
-  void TearDown() override { test_support::tear_down_stack(id_, run_dir_); }
+// A fixed run (kLongPrompt, kFixedRunTokens past EOS) whose stream ran `at_mark` once a number
+// of tokens had arrived (ChaosStack::run_with_mark).
+struct MarkedRun {
+  client::GenerateResult result;
+  size_t received_at_mark = 0;              // tokens received when the mark ran
+  std::optional<Clock::time_point> marked;  // when it ran; none: the run ended first
+  std::vector<Clock::time_point> after;     // arrivals of the chunks that followed it
+
+  // From the mark to the first chunk after the longest gap among the next 30 (0 without them):
+  // chunks sampled before the mark may sit in the client's queue and arrive at once, so the
+  // first token after a recovery is the one after the stall.
+  double ms_to_resumed() const {
+    if (!marked || after.empty()) return 0;
+    double longest_gap_ms = -1, to_resumed_ms = 0;
+    Clock::time_point previous = *marked;
+    for (size_t i = 0; i < std::min<size_t>(after.size(), 30); ++i) {
+      if (ms_between(previous, after[i]) > longest_gap_ms) {
+        longest_gap_ms = ms_between(previous, after[i]);
+        to_resumed_ms = ms_between(*marked, after[i]);
+      }
+      previous = after[i];
+    }
+    return to_resumed_ms;
+  }
+};
+
+class ChaosStack : public test_support::StackFixture {
+ protected:
+  ChaosStack() : StackFixture("c_", 20) {}
 
   // `extra`: more `stack up` flags (the chaos run's --http PORT).
   void up(const std::string& plan = "", const std::string& extra = "") {
@@ -111,6 +143,33 @@ class ChaosStack : public ::testing::Test {
     return c.generate(req, {}, 60s);
   }
 
+  // The fixed run, streamed; `at_mark` runs (a kill, or nothing for a baseline) once
+  // `mark_after` tokens have arrived.
+  MarkedRun run_with_mark(size_t mark_after, const std::function<void()>& at_mark) {
+    client::Client c(endpoint());
+    client::GenerateRequest req;
+    req.prompt = kLongPrompt;
+    req.max_tokens = kFixedRunTokens;
+    req.ignore_eos = true;
+    MarkedRun run;
+    size_t received = 0;
+    run.result = c.generate(
+        req,
+        [&](const client::Chunk& chunk) {
+          if (chunk.ids.empty()) return true;
+          if (run.marked) run.after.push_back(Clock::now());
+          received += chunk.ids.size();
+          if (!run.marked && received >= mark_after) {
+            at_mark();
+            run.marked = Clock::now();
+            run.received_at_mark = received;
+          }
+          return true;
+        },
+        60s);
+    return run;
+  }
+
   // The frontend's engine holds no sequence and every KV page is free again.
   void expect_no_kv_held() {
     client::Client c(endpoint());
@@ -126,9 +185,6 @@ class ChaosStack : public ::testing::Test {
     const std::vector<std::string> v = shm::list_stack_segments(id_);
     return {v.begin(), v.end()};
   }
-
-  std::string id_;
-  std::string run_dir_;
 };
 
 }  // namespace duet::chaos

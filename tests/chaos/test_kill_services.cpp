@@ -43,52 +43,23 @@ TEST_P(KillMidGeneration, DeviceAndSolverKillsKeepTheTokensIdentical) {
     SCOPED_TRACE(victim);
     const auto [pid, healthy] = service_state(victim);
     ASSERT_TRUE(pid > 0 && healthy);
-    client::Client c(endpoint());
-    client::GenerateRequest req;
-    req.prompt = kLongPrompt;
-    req.max_tokens = kFixedRunTokens;
-    req.ignore_eos = true;
     const uint64_t before = step_tokens();
-    size_t received = 0, received_at_kill = 0;
-    std::optional<Clock::time_point> killed_at;
-    std::vector<Clock::time_point> after_kill;  // arrival of the chunks that follow the kill
-    const client::GenerateResult r = c.generate(
-        req,
-        [&](const client::Chunk& chunk) {
-          if (chunk.ids.empty()) return true;
-          if (killed_at) after_kill.push_back(Clock::now());
-          received += chunk.ids.size();
-          if (!killed_at && received >= kKillAfterTokens) {
-            EXPECT_EQ(kill(pid, SIGKILL), 0);
-            killed_at = Clock::now();
-            received_at_kill = received;
-          }
-          return true;
-        },
-        60s);
-    ASSERT_TRUE(killed_at.has_value()) << "generation ended before the kill";
-    ASSERT_LT(received_at_kill, size_t(kFixedRunTokens)) << "the kill came after the last token";
-    ASSERT_FALSE(after_kill.empty());
+    const MarkedRun run =
+        run_with_mark(kKillAfterTokens, [pid = pid] { EXPECT_EQ(kill(pid, SIGKILL), 0); });
+    const client::GenerateResult& r = run.result;
+    ASSERT_TRUE(run.marked.has_value()) << "generation ended before the kill";
+    ASSERT_LT(run.received_at_mark, size_t(kFixedRunTokens))
+        << "the kill came after the last token";
+    ASSERT_FALSE(run.after.empty());
     EXPECT_EQ(r.ids, clean.ids) << "tokens differ after killing " << victim;
     EXPECT_EQ(r.stats.finish_reason, "length");
     EXPECT_EQ(step_tokens() - before, clean_step_tokens)
         << "the frontend stepped more tokens than the undisturbed run: it recomputed some";
-    // Chunks sampled before the kill may still sit in the client's queue and arrive at once; the
-    // first token after the recovery is the one after the longest gap among the next chunks.
-    Clock::time_point previous = *killed_at, resumed = after_kill.front();
-    double longest_gap_ms = -1;
-    for (size_t i = 0; i < std::min<size_t>(after_kill.size(), 30); ++i) {
-      if (ms_between(previous, after_kill[i]) > longest_gap_ms) {
-        longest_gap_ms = ms_between(previous, after_kill[i]);
-        resumed = after_kill[i];
-      }
-      previous = after_kill[i];
-    }
     std::printf(
         "[chaos] plan %s: kill -9 %s after token %zu of %d: first token after the stall %.1f ms "
         "after the kill (TPOT %.2f ms; %zu tokens, restarts seen %u)\n",
-        GetParam(), victim.c_str(), received_at_kill, kFixedRunTokens,
-        ms_between(*killed_at, resumed), r.stats.tpot_ms, r.ids.size(), r.stats.restarts_seen);
+        GetParam(), victim.c_str(), run.received_at_mark, kFixedRunTokens, run.ms_to_resumed(),
+        r.stats.tpot_ms, r.ids.size(), r.stats.restarts_seen);
     ASSERT_TRUE(wait_all_healthy({pid})) << victim << " did not come back";
     expect_no_kv_held();
     EXPECT_EQ(segments(), segments_before) << "segments piled up or vanished after " << victim;
@@ -108,12 +79,7 @@ TEST_P(KillMidGeneration, DeviceAndSolverKillsKeepTheTokensIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, KillMidGeneration, ::testing::Values("tensor", "npu-only"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         plan_case_name);
 
 using FrontendKill = ChaosStack;
 

@@ -97,12 +97,7 @@ TEST_P(KillSharedPrefix, DeviceKillDuringSharedPrefixDecodingKeepsTokensAndLeaks
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, KillSharedPrefix, ::testing::Values("tensor", "npu-only"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         plan_case_name);
 
 }  // namespace
 }  // namespace duet::chaos

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "frontend_fixture.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet::frontend::testing {
 namespace {
@@ -37,9 +38,6 @@ std::string run(const std::string& cmd, int* status = nullptr) {
 class FrontendProcess : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/duet-fe-proc-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
     run_dir_ = root_ + "/fetest";
     pid_ = fork();
     ASSERT_GE(pid_, 0);
@@ -80,10 +78,11 @@ class FrontendProcess : public ::testing::Test {
         ADD_FAILURE() << "the frontend did not stop on SIGTERM";
       }
     }
-    std::filesystem::remove_all(root_);
   }
 
-  std::string root_, run_dir_, env_;
+  test_support::TempDir tmp_{"duet-fe-proc"};
+  const std::string root_ = tmp_.path();
+  std::string run_dir_, env_;
   std::vector<std::pair<std::string, std::string>> extra_env_;  // for the frontend process
   pid_t pid_ = -1;
 };

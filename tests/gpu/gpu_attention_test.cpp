@@ -19,10 +19,6 @@
 namespace duet::gpu {
 namespace {
 
-using testing::HostBuffer;
-using testing::random_floats;
-using testing::run;
-
 constexpr uint32_t kHeads = 8, kKvHeads = 2, kHeadDim = 64, kKvDim = kKvHeads * kHeadDim,
                    kQDim = kHeads * kHeadDim;
 constexpr uint32_t kPageTokens = 16, kLayers = 2, kLayer = 1;

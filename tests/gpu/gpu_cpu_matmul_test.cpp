@@ -21,10 +21,6 @@
 namespace duet::gpu {
 namespace {
 
-using testing::HostBuffer;
-using testing::random_floats;
-using testing::run;
-
 // Scales a block may carry: zero, negative, half subnormals (down to the smallest, 2^-24),
 // the smallest normal, ordinary and near the top of the half range.
 const float kScales[] = {0.0f,  0x1p-24f, -3.0e-6f, 6.1035156e-5f, -0.0123f,

@@ -30,19 +30,8 @@
 namespace duet::gpu {
 namespace {
 
-using testing::HostBuffer;
-using testing::random_floats;
-using testing::random_weights;
-using testing::run;
-
-bool int8_path_available(GpuKernels& k) {
-  try {
-    k.set_int8_matmul(true);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
+using testing::int8_path_available;
+using Shape = testing::MatmulShape;
 
 // The documented algorithm on the host: quantise each 32-value block of x (d = amax / 127 for
 // 8 bits, amax / (127 * 256) for 16; q = round-half-even(x / d)), exact integer block dots,
@@ -71,10 +60,6 @@ float emulate(DType type, const uint8_t* wrow, const float* x, uint32_t k, int b
   return acc;
 }
 
-struct Shape {
-  uint32_t rows, cols, row_begin, row_end;
-};
-
 // The arena of a matmul of n tokens: x's n rows (cols floats each) at x_off, uploaded; the n
 // output rows (`rows` floats each) at y_off; then `extra` bytes.
 class MatmulArena : public HostBuffer {
@@ -90,30 +75,12 @@ class MatmulArena : public HostBuffer {
   const uint64_t x_off, y_off;
 };
 
-// (weight type, activation bits): kernels on the 8-bit path at those bits (skipped on devices
-// without it).
-class Int8Matmul : public ::testing::TestWithParam<std::tuple<DType, int>> {
- protected:
-  void SetUp() override {
-    if (!int8_path_available(kernels)) GTEST_SKIP() << "no 8-bit path on " << dev.info().name;
-    kernels.set_int8_act_bits(bits);
-  }
-  const DType type = std::get<0>(GetParam());
-  const int bits = std::get<1>(GetParam());
-  ClDevice& dev = shared_device();
-  GpuKernels kernels{dev};
-};
+using Int8Matmul = testing::Int8MatmulTest;
 
 // n tokens in [1, 20] at t_begin 3 of a table of 23; each launch's rows against the one-token
 // launches of the same tokens, for both ISAs, and the one-token outputs against the emulation.
 TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
-  std::vector<bool> isas{false};
-  try {
-    kernels.set_int8_vnni(true);
-    isas.push_back(true);
-  } catch (const Error&) {
-    std::printf("note: no AVX-512 VNNI here, portable kernels only\n");
-  }
+  const std::vector<bool> isas = integer_isas();
   // 45 rows from 3: two full 16-row items and a partial one; 7 blocks a row (odd).
   for (const Shape s : {Shape{48, 224, 3, 48}, Shape{40, 64, 0, 40}, Shape{17, 32, 1, 17}}) {
     SCOPED_TRACE("rows " + std::to_string(s.rows) + " cols " + std::to_string(s.cols));
@@ -362,10 +329,7 @@ TEST(Int8MatmulRoles, AQuantisedInputIsReusedOnlyWhileItIsCurrent) {
 INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,
                          ::testing::Combine(::testing::Values(DType::Q4_0, DType::Q8_0),
                                             ::testing::Values(8, 16)),
-                         [](const auto& info) {
-                           return std::string(dtype_name(std::get<0>(info.param))) + "_a" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+                         testing::int8_case_name);
 
 }  // namespace
 }  // namespace duet::gpu

@@ -13,11 +13,6 @@
 namespace duet::gpu {
 namespace {
 
-using testing::HostBuffer;
-using testing::random_floats;
-using testing::random_weights;
-using testing::run;
-
 const DType kTypes[] = {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0};
 const uint32_t kOddCounts[] = {1, 31, 33, 257};
 constexpr uint64_t kActs = 8192;  // activations start after the token table (257 x 16 bytes)
@@ -40,6 +35,25 @@ void fill_tokens(int32_t* tok, uint32_t n, uint32_t vocab, int32_t first_pos) {
 
 class GpuKernelsTest : public ::testing::Test {
  protected:
+  using GatedKernel = cl_event (GpuKernels::*)(cl_mem, uint64_t, uint32_t, uint64_t, uint32_t,
+                                               uint64_t, uint32_t, uint32_t, TokenRange);
+  using GatedOp = void (*)(const float*, const float*, int64_t, float*);
+  // A gated activation out = act(g) * u of n tokens x cols (g at 0 of `arena`, u after it, out
+  // after u) against the reference op: the largest difference.
+  float gated_diff(HostBuffer& arena, GatedKernel kernel, GatedOp reference,
+                   const std::vector<float>& g, const std::vector<float>& u, uint32_t cols,
+                   uint32_t n) {
+    const size_t count = g.size();
+    std::memcpy(arena.at(0), g.data(), count * 4);
+    std::memcpy(arena.at(count * 4), u.data(), count * 4);
+    arena.upload();
+    run((k.*kernel)(arena.mem(), 0, cols, count * 4, cols, 2 * count * 4, cols, cols, {0, n}));
+    arena.download();
+    std::vector<float> want(count);
+    reference(g.data(), u.data(), static_cast<int64_t>(count), want.data());
+    return max_abs_diff(arena.at<float>(2 * count * 4), want.data(), count);
+  }
+
   ClDevice& dev = shared_device();
   GpuKernels k{dev};
 };
@@ -172,20 +186,13 @@ TEST_F(GpuKernelsTest, SwiGluAndAddMatchReference) {
       const size_t count = size_t{n} * cols;
       const auto g = random_floats(count, 1, 4.0f), u = random_floats(count, 2, 4.0f);
       HostBuffer arena(dev, 3 * count * 4);
-      std::memcpy(arena.at(0), g.data(), count * 4);
-      std::memcpy(arena.at(count * 4), u.data(), count * 4);
-      arena.upload();
-      run(k.swiglu(arena.mem(), 0, cols, count * 4, cols, 2 * count * 4, cols, cols, {0, n}));
-      arena.download();
-      std::vector<float> want(count);
-      ops::swiglu(g.data(), u.data(), static_cast<int64_t>(count), want.data());
-      EXPECT_LT(max_abs_diff(arena.at<float>(2 * count * 4), want.data(), count), 1e-5f)
+      EXPECT_LT(gated_diff(arena, &GpuKernels::swiglu, ops::swiglu, g, u, cols, n), 1e-5f)
           << "swiglu cols=" << cols << " n=" << n;
 
       // Residual add in place: out = in0.
       run(k.add(arena.mem(), 0, cols, count * 4, cols, 0, cols, cols, {0, n}));
       arena.download();
-      want = g;
+      std::vector<float> want = g;
       ops::add(want.data(), u.data(), static_cast<int64_t>(count));
       EXPECT_EQ(max_abs_diff(arena.at<float>(0), want.data(), count), 0.0f) << "add n=" << n;
     }
@@ -198,21 +205,14 @@ TEST_F(GpuKernelsTest, GegluAndScaleMatchReference) {
     const size_t count = size_t{n} * cols;
     const auto g = random_floats(count, 3, 6.0f), u = random_floats(count, 4, 4.0f);
     HostBuffer arena(dev, 3 * count * 4);
-    std::memcpy(arena.at(0), g.data(), count * 4);
-    std::memcpy(arena.at(count * 4), u.data(), count * 4);
-    arena.upload();
-    run(k.geglu(arena.mem(), 0, cols, count * 4, cols, 2 * count * 4, cols, cols, {0, n}));
-    arena.download();
-    std::vector<float> want(count);
-    ops::geglu(g.data(), u.data(), static_cast<int64_t>(count), want.data());
-    EXPECT_LT(max_abs_diff(arena.at<float>(2 * count * 4), want.data(), count), 1e-5f)
+    EXPECT_LT(gated_diff(arena, &GpuKernels::geglu, ops::geglu, g, u, cols, n), 1e-5f)
         << "geglu n=" << n;
 
     // Tokens [1, n) only: token 0 keeps its values.
     const float s = std::sqrt(2048.0f);
     run(k.scale(arena.mem(), 0, cols, s, cols, {1, n}));
     arena.download();
-    want = g;
+    std::vector<float> want = g;
     ops::scale(want.data() + cols, s, static_cast<int64_t>(count - cols));
     EXPECT_EQ(max_abs_diff(arena.at<float>(0), want.data(), count), 0.0f) << "scale n=" << n;
   }

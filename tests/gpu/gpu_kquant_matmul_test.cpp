@@ -26,16 +26,11 @@
 namespace duet::gpu {
 namespace {
 
-using testing::HostBuffer;
 using testing::kq_dequantize;
 using testing::kq_emulate;
-using testing::random_floats;
 using testing::random_kq_weights;
-using testing::run;
+using Shape = testing::MatmulShape;
 
-struct Shape {
-  uint32_t rows, cols, row_begin, row_end;
-};
 const Shape kShapes[] = {{1, 256, 0, 1}, {31, 768, 0, 31}, {33, 256, 0, 33}, {257, 512, 3, 250}};
 std::vector<uint32_t> token_counts() {
   std::vector<uint32_t> n;
@@ -45,15 +40,6 @@ std::vector<uint32_t> token_counts() {
   return n;
 }
 constexpr uint32_t kBegin = 2;  // the launches' first token (a tile starts there)
-
-bool int8_path_available(GpuKernels& k) {
-  try {
-    k.set_int8_matmul(true);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
 
 // A weight tensor at a 2-byte offset (super-blocks at unaligned addresses), an arena with the
 // token table (Logits rows: reversed, every third token none), kTable input rows and outputs.
@@ -86,26 +72,10 @@ struct Fixture {
   HostBuffer arena;
 };
 
-class KQuantInt8Matmul : public ::testing::TestWithParam<std::tuple<DType, int>> {
- protected:
-  void SetUp() override {
-    if (!int8_path_available(kernels)) GTEST_SKIP() << "no integer path on " << dev.info().name;
-    kernels.set_int8_act_bits(bits);
-  }
-  const DType type = std::get<0>(GetParam());
-  const int bits = std::get<1>(GetParam());
-  ClDevice& dev = shared_device();
-  GpuKernels kernels{dev};
-};
+using KQuantInt8Matmul = testing::Int8MatmulTest;
 
 TEST_P(KQuantInt8Matmul, EveryLaunchComputesTheDocumentedAlgorithmBitForBit) {
-  std::vector<bool> isas{false};
-  try {
-    kernels.set_int8_vnni(true);
-    isas.push_back(true);
-  } catch (const Error&) {
-    std::printf("note: no AVX-512 VNNI here, portable kernels only\n");
-  }
+  const std::vector<bool> isas = integer_isas();
   const uint32_t table = kBegin + 296;
   for (const Shape& s : kShapes) {
     SCOPED_TRACE("rows " + std::to_string(s.rows) + " cols " + std::to_string(s.cols));
@@ -162,18 +132,7 @@ double worst_relative_error(const std::vector<uint8_t>& wbytes, DType type, cons
   const size_t row_bytes = wbytes.size() / s.rows;
   for (uint32_t r = 0; r < s.rows; ++r)
     kq_dequantize(type, wbytes.data() + r * row_bytes, dense.data() + size_t{r} * s.cols, s.cols);
-  double worst = 0;
-  for (uint32_t t = t_begin; t < t_begin + n; ++t)
-    for (uint32_t r = s.row_begin; r < s.row_end; ++r) {
-      double dot = 0, magnitude = 0;
-      for (uint32_t i = 0; i < s.cols; ++i) {
-        const double p = double{dense[size_t{r} * s.cols + i]} * x[size_t{t} * s.cols + i];
-        dot += p;
-        magnitude += std::fabs(p);
-      }
-      worst = std::max(worst, std::fabs(y[size_t{t} * s.rows + r] - dot) / magnitude);
-    }
-  return worst;
+  return testing::worst_relative_error(dense, s, x, t_begin, n, y);
 }
 
 TEST_P(KQuantInt8Matmul, StaysCloseToTheFp64MatmulOfTheDequantisedWeights) {
@@ -219,19 +178,11 @@ INSTANTIATE_TEST_SUITE_P(Types, KQuantInt8Matmul,
                          ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q5_K,
                                                               DType::Q6_K),
                                             ::testing::Values(8, 16)),
-                         [](const auto& info) {
-                           return std::string(dtype_name(std::get<0>(info.param))) + "_a" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+                         testing::int8_case_name);
 
 // The fp32 kernels: the GEMV (coop, forced on CPU devices too) for 1..4 tokens, the 8-token
 // GEMM for more, against the fp64 matmul (float rounding only: 1e-5 of sum |w x|).
-class KQuantFloatMatmul : public ::testing::TestWithParam<DType> {
- protected:
-  const DType type = GetParam();
-  ClDevice& dev = shared_device();
-  GpuKernels kernels{dev};
-};
+using KQuantFloatMatmul = testing::WeightTypeTest;
 
 TEST_P(KQuantFloatMatmul, GemvAndGemmAgreeWithTheFp64Matmul) {
   if (kernels.int8_matmul()) kernels.set_int8_matmul(false);
@@ -289,82 +240,23 @@ TEST_P(KQuantFloatMatmul, TheTestsDequantiserEqualsCores) {
 
 INSTANTIATE_TEST_SUITE_P(Types, KQuantFloatMatmul,
                          ::testing::Values(DType::Q4_K, DType::Q5_K, DType::Q6_K),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         testing::dtype_case_name);
 
 // Q4_1, Q5_0, Q5_1 (the mixes' fallbacks; fp32 kernels on every device, matmul_qx.cl): the GEMV
 // (coop and per-row), the GEMMs and the embedding lookup against core's quantiser and
 // dequantiser, on odd shapes.
-class LegacyQuantMatmul : public ::testing::TestWithParam<DType> {
- protected:
-  const DType type = GetParam();
-  ClDevice& dev = shared_device();
-  GpuKernels kernels{dev};
-};
+using LegacyQuantMatmul = testing::WeightTypeTest;
 
 TEST_P(LegacyQuantMatmul, GemvGemmAndEmbedAgreeWithTheDequantisedWeights) {
-  const uint32_t table = kBegin + 64;
   for (const Shape& s : {Shape{1, 32, 0, 1}, Shape{31, 96, 0, 31}, Shape{257, 160, 3, 250}}) {
     SCOPED_TRACE("rows " + std::to_string(s.rows) + " cols " + std::to_string(s.cols));
-    const auto wbytes = testing::random_weights(type, s.rows, s.cols, 3 + s.rows);
-    HostBuffer w(dev, 2 + wbytes.size());
-    std::memcpy(w.at(2), wbytes.data(), wbytes.size());
-    w.upload();
-    const auto x = random_floats(size_t{table} * s.cols, 4, 2.0f);
-    const uint64_t x_off = 4096 + uint64_t{table} * 16, y_off = x_off + x.size() * 4;
-    HostBuffer arena(dev, y_off + uint64_t{table} * s.rows * 4);
-    std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
-    arena.upload();
-    std::vector<float> dense(size_t{s.rows} * s.cols);
-    dequantize_row(type, wbytes.data(), dense.data(), int64_t{s.rows} * s.cols);
-    for (const bool coop : {true, false}) {
-      kernels.set_coop_gemv(coop);
-      for (const uint32_t n : {1u, 3u, 5u, 20u, 64u}) {
-        SCOPED_TRACE(std::to_string(n) + " tokens" + (coop ? ", coop GEMV" : ""));
-        run(kernels.matmul(arena.mem(), MatmulArgs{type,
-                                                   w.mem(),
-                                                   2,
-                                                   s.cols,
-                                                   x_off,
-                                                   s.cols,
-                                                   y_off,
-                                                   s.rows,
-                                                   s.row_begin,
-                                                   s.row_end,
-                                                   {kBegin, kBegin + n},
-                                                   0,
-                                                   false}));
-        arena.download();
-        for (uint32_t t = kBegin; t < kBegin + n; ++t)
-          for (uint32_t r = s.row_begin; r < s.row_end; ++r) {
-            double dot = 0, magnitude = 0;
-            for (uint32_t i = 0; i < s.cols; ++i) {
-              const double p = double{dense[size_t{r} * s.cols + i]} * x[size_t{t} * s.cols + i];
-              dot += p;
-              magnitude += std::fabs(p);
-            }
-            ASSERT_NEAR(arena.at<float>(y_off)[size_t{t} * s.rows + r], dot, 1e-5 * magnitude)
-                << "token " << t << " row " << r;
-          }
-      }
-    }
-    const int32_t ids[3] = {0, static_cast<int32_t>(s.rows - 1), static_cast<int32_t>(s.rows / 2)};
-    for (uint32_t t = 0; t < 3; ++t) arena.at<int32_t>(0)[4 * t] = ids[t];
-    arena.upload();
-    run(kernels.embed(arena.mem(), type, w.mem(), 2, s.cols, 0, x_off, s.cols, {0, 3}));
-    arena.download();
-    for (uint32_t t = 0; t < 3; ++t)
-      for (uint32_t i = 0; i < s.cols; ++i) {
-        const float want = dense[size_t(ids[t]) * s.cols + i];
-        ASSERT_NEAR(arena.at<float>(x_off)[size_t{t} * s.cols + i], want,
-                    1e-6f * (1.0f + std::fabs(want)))
-            << "token " << t << " col " << i;
-      }
+    testing::expect_dequantised_matmuls_and_embed(dev, kernels, type, s, /*embed_exact=*/false);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, LegacyQuantMatmul,
                          ::testing::Values(DType::Q4_1, DType::Q5_0, DType::Q5_1),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         testing::dtype_case_name);
 
 }  // namespace
 }  // namespace duet::gpu

@@ -20,11 +20,6 @@
 namespace duet::gpu {
 namespace {
 
-using testing::HostBuffer;
-using testing::random_floats;
-using testing::random_weights;
-using testing::run;
-
 float max_abs(const std::vector<float>& v) {
   float m = 1;
   for (float x : v) m = std::max(m, std::fabs(x));

@@ -21,8 +21,10 @@
 #include "services/gpu_svc/gpu_runner.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/support/arch_models.h"
+#include "tests/support/error_code.h"
 #include "tests/support/local_flags.h"
 #include "tests/support/program_setup.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet::gpu {
 namespace {
@@ -222,16 +224,7 @@ TEST(GpuRunner, ReportsMeasuredAndModelledTimePerOp) {
   for (uint32_t f : run.built().done_flags) EXPECT_EQ(run.flags().load(f), 1u);
 }
 
-template <typename F>
-void expect_error(F&& f, Errc code, const std::string& needle) {
-  try {
-    f();
-    FAIL() << "expected an error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using test_support::expect_error;
 
 TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
   auto m = LlamaModel::load(tiny_fortune_path("q4_0"));
@@ -293,21 +286,13 @@ TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
 // runner: the integer path with tiled copies (CPU devices), the fp32 kernels (the integer path
 // off: what GPUs run) and copies mode, gpu-only and weight-split, against the reference.
 TEST(GpuRunner, KQuantMixesMatchTheReferenceGpuOnlyAndWeightSplit) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("duet-gpu-kquant-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test_support::TempDir dir("duet-gpu-kquant");
   DeviceOptions copies;
   copies.force_copies = true;
   auto copies_dev = ClDevice::open(copies);
   for (const char* preset : {"q4_k_m", "q5_k_m", "q6_k"}) {
     SCOPED_TRACE(preset);
-    SyntheticModelOptions o;
-    o.preset = preset;
-    o.n_vocab = 2048;
-    o.n_ctx = 128;
-    const std::string path = (dir / (std::string(preset) + ".gguf")).string();
-    write_synthetic_model(model_shape("tiny-llama3-256"), o, path);
-    auto m = LlamaModel::load(path);
+    auto m = LlamaModel::load(test_support::write_kquant_mix_model(dir.path(), preset));
     ASSERT_TRUE(dtype_is_k_quant(m->layers[1].w_down.type));
     expect_matches_reference(*m, Plan::gpu_only());
     expect_matches_reference(*m, weight_split_plan(*m));
@@ -315,7 +300,6 @@ TEST(GpuRunner, KQuantMixesMatchTheReferenceGpuOnlyAndWeightSplit) {
     const testing::ScopedEnv fp32("DUET_GPU_INT8_MATMUL", "0");
     expect_matches_reference(*m, Plan::gpu_only());
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(GpuRunner, AWaitOnAFlagNobodyPublishesEndsAtItsDeadline) {

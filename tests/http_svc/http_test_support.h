@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/support/shell.h"
+
 namespace duet::test_support {
 
 // A TCP port of 127.0.0.1 that was free a moment ago.
@@ -24,19 +26,10 @@ inline int free_port() {
   return ntohs(a.sin_port);
 }
 
-struct Shell {
-  int rc;
-  std::string out;
-};
+using Shell = CliResult;
 
 inline Shell sh(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+  return run_shell(cmd);
 }
 
 // The text of an SSE completion stream (curl -N output), and whether it ended with [DONE].

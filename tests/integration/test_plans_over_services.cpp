@@ -27,9 +27,8 @@
 #include "tests/core/model/llamacpp_data.h"
 #include "tests/support/arch_models.h"
 #include "tests/support/llamacpp_agreement.h"
+#include "tests/support/service_process.h"
 #include "tests/support/teacher_forced.h"
-
-extern char** environ;
 
 namespace duet::frontend {
 namespace {
@@ -46,32 +45,7 @@ std::string model_path(const std::string& v) {
   return data_dir() + "fortune-" + v + ".gguf";
 }
 
-// One device service process, started the way the supervisor starts it.
-class ServiceProcess {
- public:
-  // --model's directory is the only one the service maps models from.
-  ServiceProcess(const std::string& exe, const std::string& stack, const std::string& run_dir,
-                 const std::string& model) {
-    std::vector<std::string> args = {exe,       "--stack", stack,   "--run-dir", run_dir,
-                                     "--model", model,     "--soc", "sd8gen3"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, exe.c_str(), nullptr, nullptr, argv.data(), environ) != 0) pid_ = -1;
-  }
-  ~ServiceProcess() { stop(SIGTERM); }
-  void stop(int sig) {
-    if (pid_ <= 0) return;
-    kill(pid_, sig);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-  int pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-};
+using test_support::ServiceProcess;
 
 class PlansOverServices : public ::testing::Test {
  protected:
@@ -90,8 +64,7 @@ class PlansOverServices : public ::testing::Test {
   void start(const std::string& which) {
     auto& slot = which == "gpu" ? gpu_ : npu_;
     slot.reset();
-    slot = std::make_unique<ServiceProcess>(std::string(DUET_BINARY_DIR) + "/bin/" + which + "_svc",
-                                            stack_, run_dir_, service_model_);
+    slot = std::make_unique<ServiceProcess>(which, stack_, run_dir_, service_model_);
     ASSERT_GT(slot->pid(), 0);
   }
   std::string endpoint(ServiceId id) const {
@@ -102,6 +75,11 @@ class PlansOverServices : public ::testing::Test {
                                         std::function<Plan(uint32_t)> plan_for, uint32_t id_base) {
     return engine_for(model_path(variant), plan_name, std::move(plan_for), id_base);
   }
+  // An engine over the services for each tiny-fortune file (f16, q8_0, q4_0) and each of
+  // `plans` (tensor: the solver's plan for the file), given to check(engine, variant); their
+  // program ids from id_base on.
+  void for_each_plan(const std::vector<std::string>& plans, uint32_t id_base,
+                     const std::function<void(ProgramEngine&, const std::string&)>& check);
   std::unique_ptr<ProgramEngine> engine_for(const std::string& path, const std::string& plan_name,
                                             std::function<Plan(uint32_t)> plan_for,
                                             uint32_t id_base, bool per_bucket = false,
@@ -136,23 +114,28 @@ Plan tensor_plan_for(const std::string& variant, uint32_t bucket) {
   return tensor_plan_for_path(model_path(variant), bucket);
 }
 
-TEST_F(PlansOverServices, EveryPlanMatchesTheReferenceTeacherForced) {
-  uint32_t id_base = 100;
-  for (const char* variant : {"f16", "q8_0", "q4_0"}) {
-    const std::vector<std::pair<std::string, std::function<Plan(uint32_t)>>> plans = {
-        {"gpu-only", nullptr},
-        {"npu-only", nullptr},
-        {"tensor", [variant](uint32_t b) { return tensor_plan_for(variant, b); }},
-    };
-    for (const auto& [name, plan_for] : plans) {
-      SCOPED_TRACE(std::string(variant) + " " + name);
+void PlansOverServices::for_each_plan(
+    const std::vector<std::string>& plans, uint32_t id_base,
+    const std::function<void(ProgramEngine&, const std::string&)>& check) {
+  for (const std::string variant : {"f16", "q8_0", "q4_0"})
+    for (const std::string& name : plans) {
+      SCOPED_TRACE(variant + " " + name);
+      std::function<Plan(uint32_t)> plan_for;
+      if (name == "tensor")
+        plan_for = [variant](uint32_t b) { return tensor_plan_for(variant, b); };
       auto e = engine(variant, name, plan_for, id_base);
       id_base += 100;
-      const Agreement a = teacher_forced(*e, data_dir(), variant);
-      EXPECT_GT(a.clear, 100);
-      EXPECT_EQ(a.agree, a.clear) << describe(a);
+      check(*e, variant);
     }
-  }
+}
+
+TEST_F(PlansOverServices, EveryPlanMatchesTheReferenceTeacherForced) {
+  for_each_plan({"gpu-only", "npu-only", "tensor"}, 100,
+                [](ProgramEngine& e, const std::string& variant) {
+                  const Agreement a = teacher_forced(e, data_dir(), variant);
+                  EXPECT_GT(a.clear, 100);
+                  EXPECT_EQ(a.agree, a.clear) << describe(a);
+                });
 }
 
 // Symbolic programs (one per model and distinct plan, issue 24) give the bits of per-bucket
@@ -205,25 +188,16 @@ TEST_F(PlansOverServices, SymbolicProgramsGiveThePerBucketProgramsBits) {
 // The same plans held to llama.cpp's answers on the same files (tests/data/llamacpp/
 // logits-fortune-*.json): top-1 equal wherever llama.cpp's margin exceeds its own noise.
 TEST_F(PlansOverServices, EveryPlanMatchesLlamacppTeacherForced) {
-  uint32_t id_base = 3000;
-  for (const char* variant : {"f16", "q8_0", "q4_0"}) {
-    const auto answer = test_support::load_json(
+  std::map<std::string, nlohmann::json> answers;
+  for (const char* variant : {"f16", "q8_0", "q4_0"})
+    answers[variant] = test_support::load_json(
         std::string(DUET_SOURCE_DIR) + "/tests/data/llamacpp/logits-fortune-" + variant + ".json");
-    const std::vector<std::pair<std::string, std::function<Plan(uint32_t)>>> plans = {
-        {"gpu-only", nullptr},
-        {"npu-only", nullptr},
-        {"npu-only:pipe", nullptr},
-        {"tensor", [variant](uint32_t b) { return tensor_plan_for(variant, b); }},
-    };
-    for (const auto& [name, plan_for] : plans) {
-      SCOPED_TRACE(std::string(variant) + " " + name);
-      auto e = engine(variant, name, plan_for, id_base);
-      id_base += 100;
-      const auto a = test_support::llamacpp_teacher_forced(*e, answer, 1);
-      EXPECT_GE(a.clear, 5);
-      EXPECT_EQ(a.agree, a.clear) << a.flipped;
-    }
-  }
+  for_each_plan({"gpu-only", "npu-only", "npu-only:pipe", "tensor"}, 3000,
+                [&](ProgramEngine& e, const std::string& variant) {
+                  const auto a = test_support::llamacpp_teacher_forced(e, answers.at(variant), 1);
+                  EXPECT_GE(a.clear, 5);
+                  EXPECT_EQ(a.agree, a.clear) << a.flipped;
+                });
 }
 
 // The same on K-quant files (issue 19): tiny-fortune quantised by `duet quantize` to Q4_K_M,

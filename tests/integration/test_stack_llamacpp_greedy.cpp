@@ -27,32 +27,10 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using test_support::run_duet;
 
-class StackGreedyAgainstLlamaCpp : public ::testing::Test {
+class StackGreedyAgainstLlamaCpp : public test_support::StackFixture {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::path(::testing::TempDir()) /
-                        ("duet-stack-greedy-" + std::to_string(::getpid())));
-    testdata::regenerate_mkmodel_files(*dir_);
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
-  void SetUp() override {
-    id_ = test_support::unique_stack_id("g_", 12);
-    run_dir_ = default_run_dir(id_);
-  }
-  void TearDown() override { test_support::tear_down_stack(id_, run_dir_); }
-
-  static std::string model_path(const std::string& name) {
-    const std::string fortune = testdata::fortune_dir() + name;
-    return fs::exists(fortune) ? fortune : (*dir_ / name).string();
-  }
-
-  static fs::path* dir_;
-  std::string id_, run_dir_;
+  StackGreedyAgainstLlamaCpp() : StackFixture("g_", 12) {}
 };
-fs::path* StackGreedyAgainstLlamaCpp::dir_ = nullptr;
 
 TEST_F(StackGreedyAgainstLlamaCpp, EveryArchitectureGeneratesLlamaCppsTokensOnF16) {
   int compared = 0;
@@ -70,8 +48,8 @@ TEST_F(StackGreedyAgainstLlamaCpp, EveryArchitectureGeneratesLlamaCppsTokensOnF1
     for (const std::string plan : {"tensor", "npu-only"}) {
       SCOPED_TRACE(name + " plan " + plan);
       const auto up = run_duet("stack up --stack " + id_ + " --model '" +
-                               model_path(answer.at("model").get<std::string>()) + "' --plan " +
-                               plan + " --timeout 60");
+                               testdata::answer_model_path(answer.at("model").get<std::string>()) +
+                               "' --plan " + plan + " --timeout 60");
       ASSERT_EQ(up.rc, 0) << up.out;
       client::Client c(client::stack_endpoint(id_));
       client::GenerateRequest req;

@@ -22,13 +22,9 @@ using namespace std::chrono_literals;
 using test_support::run_duet;
 using namespace duet::frontend::testing;
 
-class StackServing : public ::testing::Test {
+class StackServing : public test_support::StackFixture {
  protected:
-  void SetUp() override {
-    id_ = test_support::unique_stack_id("s_", 20);
-    run_dir_ = default_run_dir(id_);
-  }
-  void TearDown() override { test_support::tear_down_stack(id_, run_dir_); }
+  StackServing() : StackFixture("s_", 20) {}
 
   void up(const std::string& plan) {
     const auto r = run_duet("stack up --stack " + id_ + " --model " + kModelPath + " --plan " +
@@ -49,8 +45,6 @@ class StackServing : public ::testing::Test {
     req.ignore_eos = ignore_eos;
     return c.generate(req, {}, 60s);
   }
-
-  std::string id_, run_dir_;
 };
 
 // Teacher-forced on the stack's own output: after prompt + out[0..i), the reference's top-1 is

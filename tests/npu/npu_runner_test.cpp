@@ -19,14 +19,17 @@
 #include "core/planner/npu_timing.h"
 #include "core/program/program.h"
 #include "services/npu_svc/npu_runner.h"
+#include "tests/support/arch_models.h"
 #include "tests/support/error_code.h"
 #include "tests/support/local_flags.h"
 #include "tests/support/program_setup.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
 
 using test_support::error_code_of;
+using test_support::expect_error;
 using test_support::LocalFlags;
 using test_support::LogitsRows;
 using test_support::step_args;
@@ -162,19 +165,10 @@ TEST(NpuRunner, NpuOnlyPlanMatchesTheReferenceForwardInFp16) {
 // The K-quant mixes (Q4_K/Q5_K matrices with Q6_K attn_v, ffn_down and tied embeddings) on the
 // NPU: every matmul dequantises its format on the fly and equals the reference forward in fp16.
 TEST(NpuRunner, NpuOnlyPlanOnKQuantMixesMatchesTheReferenceForward) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("duet-npu-kquant-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test_support::TempDir dir("duet-npu-kquant");
   for (const char* preset : {"q4_k_m", "q5_k_m", "q6_k"}) {
     SCOPED_TRACE(preset);
-    SyntheticModelOptions o;
-    o.preset = preset;
-    o.n_vocab = 2048;
-    o.n_ctx = 128;
-    o.weight_std = 0.08f;
-    const std::string path = (dir / (std::string(preset) + ".gguf")).string();
-    write_synthetic_model(model_shape("tiny-llama3-256"), o, path);
-    auto m = LlamaModel::load(path);
+    auto m = LlamaModel::load(test_support::write_kquant_mix_model(dir.path(), preset, 0.08f));
     ASSERT_EQ(m->layers[1].w_down.type, DType::Q6_K);
     Plan plan = Plan::npu_only();
     plan.npu_mode = NpuGraphMode::padding;
@@ -191,7 +185,6 @@ TEST(NpuRunner, NpuOnlyPlanOnKQuantMixesMatchesTheReferenceForward) {
       expect_fp16_agreement(run.step(one, pos++, false), ref.forward(one, false), V, "decode");
     }
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(NpuRunner, MissingGraphsFailTheStepUnlessOnlinePreparationPaysForThem) {
@@ -241,60 +234,54 @@ TEST(NpuRunner, RejectsBadProgramsWithClearErrors) {
   npu::GraphCache graphs(load_soc_profile("sd8gen3"));
   npu::NpuGemm gemm(1);
   npu::NpuRunner runner(graphs, gemm);
-  auto try_register = [&](auto&& mutate, std::string* msg) {
-    fb::ProgramT p = b.npu;  // deep copy (object API)
-    mutate(p);
-    return error_code_of([&] { runner.register_program(7, std::move(p), run.mem()); }, msg);
+  // Registering b.npu as changed by `mutate` is refused with `code`, naming `needle`.
+  auto expect_refused = [&](auto&& mutate, Errc code, const std::string& needle) {
+    expect_error(
+        [&] {
+          fb::ProgramT p = b.npu;  // deep copy (object API)
+          mutate(p);
+          runner.register_program(7, std::move(p), run.mem());
+        },
+        code, needle);
   };
-  std::string msg;
   // Shape mismatch: the input width disagrees with the weight (narrower: a wider one would not
   // fit its arena slot, refused before).
-  EXPECT_EQ(try_register(
-                [](fb::ProgramT& p) {
-                  auto& r = *p.ops[0]->in0;
-                  r = with(r, r.offset(), r.rows(), r.cols() - 32);
-                },
-                &msg),
-            Errc::invalid_argument);
-  EXPECT_NE(msg.find("shapes disagree"), std::string::npos) << msg;
-  EXPECT_EQ(try_register(
-                [](fb::ProgramT& p) {
-                  auto& r = *p.ops[0]->weight;
-                  r = with(r, r.offset(), r.rows(), r.cols() - 32);
-                },
-                &msg),
-            Errc::invalid_argument);
-  EXPECT_NE(msg.find("op 0"), std::string::npos) << msg;
+  expect_refused(
+      [](fb::ProgramT& p) {
+        auto& r = *p.ops[0]->in0;
+        r = with(r, r.offset(), r.rows(), r.cols() - 32);
+      },
+      Errc::invalid_argument, "shapes disagree");
+  expect_refused(
+      [](fb::ProgramT& p) {
+        auto& r = *p.ops[0]->weight;
+        r = with(r, r.offset(), r.rows(), r.cols() - 32);
+      },
+      Errc::invalid_argument, "op 0");
   // Oversized tensor and offsets outside the arena.
-  EXPECT_EQ(try_register(
-                [](fb::ProgramT& p) {
-                  auto& r = *p.ops[1]->out;
-                  r = with(r, r.offset(), 1u << 30, r.cols());
-                },
-                &msg),
-            Errc::out_of_range);
-  EXPECT_NE(msg.find("outside its segment"), std::string::npos) << msg;
+  expect_refused(
+      [](fb::ProgramT& p) {
+        auto& r = *p.ops[1]->out;
+        r = with(r, r.offset(), 1u << 30, r.cols());
+      },
+      Errc::out_of_range, "outside its segment");
   const uint64_t arena_bytes = run.mem().arena_bytes;
-  EXPECT_EQ(try_register(
-                [&](fb::ProgramT& p) {
-                  auto& r = *p.ops[2]->in0;
-                  r = with(r, arena_bytes - 8, r.rows(), r.cols());
-                },
-                &msg),
-            Errc::out_of_range);
+  expect_refused(
+      [&](fb::ProgramT& p) {
+        auto& r = *p.ops[2]->in0;
+        r = with(r, arena_bytes - 8, r.rows(), r.cols());
+      },
+      Errc::out_of_range, "");
   // Ops the NPU does not run, unknown graph modes, bad row ranges.
-  EXPECT_EQ(try_register([](fb::ProgramT& p) { p.ops[0]->kind = fb::OpKind::RmsNorm; }, &msg),
-            Errc::unsupported);
-  EXPECT_NE(msg.find("not an NPU op"), std::string::npos) << msg;
-  EXPECT_EQ(try_register([](fb::ProgramT& p) { p.ops[0]->npu_mode = 9; }, &msg),
-            Errc::invalid_argument);
-  EXPECT_EQ(
-      try_register([](fb::ProgramT& p) { p.ops[0]->row_end = p.ops[0]->weight->rows() + 1; }, &msg),
-      Errc::out_of_range);
+  expect_refused([](fb::ProgramT& p) { p.ops[0]->kind = fb::OpKind::RmsNorm; }, Errc::unsupported,
+                 "not an NPU op");
+  expect_refused([](fb::ProgramT& p) { p.ops[0]->npu_mode = 9; }, Errc::invalid_argument, "");
+  expect_refused([](fb::ProgramT& p) { p.ops[0]->row_end = p.ops[0]->weight->rows() + 1; },
+                 Errc::out_of_range, "");
   EXPECT_FALSE(runner.has_program(7));
 
   // A good program registers; bad steps are refused before anything runs.
-  ASSERT_EQ(try_register([](fb::ProgramT&) {}, &msg), Errc::ok) << msg;
+  runner.register_program(7, fb::ProgramT(b.npu), run.mem());
   LocalFlags flags(4096);
   const StepArgs too_many = step_args(b, 1, 9);
   EXPECT_EQ(error_code_of([&] { runner.run_step(7, too_many, flags); }), Errc::out_of_range);

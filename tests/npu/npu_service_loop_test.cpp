@@ -3,47 +3,36 @@
 // graph op, bad dtype, malformed bytes, oversized profiles, unknown programs) answered with
 // errors naming the problem, and the service still healthy afterwards.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "core/ipc/messaging.h"
 #include "core/ipc/service.h"
 #include "core/planner/soc_profile.h"
 #include "services/npu_svc/npu_service.h"
+#include "tests/support/error_code.h"
+#include "tests/support/service_loop_thread.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
 
 using namespace std::chrono_literals;
+using test_support::error_code_of;
 
 class NpuServiceLoopTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/duet-npuloop-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    ServiceOptions o;
-    o.id = ServiceId::npu;
-    o.stack_id = "npuloop";
-    o.run_dir = root_ + "/run";
-    o.handle_signals = false;
-    loop_ = std::make_unique<ServiceLoop>(o);
-    service_ =
-        std::make_unique<npu::NpuService>(load_soc_profile(o.soc), 1, ShmMemoryResolver("npu_svc"));
-    npu::register_handlers(*loop_, *service_);
-    thread_ = std::thread([this] { loop_->run(); });
-    client_ = std::make_unique<msg::RequestClient>(
-        ipc_endpoint(control_socket_path(root_ + "/run", ServiceId::npu)));
+    ServiceLoop& loop = service_loop_.loop();
+    service_ = std::make_unique<npu::NpuService>(load_soc_profile(loop.options().soc), 1,
+                                                 ShmMemoryResolver("npu_svc"));
+    npu::register_handlers(loop, *service_);
+    service_loop_.start();
+    client_ = std::make_unique<msg::RequestClient>(service_loop_.endpoint());
   }
   void TearDown() override {
     client_.reset();
-    loop_->stop();
-    thread_.join();
-    loop_.reset();
-    std::filesystem::remove_all(root_);
+    service_loop_.stop();
   }
 
   msg::Reply compile(fb::OpKind kind, fb::DTypeCode dtype, uint32_t rows, uint32_t cols,
@@ -60,20 +49,10 @@ class NpuServiceLoopTest : public ::testing::Test {
     auto r = client_->call([](uint64_t id) { return msg::make_status_request(id); }, 5000ms);
     return nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
   }
-  Errc error_of(const std::function<void()>& fn, std::string* message) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      *message = e.what();
-      return e.code();
-    }
-    return Errc::ok;
-  }
 
-  std::string root_;
-  std::unique_ptr<ServiceLoop> loop_;
-  std::unique_ptr<npu::NpuService> service_;
-  std::thread thread_;
+  test_support::TempDir root_{"duet-npuloop"};
+  std::unique_ptr<npu::NpuService> service_;  // outlives the loop that dispatches to it
+  test_support::ServiceLoopThread service_loop_{ServiceId::npu, "npuloop", root_ / "run"};
   std::unique_ptr<msg::RequestClient> client_;
 };
 
@@ -84,12 +63,14 @@ TEST_F(NpuServiceLoopTest, AnswersOverTheSocketAndSurvivesBadRequests) {
   EXPECT_GT(first.message().body_as_GraphCompiled()->modeled_compile_us(), 1000.0f);
 
   std::string msg;
-  EXPECT_EQ(error_of([&] { compile(fb::OpKind::Attention, fb::DTypeCode::F32, 64, 64, 1); }, &msg),
-            Errc::unsupported);
+  EXPECT_EQ(
+      error_code_of([&] { compile(fb::OpKind::Attention, fb::DTypeCode::F32, 64, 64, 1); }, &msg),
+      Errc::unsupported);
   EXPECT_NE(msg.find("Attention"), std::string::npos) << msg;
-  EXPECT_EQ(error_of([&] { compile(fb::OpKind::MatMul, static_cast<fb::DTypeCode>(5), 64, 64, 1); },
-                     &msg),
-            Errc::invalid_argument);
+  EXPECT_EQ(
+      error_code_of([&] { compile(fb::OpKind::MatMul, static_cast<fb::DTypeCode>(5), 64, 64, 1); },
+                    &msg),
+      Errc::invalid_argument);
   EXPECT_NE(msg.find("dtype"), std::string::npos) << msg;
   // Bytes that are not a control message at all.
   const std::vector<uint8_t> garbage = {1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -97,7 +78,7 @@ TEST_F(NpuServiceLoopTest, AnswersOverTheSocketAndSurvivesBadRequests) {
   const fb::Message* reply = msg::verify_control(raw);
   ASSERT_EQ(reply->body_type(), fb::Body::ErrorReply);
   // A profile too large to measure, a step of a program nobody registered.
-  EXPECT_EQ(error_of(
+  EXPECT_EQ(error_code_of(
                 [&] {
                   client_->call(
                       [](uint64_t id) {

@@ -65,14 +65,7 @@ TEST(SubgraphProgram, AMixedPlacementGivesTheReferenceLogits) {
   const int V = m->hp().n_vocab;
   uint64_t seq = 0;
   auto step = [&](const std::vector<int32_t>& tokens, int pos) {
-    test_support::write_token_rows(host.arena.data(), built, tokens, pos,
-                                   test_support::LogitsRows::every_token);
-    const StepArgs args =
-        test_support::step_args(built, ++seq, static_cast<uint32_t>(tokens.size()));
-    test_support::run_both_halves([&] { interpret_program(built.npu, host.mem, args, flags); },
-                                  [&] { interpret_program(built.gpu, host.mem, args, flags); });
-    const float* l = reinterpret_cast<const float*>(host.arena.data() + built.arena.logits);
-    return std::vector<float>(l, l + tokens.size() * V);
+    return test_support::interpret_step(built, host, flags, ++seq, tokens, pos, V);
   };
   auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b, size_t n) {
     float d = 0;

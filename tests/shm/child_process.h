@@ -75,3 +75,9 @@ inline std::string test_stack_id() {
 }
 
 }  // namespace duet::shm::testing
+
+namespace duet::shm {
+// What every real-process shm test uses, without a using-declaration in each file.
+using testing::fork_child;
+using testing::wait_child;
+}  // namespace duet::shm

@@ -18,8 +18,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-using testing::fork_child;
-using testing::wait_child;
 
 constexpr uint32_t kFlags = 4;
 constexpr size_t kPayloadOffset = 4096;  // a "tensor" next to the flags

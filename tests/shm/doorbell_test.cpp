@@ -22,8 +22,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-using testing::fork_child;
-using testing::wait_child;
 
 constexpr uint32_t kFlags = 4;  // 0: ring, 1: report, 2: the step's done flag, 3: spare
 constexpr uint32_t kRing = 0, kReport = 1, kDone = 2;

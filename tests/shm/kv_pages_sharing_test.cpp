@@ -23,6 +23,8 @@ using Tokens = std::vector<int32_t>;
 
 using test_support::error_code_of;
 
+const Tokens kSystem = {1, 10, 11, 12, 13, 14, 15, 16};  // two blocks of 4 tokens
+
 class KvSharingTest : public ::testing::Test {
  protected:
   static constexpr uint32_t kPages = 8;
@@ -35,6 +37,17 @@ class KvSharingTest : public ::testing::Test {
   }
   void TearDown() override { remove_stack_segments(stack); }
   KvPages fresh() { return KvPages::format(segment, kPages, kPageBytes, kTokens); }
+  // Owner 7 has 3 pages and published the system prompt in the first two; owner 9 borrows
+  // those two and has one page of its own (page 3).
+  KvPages writer_and_borrower() {
+    KvPages kv = fresh();
+    kv.alloc(3, 7);
+    kv.publish(7, 0, KvPages::kNoPage, std::span(kSystem).first(kTokens));
+    kv.publish(7, 1, 0, std::span(kSystem).subspan(kTokens));
+    kv.borrow(9, Pages{0, 1});
+    kv.alloc(1, 9);
+    return kv;
+  }
   // Matches prompt block by block as the frontend does: the borrowable chain.
   static Pages match(const KvPages& kv, const Tokens& prompt) {
     Pages chain;
@@ -53,8 +66,6 @@ class KvSharingTest : public ::testing::Test {
   const std::string name = segment_name(stack, "kv");
   Segment segment;
 };
-
-const Tokens kSystem = {1, 10, 11, 12, 13, 14, 15, 16};  // two blocks
 
 TEST_F(KvSharingTest, ABorrowerReadsTheWritersBlocksAndWritesOnlyItsOwnPages) {
   KvPages kv = fresh();
@@ -102,12 +113,7 @@ TEST_F(KvSharingTest, ABorrowerReadsTheWritersBlocksAndWritesOnlyItsOwnPages) {
 }
 
 TEST_F(KvSharingTest, PagesOutliveTheirWriterWhileBorrowedAndAreCachedWhenTheLastUserEnds) {
-  KvPages kv = fresh();
-  kv.alloc(3, 7);
-  kv.publish(7, 0, KvPages::kNoPage, std::span(kSystem).first(kTokens));
-  kv.publish(7, 1, 0, std::span(kSystem).subspan(kTokens));
-  kv.borrow(9, Pages{0, 1});
-  kv.alloc(1, 9);
+  KvPages kv = writer_and_borrower();
   EXPECT_EQ(kv.free_owner(7), 3u);
   EXPECT_EQ(kv.owner_of(0), KvPages::kCached);
   EXPECT_EQ(kv.owner_of(2), KvPages::kFree) << "its unpublished page is freed at once";
@@ -156,12 +162,7 @@ TEST_F(KvSharingTest, EvictionTakesTheLeastRecentlyUsedLeafFirstAndItsOrphansWit
 }
 
 TEST_F(KvSharingTest, TruncateNeverLeavesTheAppendPositionInASharedPage) {
-  KvPages kv = fresh();
-  kv.alloc(3, 7);
-  kv.publish(7, 0, KvPages::kNoPage, std::span(kSystem).first(kTokens));
-  kv.publish(7, 1, 0, std::span(kSystem).subspan(kTokens));
-  kv.borrow(9, Pages{0, 1});
-  kv.alloc(1, 9);
+  KvPages kv = writer_and_borrower();
   EXPECT_EQ(error_code_of([&] { kv.truncate(9, 6); }), Errc::invalid_argument)
       << "position 6 is in borrowed page 1";
   EXPECT_EQ(error_code_of([&] { kv.truncate(7, 2); }), Errc::invalid_argument)

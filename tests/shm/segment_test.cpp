@@ -15,9 +15,6 @@
 namespace duet::shm {
 namespace {
 
-using testing::fork_child;
-using testing::wait_child;
-
 class SegmentTest : public ::testing::Test {
  protected:
   void SetUp() override { remove_stack_segments(stack); }

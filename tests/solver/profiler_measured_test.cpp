@@ -2,10 +2,8 @@
 // ServiceLoops (OpenCL on PoCL here, the NPU emulator's GEMM), asked over their ZeroMQ sockets by
 // the profiler, then solved and cached like `duet plan --timing measured`.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <optional>
 #include <thread>
 
@@ -16,6 +14,9 @@
 #include "services/gpu_svc/gpu_service.h"
 #include "services/npu_svc/npu_service.h"
 #include "services/solver_svc/solver_service.h"
+#include "tests/support/scoped_env.h"
+#include "tests/support/service_loop_thread.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -23,10 +24,6 @@ namespace {
 class MeasuredProfile : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/duet-measured-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    setenv("DUET_CACHE_DIR", (root_ + "/cache").c_str(), 1);
     const SocProfile soc = load_soc_profile("sd8gen3");
     gpu_ = std::make_unique<gpu::GpuService>(
         gpu::shared_device(), soc, [](const fb::ProgramT&) -> ResolvedMemory {
@@ -35,34 +32,22 @@ class MeasuredProfile : public ::testing::Test {
     npu_ = std::make_unique<npu::NpuService>(soc, 2, [](const fb::ProgramT&) -> ResolvedMemory {
       throw Error(Errc::unsupported, "no programs in this test");
     });
-    gpu_loop_ = loop(ServiceId::gpu);
-    npu_loop_ = loop(ServiceId::npu);
     gpu::GpuService* g = gpu_.get();
-    gpu_loop_->on(fb::Body::ProfileOp, [g](const fb::Message& m) { return g->profile_op(m); });
-    npu::register_handlers(*npu_loop_, *npu_);
-    threads_.emplace_back([this] { gpu_loop_->run(); });
-    threads_.emplace_back([this] { npu_loop_->run(); });
+    gpu_loop_.loop().on(fb::Body::ProfileOp,
+                        [g](const fb::Message& m) { return g->profile_op(m); });
+    npu::register_handlers(npu_loop_.loop(), *npu_);
+    gpu_loop_.start();
+    npu_loop_.start();
   }
   void TearDown() override {
-    gpu_loop_->stop();
-    npu_loop_->stop();
-    for (std::thread& t : threads_) t.join();
-    std::filesystem::remove_all(root_);
-    unsetenv("DUET_CACHE_DIR");
-  }
-  std::unique_ptr<ServiceLoop> loop(ServiceId id) {
-    ServiceOptions o;
-    o.id = id;
-    o.stack_id = "measuredtest";
-    o.run_dir = root_ + "/run";
-    o.handle_signals = false;
-    return std::make_unique<ServiceLoop>(o);
+    gpu_loop_.stop();
+    npu_loop_.stop();
   }
   PlanQuery query() const {
     PlanQuery q;
     q.shape = "tiny-fortune";
     q.timing = "measured";
-    q.run_dir = root_ + "/run";
+    q.run_dir = run_dir_;
     q.reps = 1;
     q.row_steps = 2;
     q.profile_lengths = {1, 32, 64, 128};
@@ -72,11 +57,14 @@ class MeasuredProfile : public ::testing::Test {
     return q;
   }
 
-  std::string root_;
+  test_support::TempDir root_{"duet-measured"};
+  const std::string run_dir_ = root_ / "run";
+  test_support::ScopedEnv cache_dir_{"DUET_CACHE_DIR", (root_ / "cache").c_str()};
+  // The services outlive the loops that dispatch to them.
   std::unique_ptr<gpu::GpuService> gpu_;
   std::unique_ptr<npu::NpuService> npu_;
-  std::unique_ptr<ServiceLoop> gpu_loop_, npu_loop_;
-  std::vector<std::thread> threads_;
+  test_support::ServiceLoopThread gpu_loop_{ServiceId::gpu, "measuredtest", run_dir_};
+  test_support::ServiceLoopThread npu_loop_{ServiceId::npu, "measuredtest", run_dir_};
 };
 
 TEST_F(MeasuredProfile, ProfilesBothDevicesSolvesAndCachesTheProfile) {
@@ -123,11 +111,11 @@ TEST_F(MeasuredProfile, ProfilesBothDevicesSolvesAndCachesTheProfile) {
 }
 
 TEST_F(MeasuredProfile, SolverServiceProfilesInTheBackgroundThenServesMeasuredPlans) {
-  solver::SolverService service("sd8gen3", "", root_ + "/run");
-  std::unique_ptr<ServiceLoop> solver_loop = loop(ServiceId::solver);
-  solver::install_solver_handlers(*solver_loop, service);
-  std::thread t([&] { solver_loop->run(); });
-  msg::RequestClient client(ipc_endpoint(control_socket_path(root_ + "/run", ServiceId::solver)));
+  solver::SolverService service("sd8gen3", "", run_dir_);
+  test_support::ServiceLoopThread solver_loop(ServiceId::solver, "measuredtest", run_dir_);
+  solver::install_solver_handlers(solver_loop.loop(), service);
+  solver_loop.start();
+  msg::RequestClient client(solver_loop.endpoint());
   auto ask = [&] {
     return client.call(
         [](uint64_t id) {
@@ -185,13 +173,11 @@ TEST_F(MeasuredProfile, SolverServiceProfilesInTheBackgroundThenServesMeasuredPl
                 measured.profiling_s);
     EXPECT_LT(sum / points, 2.0);
   }
-  solver_loop->stop();
-  t.join();
 }
 
 TEST_F(MeasuredProfile, AStackWithoutDevicesIsReportedUnavailableAtOnce) {
   PlanQuery q = query();
-  q.run_dir = root_ + "/elsewhere";
+  q.run_dir = root_ / "elsewhere";
   try {
     plan_json_for(q);
     FAIL() << "profiled without devices";

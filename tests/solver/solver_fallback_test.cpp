@@ -25,7 +25,9 @@
 #include "core/ipc/messaging.h"
 #include "core/ipc/run_dir.h"
 #include "shm/segment.h"
+#include "tests/support/scoped_env.h"
 #include "tests/support/stack_support.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -36,21 +38,12 @@ using Clock = std::chrono::steady_clock;
 using test_support::CliResult;
 using test_support::run_duet;
 
-class SolverFallback : public ::testing::Test {
+class SolverFallback : public test_support::StackFixture {
  protected:
-  void SetUp() override {
-    id_ = "sfb_" + std::to_string(getpid());
-    run_dir_ = default_run_dir(id_);
-    char tmpl[] = "/tmp/duet-solver-fallback-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    cache_ = tmpl;
-    setenv("DUET_CACHE_DIR", cache_.c_str(), 1);  // the stack's solver_svc inherits it
-  }
-
+  SolverFallback() : StackFixture("sfb_", 12) {}
   void TearDown() override {
     if (stopped_pid_ > 0) kill(stopped_pid_, SIGCONT);  // a stopped process ignores SIGTERM
-    test_support::tear_down_stack(id_, run_dir_);
-    std::filesystem::remove_all(cache_);
+    StackFixture::TearDown();
   }
 
   int service_pid(const std::string& name) {
@@ -82,7 +75,9 @@ class SolverFallback : public ::testing::Test {
     return true;
   }
 
-  std::string id_, run_dir_, cache_;
+  test_support::TempDir cache_{"duet-solver-fallback"};
+  // The stack's solver_svc inherits it.
+  test_support::ScopedEnv cache_dir_{"DUET_CACHE_DIR", cache_.path().c_str()};
   int stopped_pid_ = 0;
 };
 

@@ -3,13 +3,14 @@
 #include "services/solver_svc/solver_service.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <filesystem>
 #include <thread>
 
 #include "core/ipc/service.h"
 #include "core/planner/solver.h"
+#include "tests/support/scoped_env.h"
+#include "tests/support/service_loop_thread.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -19,31 +20,15 @@ using namespace std::chrono_literals;
 class SolverServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/duet-solversvc-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    setenv("DUET_CACHE_DIR", (root_ + "/cache").c_str(), 1);
-    ServiceOptions o;
-    o.id = ServiceId::solver;
-    o.stack_id = "solvertest";
-    o.run_dir = root_ + "/run";
-    o.model_path = "tests/data/tiny-fortune/model.gguf";
-    o.handle_signals = false;
-    loop_ = std::make_unique<ServiceLoop>(o);
-    service_ = std::make_unique<solver::SolverService>("sd8gen3", "", loop_->run_dir());
-    solver::install_solver_handlers(*loop_, *service_);
-    thread_ = std::thread([this] { loop_->run(); });
+    ServiceLoop& loop = service_loop_.loop();
+    service_ = std::make_unique<solver::SolverService>("sd8gen3", "", loop.run_dir());
+    solver::install_solver_handlers(loop, *service_);
+    service_loop_.start();
   }
-  void TearDown() override {
-    loop_->stop();
-    if (thread_.joinable()) thread_.join();
-    loop_.reset();
-    std::filesystem::remove_all(root_);
-    unsetenv("DUET_CACHE_DIR");
-  }
+  void TearDown() override { service_loop_.stop(); }
   msg::Reply ask(const std::string& shape, const std::string& phase, uint32_t n,
                  const std::string& timing = "modeled") {
-    msg::RequestClient c(ipc_endpoint(control_socket_path(root_ + "/run", ServiceId::solver)));
+    msg::RequestClient c(service_loop_.endpoint());
     return c.call(
         [&](uint64_t id) {
           flatbuffers::FlatBufferBuilder fbb;
@@ -54,10 +39,11 @@ class SolverServiceTest : public ::testing::Test {
         5000ms);
   }
 
-  std::string root_;
-  std::unique_ptr<ServiceLoop> loop_;
-  std::unique_ptr<solver::SolverService> service_;
-  std::thread thread_;
+  test_support::TempDir root_{"duet-solversvc"};
+  test_support::ScopedEnv cache_dir_{"DUET_CACHE_DIR", (root_ / "cache").c_str()};
+  std::unique_ptr<solver::SolverService> service_;  // outlives the loop that dispatches to it
+  test_support::ServiceLoopThread service_loop_{ServiceId::solver, "solvertest", root_ / "run",
+                                                "tests/data/tiny-fortune/model.gguf"};
 };
 
 TEST_F(SolverServiceTest, AnswersAPlanRequestWithAVersionedPlanTheFrontendCanUse) {

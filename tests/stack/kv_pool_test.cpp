@@ -21,6 +21,7 @@
 
 #include "core/ipc/run_dir.h"
 #include "tests/support/stack_support.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -28,18 +29,9 @@ namespace {
 using test_support::CliResult;
 using test_support::run_duet;
 
-class KvPoolStack : public ::testing::Test {
+class KvPoolStack : public test_support::StackFixture {
  protected:
-  void SetUp() override {
-    id_ = test_support::unique_stack_id("kv20_", 18);
-    run_dir_ = default_run_dir(id_);
-    dir_ = std::filesystem::temp_directory_path() / ("duet-kvpool-" + id_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override {
-    test_support::tear_down_stack(id_, run_dir_);
-    std::filesystem::remove_all(dir_);
-  }
+  KvPoolStack() : StackFixture("kv20_", 18) {}
   // tiny-llama3's shape with its trained context of 131072 positions.
   std::string long_context_model() {
     const std::string path = (dir_ / "long-ctx.gguf").string();
@@ -95,8 +87,8 @@ class KvPoolStack : public ::testing::Test {
     return nlohmann::json::parse(r.out, nullptr, false);
   }
 
-  std::string id_, run_dir_;
-  std::filesystem::path dir_;
+  test_support::TempDir tmp_{"duet-kvpool"};
+  const std::filesystem::path dir_ = tmp_.path();
 };
 
 TEST_F(KvPoolStack, FullTrainedContextComesUpAndAnswers) {

@@ -19,6 +19,7 @@
 #include "shm/kv_pages.h"
 #include "shm/segment.h"
 #include "tests/support/stack_support.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -26,18 +27,12 @@ namespace {
 using test_support::CliResult;
 using test_support::run_duet;
 
-class KvPrefixStack : public ::testing::Test {
+class KvPrefixStack : public test_support::StackFixture {
  protected:
-  void SetUp() override {
-    id_ = test_support::unique_stack_id("px_", 14);
-    off_ = id_ + "_off";
-    dir_ = std::filesystem::temp_directory_path() / ("duet-kvprefix-" + id_);
-    std::filesystem::create_directories(dir_);
-  }
+  KvPrefixStack() : StackFixture("px_", 14) {}
   void TearDown() override {
-    test_support::tear_down_stack(id_, default_run_dir(id_));
     test_support::tear_down_stack(off_, default_run_dir(off_));
-    std::filesystem::remove_all(dir_);
+    StackFixture::TearDown();
   }
   // tiny-llama3's shape with a long trained context: room for a 1k-token prefix.
   std::string long_context_model() {
@@ -97,8 +92,9 @@ class KvPrefixStack : public ::testing::Test {
     generate(off_, "hello", 2);
   }
 
-  std::string id_, off_;
-  std::filesystem::path dir_;
+  const std::string off_ = id_ + "_off";
+  test_support::TempDir tmp_{"duet-kvprefix"};
+  const std::filesystem::path dir_ = tmp_.path();
   int files_ = 0;
 };
 

@@ -10,6 +10,7 @@
 
 #include "core/ipc/run_dir.h"
 #include "tests/support/stack_support.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -17,17 +18,9 @@ namespace {
 using test_support::CliResult;
 using test_support::run_duet;
 
-class StackConfigFile : public ::testing::Test {
+class StackConfigFile : public test_support::StackFixture {
  protected:
-  void SetUp() override {
-    id_ = test_support::unique_stack_id("cfg26_", 16);
-    run_dir_ = default_run_dir(id_);
-    file_ = std::filesystem::temp_directory_path() / ("duet-" + id_ + ".toml");
-  }
-  void TearDown() override {
-    test_support::tear_down_stack(id_, run_dir_);
-    std::filesystem::remove(file_);
-  }
+  StackConfigFile() : StackFixture("cfg26_", 16) {}
   std::string write(const std::string& toml) {
     std::ofstream(file_) << toml;
     return file_.string();
@@ -42,8 +35,8 @@ class StackConfigFile : public ::testing::Test {
     for (const auto& e : out.value("settings", nlohmann::json::array())) by_key[e["key"]] = e;
     return by_key;
   }
-  std::string id_, run_dir_;
-  std::filesystem::path file_;
+  test_support::TempDir tmp_{"duet-stack-config"};
+  const std::filesystem::path file_ = tmp_ / "stack.toml";
 };
 
 TEST_F(StackConfigFile, AStackFromAConfigFileRunsWithItsSettingsAndReportsTheirSources) {

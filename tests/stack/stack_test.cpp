@@ -34,14 +34,9 @@ bool shm_exists(const std::string& stack) {
   return !shm::list_stack_segments(stack).empty();
 }
 
-class StackTest : public ::testing::Test {
+class StackTest : public test_support::StackFixture {
  protected:
-  void SetUp() override {
-    id_ = test_support::unique_stack_id("t_", 22);
-    run_dir_ = default_run_dir(id_);
-  }
-
-  void TearDown() override { test_support::tear_down_stack(id_, run_dir_); }
+  StackTest() : StackFixture("t_", 22) {}
 
   std::optional<nlohmann::json> try_status() { return test_support::stack_status(run_dir_); }
   nlohmann::json status() {
@@ -65,9 +60,6 @@ class StackTest : public ::testing::Test {
     CliResult r = run_duet("stack up --stack " + id_);
     ASSERT_EQ(r.rc, 0) << r.out;
   }
-
-  std::string id_;
-  std::string run_dir_;
 };
 
 const std::vector<std::string> kServices = {"frontend", "gpu_svc", "npu_svc", "solver_svc"};

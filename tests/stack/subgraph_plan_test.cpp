@@ -10,6 +10,7 @@
 
 #include "core/ipc/run_dir.h"
 #include "tests/support/stack_support.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -20,25 +21,17 @@ using test_support::run_duet;
 const std::string kModel =
     std::string(DUET_SOURCE_DIR) + "/tests/data/tiny-fortune/fortune-q8_0.gguf";
 
-class SubgraphPlanStack : public ::testing::Test {
+class SubgraphPlanStack : public test_support::StackFixture {
  protected:
-  void SetUp() override {
-    id_ = test_support::unique_stack_id("sg_", 14);
-    dir_ = std::filesystem::temp_directory_path() / ("duet-subgraph-" + id_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override {
-    test_support::tear_down_stack(id_, default_run_dir(id_));
-    std::filesystem::remove_all(dir_);
-  }
+  SubgraphPlanStack() : StackFixture("sg_", 14) {}
   std::string write_plan(const nlohmann::json& subgraphs) {
     const std::string path = (dir_ / "plan.json").string();
     std::ofstream(path) << nlohmann::json{
         {"version", 1}, {"model", "tiny-fortune"}, {"units", 13}, {"subgraphs", subgraphs}};
     return path;
   }
-  std::string id_;
-  std::filesystem::path dir_;
+  test_support::TempDir tmp_{"duet-subgraph"};
+  const std::filesystem::path dir_ = tmp_.path();
 };
 
 TEST_F(SubgraphPlanStack, GreedyTokensEqualTheReference) {

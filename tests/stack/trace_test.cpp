@@ -15,6 +15,7 @@
 
 #include "core/ipc/run_dir.h"
 #include "tests/support/stack_support.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -22,17 +23,9 @@ namespace {
 using test_support::CliResult;
 using test_support::run_duet;
 
-class TraceStack : public ::testing::Test {
+class TraceStack : public test_support::StackFixture {
  protected:
-  void SetUp() override {
-    id_ = test_support::unique_stack_id("tr_", 14);
-    dir_ = std::filesystem::temp_directory_path() / ("duet-trace-" + id_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override {
-    test_support::tear_down_stack(id_, default_run_dir(id_));
-    std::filesystem::remove_all(dir_);
-  }
+  TraceStack() : StackFixture("tr_", 14) {}
   nlohmann::json json_of(const CliResult& r) {
     EXPECT_EQ(r.rc, 0) << r.out;
     // `generate --json` prints the generated text's stream first only without --json; with it,
@@ -58,8 +51,8 @@ class TraceStack : public ::testing::Test {
     return j;
   }
 
-  std::string id_;
-  std::filesystem::path dir_;
+  test_support::TempDir tmp_{"duet-trace"};
+  const std::filesystem::path dir_ = tmp_.path();
 };
 
 // What a trace-event file must hold for one request's steps (the test's own reading of it).

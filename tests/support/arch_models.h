@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,22 @@ inline std::string arch_model_path(const ArchModel& m, DType type) {
     write_synthetic_model(model_shape(m.shape), o, p.string());
   }
   return p.string();
+}
+
+// tiny-llama3-256 (rows of whole K-quant super-blocks) as llama.cpp's mix `preset` ("q4_k_m",
+// "q5_k_m", "q6_k"), vocabulary 2048, context 128, weights of std `weight_std` (none:
+// mkmodel's), written to dir/<preset>.gguf: its path.
+inline std::string write_kquant_mix_model(const std::filesystem::path& dir,
+                                          const std::string& preset,
+                                          std::optional<float> weight_std = std::nullopt) {
+  SyntheticModelOptions o;
+  o.preset = preset;
+  o.n_vocab = 2048;
+  o.n_ctx = 128;
+  if (weight_std) o.weight_std = *weight_std;
+  const std::string path = (dir / (preset + ".gguf")).string();
+  write_synthetic_model(model_shape("tiny-llama3-256"), o, path);
+  return path;
 }
 
 // Removes the directory when the process ends: one static instance per test executable.

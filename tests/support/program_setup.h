@@ -101,4 +101,19 @@ inline void run_both_halves(const std::function<void()>& npu_half,
   if (first_error) std::rethrow_exception(first_error);
 }
 
+// One step of sequence `seq` over `tokens` from position `pos`, every token its own logits row,
+// with both halves of `b` run at once by the reference interpreter: the logits rows (n_vocab
+// floats each).
+inline std::vector<float> interpret_step(const BuiltPrograms& b, HostProgramMemory& host,
+                                         FlagSync& flags, uint64_t seq,
+                                         const std::vector<int32_t>& tokens, int pos,
+                                         size_t n_vocab) {
+  write_token_rows(host.arena.data(), b, tokens, pos, LogitsRows::every_token);
+  const StepArgs args = step_args(b, seq, static_cast<uint32_t>(tokens.size()));
+  run_both_halves([&] { interpret_program(b.npu, host.mem, args, flags); },
+                  [&] { interpret_program(b.gpu, host.mem, args, flags); });
+  const float* logits = reinterpret_cast<const float*>(host.arena.data() + b.arena.logits);
+  return {logits, logits + tokens.size() * n_vocab};
+}
+
 }  // namespace duet::test_support

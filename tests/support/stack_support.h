@@ -22,24 +22,14 @@
 #include "core/ipc/run_dir.h"
 #include "core/ipc/stack_record.h"
 #include "shm/segment.h"
+#include "tests/support/shell.h"
 
 namespace duet::test_support {
 
-struct CliResult {
-  int rc;
-  std::string out;  // stdout and stderr
-};
-
-// Runs build/bin/duet with `args` (shell words) and `env` ("NAME=value ..." put before it).
+// Runs build/bin/duet with `args` (shell words) and `env` ("NAME=value ..." put before it); its
+// output is stdout and stderr.
 inline CliResult run_duet(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " '" DUET_BINARY_DIR "/bin/duet' " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+  return run_shell(env + " '" DUET_BINARY_DIR "/bin/duet' " + args + " 2>&1");
 }
 
 // "<prefix><test name, first name_chars, [A-Za-z0-9_] only>_<pid>": tests running at once (ctest
@@ -102,5 +92,18 @@ inline void tear_down_stack(const std::string& id, const std::string& run_dir) {
   shm::remove_stack_segments(id);
   std::filesystem::remove_all(run_dir);
 }
+
+// The fixture of a test that brings up a real stack: id_ is unique to the running test
+// (unique_stack_id(prefix, name_chars)), run_dir_ its default run dir, and TearDown leaves
+// nothing of it behind. A fixture that overrides TearDown calls StackFixture::TearDown() last.
+class StackFixture : public ::testing::Test {
+ protected:
+  StackFixture(const std::string& prefix, size_t name_chars)
+      : id_(unique_stack_id(prefix, name_chars)), run_dir_(default_run_dir(id_)) {}
+  void TearDown() override { tear_down_stack(id_, run_dir_); }
+
+  const std::string id_;
+  const std::string run_dir_;
+};
 
 }  // namespace duet::test_support

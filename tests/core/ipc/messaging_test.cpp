@@ -3,12 +3,12 @@
 #include "core/ipc/messaging.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <random>
 #include <thread>
+
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -95,17 +95,8 @@ TEST(ErrorReply, CarriesCodeAndMessageBackAsAnException) {
 // A ROUTER in this process standing in for a service, so the client's edge cases can be staged.
 class ClientTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/duet-msgtest-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    path_ = dir_ + "/svc.sock";
-    router_ = msg::bind_router(path_);
-  }
-  void TearDown() override {
-    router_.close();
-    std::filesystem::remove_all(dir_);
-  }
+  void SetUp() override { router_ = msg::bind_router(path_); }
+  void TearDown() override { router_.close(); }
   msg::Envelope recv_one() {
     msg::Envelope env;
     zmq::pollitem_t item{static_cast<void*>(router_), 0, ZMQ_POLLIN, 0};
@@ -113,7 +104,8 @@ class ClientTest : public ::testing::Test {
     EXPECT_TRUE(msg::try_recv_envelope(router_, env));
     return env;
   }
-  std::string dir_, path_;
+  test_support::TempDir dir_{"duet-msgtest"};
+  const std::string path_ = dir_ / "svc.sock";
   zmq::socket_t router_;
 };
 

@@ -3,12 +3,12 @@
 #include "core/ipc/service.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 
-#include <filesystem>
 #include <fstream>
-#include <thread>
+
+#include "tests/support/service_loop_thread.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -18,18 +18,8 @@ using namespace std::chrono_literals;
 class ServiceLoopTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/duet-svctest-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    ServiceOptions o;
-    o.id = ServiceId::npu;
-    o.stack_id = "svctest";
-    o.run_dir = root_ + "/run";  // created by the loop
-    o.model_path = "models/none.gguf";
-    o.handle_signals = false;
-    loop_ = std::make_unique<ServiceLoop>(o);
     // A handler the way a device service registers one: verified request in, reply out.
-    loop_->on(fb::Body::LoadModel, [](const fb::Message& m) {
+    loop().on(fb::Body::LoadModel, [](const fb::Message& m) {
       const auto* lm = m.body_as_LoadModel();
       if (!lm->path() || lm->path()->str().empty())
         throw Error(Errc::invalid_argument, "LoadModel needs a path");
@@ -37,20 +27,11 @@ class ServiceLoopTest : public ::testing::Test {
       return msg::finish_message(fbb, m.request_id(),
                                  fb::CreateModelLoadedDirect(fbb, lm->path()->c_str(), 1, 2, 3, 4));
     });
-    loop_->set_status([] { return nlohmann::json{{"graphs_cached", 3}}; });
+    loop().set_status([] { return nlohmann::json{{"graphs_cached", 3}}; });
   }
-  void start() {
-    thread_ = std::thread([this] { loop_->run(); });
-  }
-  void TearDown() override {
-    if (loop_) loop_->stop();
-    if (thread_.joinable()) thread_.join();
-    loop_.reset();
-    std::filesystem::remove_all(root_);
-  }
-  std::string endpoint() const {
-    return ipc_endpoint(control_socket_path(root_ + "/run", ServiceId::npu));
-  }
+  ServiceLoop& loop() { return service_.loop(); }
+  void start() { service_.start(); }
+  std::string endpoint() const { return service_.endpoint(); }
   bool healthy(msg::RequestClient& c) {
     auto r = c.call([](uint64_t id) { return msg::make_heartbeat(id, 9); }, 2000ms);
     const auto* ack = r.message().body_as_HeartbeatAck();
@@ -58,16 +39,16 @@ class ServiceLoopTest : public ::testing::Test {
            ack->service() == fb::ServiceKind::Npu && ack->pid() == getpid();
   }
 
-  std::string root_;
-  std::unique_ptr<ServiceLoop> loop_;
-  std::thread thread_;
+  test_support::TempDir root_{"duet-svctest"};
+  const std::string run_dir_ = root_ / "run";  // created by the loop
+  test_support::ServiceLoopThread service_{ServiceId::npu, "svctest", run_dir_, "models/none.gguf"};
 };
 
 TEST_F(ServiceLoopTest, RunDirIs0700AndSocketIs0600) {
   struct stat st {};
-  ASSERT_EQ(stat((root_ + "/run").c_str(), &st), 0);
+  ASSERT_EQ(stat(run_dir_.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
-  ASSERT_EQ(stat(control_socket_path(root_ + "/run", ServiceId::npu).c_str(), &st), 0);
+  ASSERT_EQ(stat(control_socket_path(run_dir_, ServiceId::npu).c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
@@ -121,7 +102,7 @@ TEST_F(ServiceLoopTest, DispatchesToHandlersAndTurnsThrowsIntoErrorReplies) {
       },
       Errc::unsupported);
   EXPECT_TRUE(healthy(c));
-  EXPECT_EQ(loop_->requests_failed(), 2u);
+  EXPECT_EQ(loop().requests_failed(), 2u);
 }
 
 TEST_F(ServiceLoopTest, GarbageGetsAnErrorReplyAndTheLoopGoesOn) {
@@ -157,14 +138,14 @@ TEST_F(ServiceLoopTest, ShutdownRequestEndsRun) {
   msg::RequestClient c(endpoint());
   auto r = c.call([](uint64_t id) { return msg::make_shutdown(id); }, 2000ms);
   EXPECT_NE(r.message().body_as_StatusReply(), nullptr);
-  thread_.join();  // run() returned by itself
-  std::ifstream log(log_path(root_ + "/run", "npu_svc"));
+  service_.join();  // run() returned by itself
+  std::ifstream log(log_path(run_dir_, "npu_svc"));
   std::string text((std::istreambuf_iterator<char>(log)), {});
   EXPECT_NE(text.find("shutdown requested"), std::string::npos) << text;
 }
 
 TEST_F(ServiceLoopTest, BuiltInBodiesCannotBeOverridden) {
-  EXPECT_THROW(loop_->on(fb::Body::Heartbeat, [](const fb::Message&) { return msg::Bytes{}; }),
+  EXPECT_THROW(loop().on(fb::Body::Heartbeat, [](const fb::Message&) { return msg::Bytes{}; }),
                Error);
 }
 

@@ -16,6 +16,7 @@
 
 #include "core/base/error.h"
 #include "core/ipc/run_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
@@ -24,17 +25,12 @@ namespace fs = std::filesystem;
 
 class LogFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/duet-logtest-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string read(const std::string& path) {
     std::ifstream f(path);
     return {std::istreambuf_iterator<char>(f), {}};
   }
-  std::string dir_;
+  test_support::TempDir tmp_{"duet-logtest"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(LogFileTest, ALogPastItsCapRotatesAndKeepsOnlyItsFiles) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "reference_data.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet::testdata {
 
@@ -74,6 +75,21 @@ inline nlohmann::json regenerate_mkmodel_files(const std::filesystem::path& dir)
     run_or_throw(cmd);
   }
   return models;
+}
+
+// The file a llama.cpp answer names: a committed tiny-fortune GGUF, else one of models.json's
+// mkmodel files, all regenerated on first use into a directory of this process (ctest runs each
+// test as its own process, in parallel) that goes when the process ends. Throws if neither has it.
+inline std::string answer_model_path(const std::string& name) {
+  const std::string fortune = fortune_dir() + name;
+  if (std::filesystem::exists(fortune)) return fortune;
+  static const test_support::TempDir regenerated("duet-llamacpp-models");
+  static const bool written = (regenerate_mkmodel_files(regenerated.path()), true);
+  (void)written;
+  const std::string path = regenerated / name;
+  if (!std::filesystem::exists(path))
+    throw std::runtime_error("no model file " + name + " for a llama.cpp answer");
+  return path;
 }
 
 }  // namespace duet::testdata

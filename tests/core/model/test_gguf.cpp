@@ -15,11 +15,14 @@
 #include "core/model/model.h"
 #include "core/model/quant.h"
 #include "reference_data.h"
+#include "tests/support/error_code.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
 
 namespace fs = std::filesystem;
+using test_support::expect_error;
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -29,12 +32,9 @@ std::vector<uint8_t> read_bytes(const std::string& path) {
 class BadGguf : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("duet-gguf-test-" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
     bytes_ = read_bytes(testdata::fortune_model("q8_0"));
     ASSERT_GT(bytes_.size(), 1000u);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // Offset of the first occurrence of a GGUF string (u64 length + bytes) with this text; the
   // returned offset is just past the string.
@@ -57,24 +57,14 @@ class BadGguf : public ::testing::Test {
         .write(reinterpret_cast<const char*>(bytes_.data()), bytes_.size());
     return path;
   }
-  // Asserts that loading throws duet::Error with this code and a message containing `problem`.
-  static void expect_error(const std::function<void()>& load, Errc code,
-                           const std::string& problem) {
-    try {
-      load();
-      FAIL() << "expected an error containing \"" << problem << "\"";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), code) << e.what();
-      EXPECT_NE(std::string(e.what()).find(problem), std::string::npos) << e.what();
-    }
-  }
   void expect_open_error(const std::string& name, Errc code, const std::string& problem) const {
     const std::string path = write(name);
     expect_error([&] { GgufFile::open(path); }, code, problem);
     expect_error([&] { GgufFile::open(path); }, code, path);  // the message names the file
   }
 
-  fs::path dir_;
+  test_support::TempDir tmp_{"duet-gguf-test"};
+  const fs::path dir_ = tmp_.path();
   std::vector<uint8_t> bytes_;
 };
 

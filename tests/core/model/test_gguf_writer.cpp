@@ -9,22 +9,14 @@
 #include "core/model/gguf.h"
 #include "core/model/gguf_writer.h"
 #include "core/model/quant.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
 
-class GgufWriterTest : public ::testing::Test {
+class GgufWriterTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("duet-gguf-writer-" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  std::filesystem::path dir_;
+  GgufWriterTest() : TempDirTest("duet-gguf-writer") {}
 };
 
 std::vector<uint8_t> as_bytes(const std::vector<float>& v) {

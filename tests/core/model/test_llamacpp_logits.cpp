@@ -30,36 +30,23 @@ using nlohmann::json;
 
 using testdata::llamacpp_dir;
 
-// Every answer's model file: the committed tiny-fortune GGUFs, and models.json's mkmodel files
-// regenerated once for the suite (LlamacppOracleData checks they are the same bytes).
-class LlamacppLogits : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    // one directory per process: ctest runs each test as its own process, in parallel
-    dir_ = new fs::path(fs::path(::testing::TempDir()) /
-                        ("duet-llamacpp-logits-" + std::to_string(::getpid())));
-    testdata::regenerate_mkmodel_files(*dir_);
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
-  static std::string find_model(const std::string& name) {
-    const std::string fortune = testdata::fortune_dir() + name;
-    if (fs::exists(fortune)) return fortune;
-    if (fs::exists(*dir_ / name)) return (*dir_ / name).string();
-    throw std::runtime_error("no model file " + name + " for a llama.cpp answer");
-  }
-  static fs::path* dir_;
-};
-fs::path* LlamacppLogits::dir_ = nullptr;
-
 std::vector<std::string> answer_files(const std::string& prefix) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(llamacpp_dir()))
     if (e.path().filename().string().starts_with(prefix)) out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// An answer's JSON and the model it was computed on.
+struct Answer {
+  json j;
+  std::unique_ptr<LlamaModel> model;
+};
+Answer load_answer(const std::string& path) {
+  json j = testdata::load_json(path);
+  auto model = LlamaModel::load(testdata::answer_model_path(j.at("model").get<std::string>()));
+  return {std::move(j), std::move(model)};
 }
 
 size_t argmax(const float* row, size_t n) {
@@ -71,12 +58,11 @@ std::string logits_answer_for(const std::string& greedy_path) {
   return llamacpp_dir() + "logits-" + name.substr(7);
 }
 
-TEST_F(LlamacppLogits, ReferenceForwardMatchesLlamacppTeacherForcedWithinItsNoise) {
+TEST(LlamacppLogits, ReferenceForwardMatchesLlamacppTeacherForcedWithinItsNoise) {
   int compared = 0;
   for (const auto& path : answer_files("logits-")) {
-    const auto j = testdata::load_json(path);
     SCOPED_TRACE(path);
-    const auto model = LlamaModel::load(find_model(j.at("model").get<std::string>()));
+    const auto [j, model] = load_answer(path);
     const double tol = test_support::llamacpp_tolerance(j);
     const auto ids = j.at("ids").get<std::vector<int32_t>>();
     ReferenceForward fwd(*model, 512);
@@ -109,12 +95,11 @@ TEST_F(LlamacppLogits, ReferenceForwardMatchesLlamacppTeacherForcedWithinItsNois
   EXPECT_GE(compared, 15);  // tiny-fortune, llama, qwen2, internlm2 and gemma, three types each
 }
 
-TEST_F(LlamacppLogits, ReferenceGreedyEqualsLlamacppGreedyOnF16) {
+TEST(LlamacppLogits, ReferenceGreedyEqualsLlamacppGreedyOnF16) {
   int compared = 0;
   for (const auto& path : answer_files("greedy-")) {
-    const auto j = testdata::load_json(path);
     SCOPED_TRACE(path);
-    const auto model = LlamaModel::load(find_model(j.at("model").get<std::string>()));
+    const auto [j, model] = load_answer(path);
     const double tol =
         test_support::llamacpp_tolerance(testdata::load_json(logits_answer_for(path)));
     const auto n_vocab = static_cast<size_t>(model->hp().n_vocab);

@@ -13,22 +13,14 @@
 #include "core/model/model.h"
 #include "core/model/shapes.h"
 #include "core/model/tokenizer.h"
+#include "tests/support/temp_dir.h"
 
 namespace duet {
 namespace {
 
-class MkmodelTest : public ::testing::Test {
+class MkmodelTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("duet-mkmodel-" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  std::filesystem::path dir_;
+  MkmodelTest() : TempDirTest("duet-mkmodel") {}
 };
 
 std::string file_bytes(const std::string& path) {
@@ -77,10 +69,16 @@ TEST_F(MkmodelTest, TinyShapeInEveryTypeLoadsAndRuns) {
   }
 }
 
-TEST_F(MkmodelTest, Llama32OneLayerHasTiedOutputAndGqa) {
+// A model of one Q4_0 layer: quick to write and to run.
+SyntheticModelOptions one_q4_0_layer() {
   SyntheticModelOptions o;
   o.type = DType::Q4_0;
   o.n_layer = 1;
+  return o;
+}
+
+TEST_F(MkmodelTest, Llama32OneLayerHasTiedOutputAndGqa) {
+  SyntheticModelOptions o = one_q4_0_layer();
   o.n_vocab = 512;
   const std::string p = path("l32.gguf");
   write_synthetic_model(model_shape("llama3.2-1b"), o, p);
@@ -94,9 +92,7 @@ TEST_F(MkmodelTest, Llama32OneLayerHasTiedOutputAndGqa) {
 }
 
 TEST_F(MkmodelTest, SameSeedSameBytesWhateverTheThreadCount) {
-  SyntheticModelOptions o;
-  o.type = DType::Q4_0;
-  o.n_layer = 1;
+  SyntheticModelOptions o = one_q4_0_layer();
   o.seed = 7;
   o.n_threads = 1;
   write_synthetic_model(model_shape("tiny-fortune"), o, path("a.gguf"));

@@ -95,48 +95,61 @@ void pack_scales(const int sc[8], const int mn[8], uint8_t out[12]) {
   }
 }
 
+// A Q4_K / Q5_K super-block's eight 6-bit sub-block scales and mins.
+struct ScalesMins {
+  int sc[8], mn[8];
+};
+
+ScalesMins random_scales_mins(std::mt19937& rng) {
+  ScalesMins s;
+  for (int j = 0; j < 8; ++j) {
+    s.sc[j] = static_cast<int>(rng() % 64);
+    s.mn[j] = static_cast<int>(rng() % 64);
+  }
+  return s;
+}
+
+// Packs `s` into the block and draws its d and dmin.
+template <class Block>
+void set_scales_and_mins(Block& b, const ScalesMins& s, std::mt19937& rng) {
+  pack_scales(s.sc, s.mn, b.scales);
+  b.d = scale_bits(rng);
+  b.dmin = scale_bits(rng);
+}
+
+// Quant q of sub-block j: d sc[j] q - dmin mn[j], in ggml's order of operations.
+template <class Block>
+float scaled_value(const Block& b, const ScalesMins& s, int j, int q) {
+  return fp16_to_fp32(b.d) * static_cast<float>(s.sc[j]) * static_cast<float>(q) -
+         fp16_to_fp32(b.dmin) * static_cast<float>(s.mn[j]);
+}
+
 TEST(QuantFormats, Q4_KIsSubBlockScaleTimesNibbleMinusSubBlockMin) {
   std::mt19937 rng(7);
   auto b = random_block<BlockQ4_K>(8);
-  int sc[8], mn[8];
-  for (int j = 0; j < 8; ++j) {
-    sc[j] = static_cast<int>(rng() % 64);
-    mn[j] = static_cast<int>(rng() % 64);
-  }
-  sc[5] = 63;  // both high bits set somewhere
-  mn[6] = 48;
-  pack_scales(sc, mn, b.scales);
-  b.d = scale_bits(rng);
-  b.dmin = scale_bits(rng);
+  ScalesMins s = random_scales_mins(rng);
+  s.sc[5] = 63;  // both high bits set somewhere
+  s.mn[6] = 48;
+  set_scales_and_mins(b, s, rng);
   const auto out = dequantized(DType::Q4_K, &b, 256);
   for (int i = 0; i < 256; ++i) {
     const int g = i / 64, l = i % 32, j = i / 32;
     const int q = i % 64 < 32 ? b.qs[32 * g + l] & 15 : b.qs[32 * g + l] >> 4;
-    const float want = fp16_to_fp32(b.d) * static_cast<float>(sc[j]) * static_cast<float>(q) -
-                       fp16_to_fp32(b.dmin) * static_cast<float>(mn[j]);
-    EXPECT_EQ(out[i], want) << i;
+    EXPECT_EQ(out[i], scaled_value(b, s, j, q)) << i;
   }
 }
 
 TEST(QuantFormats, Q5_KAddsBitFourFromQhPairs) {
   std::mt19937 rng(9);
   auto b = random_block<BlockQ5_K>(10);
-  int sc[8], mn[8];
-  for (int j = 0; j < 8; ++j) {
-    sc[j] = static_cast<int>(rng() % 64);
-    mn[j] = static_cast<int>(rng() % 64);
-  }
-  pack_scales(sc, mn, b.scales);
-  b.d = scale_bits(rng);
-  b.dmin = scale_bits(rng);
+  const ScalesMins s = random_scales_mins(rng);
+  set_scales_and_mins(b, s, rng);
   const auto out = dequantized(DType::Q5_K, &b, 256);
   for (int i = 0; i < 256; ++i) {
     const int g = i / 64, l = i % 32, j = i / 32, upper = i % 64 >= 32;
     const int nib = upper ? b.qs[32 * g + l] >> 4 : b.qs[32 * g + l] & 15;
     const int q = nib | ((b.qh[l] >> (2 * g + upper)) & 1) << 4;
-    const float want = fp16_to_fp32(b.d) * static_cast<float>(sc[j]) * static_cast<float>(q) -
-                       fp16_to_fp32(b.dmin) * static_cast<float>(mn[j]);
-    EXPECT_EQ(out[i], want) << i;
+    EXPECT_EQ(out[i], scaled_value(b, s, j, q)) << i;
   }
 }
 

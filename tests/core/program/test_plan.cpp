@@ -36,5 +36,26 @@ TEST(FixedPlan, ASolverPlanOrAnUnknownNameIsRefusedByName) {
   }
 }
 
+// The names plans are written with (plan JSON, status, logs), each value's own, both ways.
+TEST(PlanNames, EveryRoleStrategyAndGraphModeHasItsName) {
+  const char* roles[] = {"q", "k", "v", "o", "gate", "up", "down", "logits"};
+  for (int r = 0; r < kMatmulRoles; ++r)
+    EXPECT_EQ(matmul_role_name(static_cast<MatmulRole>(r)), roles[r]);
+  const std::pair<Strategy, const char*> strategies[] = {
+      {Strategy::gpu_only, "gpu-only"},   {Strategy::npu_only, "npu-only"},
+      {Strategy::weight_split, "weight"}, {Strategy::activation_split, "activation"},
+      {Strategy::hybrid, "hybrid"},       {Strategy::padding, "padding"}};
+  for (const auto& [s, name] : strategies) {
+    EXPECT_EQ(strategy_name(s), name);
+    EXPECT_EQ(strategy_from_name(name), s);
+  }
+  EXPECT_THROW(strategy_from_name("diagonal"), Error);
+  EXPECT_EQ(npu_graph_mode_name(NpuGraphMode::exact), "exact");
+  EXPECT_EQ(npu_graph_mode_name(NpuGraphMode::padding), "padding");
+  EXPECT_EQ(npu_graph_mode_name(NpuGraphMode::online_prepare), "online-prepare");
+  EXPECT_EQ(npu_graph_mode_name(NpuGraphMode::pipe), "pipe");
+  EXPECT_EQ(npu_graph_mode_name(static_cast<NpuGraphMode>(4)), "?");
+}
+
 }  // namespace
 }  // namespace duet

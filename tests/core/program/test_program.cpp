@@ -39,14 +39,8 @@ class ProgramRun {
 
   // Appends tokens at pos; returns logits for every token.
   std::vector<float> step(const std::vector<int32_t>& tokens, int pos) {
-    test_support::write_token_rows(host_.arena.data(), built_, tokens, pos,
-                                   test_support::LogitsRows::every_token);
-    const StepArgs args =
-        test_support::step_args(built_, ++seq_, static_cast<uint32_t>(tokens.size()));
-    test_support::run_both_halves([&] { interpret_program(built_.npu, host_.mem, args, flags_); },
-                                  [&] { interpret_program(built_.gpu, host_.mem, args, flags_); });
-    const float* logits = reinterpret_cast<const float*>(host_.arena.data() + built_.arena.logits);
-    return {logits, logits + tokens.size() * m_.hp().n_vocab};
+    return test_support::interpret_step(built_, host_, flags_, ++seq_, tokens, pos,
+                                        m_.hp().n_vocab);
   }
 
   const BuiltPrograms& built() const { return built_; }
