@@ -40,8 +40,8 @@ struct AgentConfig {
   bool carry_decoders = false;
   // Proactive steps run preemptibly (a reactive arrival stops them within a few ops).
   // false: they run as plain steps (a reactive arrival waits for the step to end). A preemptible
-  // step keeps a few ops in flight ahead of its check (gpu_runner.cpp) and now costs about what
-  // a plain one does; bench/agent/RESULTS.md measures the trade (17:34 section).
+  // step keeps a few ops in flight ahead of its check (gpu_runner_step.cpp) and now costs about
+  // what a plain one does; bench/agent/RESULTS.md measures the trade (17:34 section).
   bool preempt_proactive = true;
   // Overlap (§4.5 ①, compute slack: "proactive prefill can overlap with the decode pipeline
   // whenever no reactive prefill is pending"): the proactive engine's prefill step runs on a

@@ -152,7 +152,7 @@ class Frontend {
   };
   enum class SendResult { sent, full, vanished };
 
-  // frontend.cpp: messages in and out
+  // frontend.cpp (socket, replies) and frontend_requests.cpp (requests): messages in and out
   void read_socket();
   // A message read from the socket: handled here, or by the router's choice of model.
   void dispatch(msg::Envelope& env) { options_.dispatch ? options_.dispatch(env) : handle(env); }
@@ -191,7 +191,7 @@ class Frontend {
   void deliver(Request& r, msg::Bytes bytes);
   void flush_outboxes();
 
-  // frontend_step.cpp: the step and what follows from it
+  // frontend_step.cpp and frontend_stream.cpp: the step and what follows from it
   void open_request(Request* r);
   // frontend_step.cpp: the two lanes (Agent.xpu). A step's results go to its batch's requests.
   Engine& engine_of(const Request& r) { return r.proactive_lane ? *proactive_engine_ : *engine_; }

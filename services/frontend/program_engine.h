@@ -220,7 +220,7 @@ class ProgramEngine : public Engine {
     int64_t context = 0;
   };
   // The modelled time of a step on the SoC (the bucket's soc_schedule), cached per context
-  // page: see modeled_step_us in program_engine.cpp.
+  // page: see modeled_step_us in program_engine_trace.cpp.
   double modeled_step_us(size_t bucket_index, uint32_t n_tokens, int64_t context,
                          int32_t logits_rows) const;
   Timeline modeled_timeline(size_t bucket_index, uint32_t n_tokens, int64_t context,

@@ -1,6 +1,6 @@
 #pragma once
 // Setting a kernel's arguments and rounding launch sizes: what every file that launches kernels
-// (gpu_kernels.cpp, gpu_kernels_kq.cpp, gpu_kernels_fused.cpp) shares.
+// (gpu_kernels*.cpp) shares.
 #include <CL/cl.h>
 
 #include <cstddef>
