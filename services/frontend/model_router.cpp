@@ -140,6 +140,9 @@ void ModelRouter::route(msg::Envelope& env) {
     case fbc::ClientBody::Detokenize:
       named = m->body_as_Detokenize()->model();
       break;
+    case fbc::ClientBody::Trace:
+      named = m->body_as_Trace()->model();
+      break;
     case fbc::ClientBody::Resume:
       named = m->body_as_Resume()->model();
       if (!named || named->size() == 0) {

@@ -4,13 +4,15 @@
 // running concurrently, give each model's tokens as that model's own one-model stack gives them;
 // a model name the stack does not serve is refused with that name and the served ones (client
 // API: not_found; HTTP: 404 model_not_found) and the stack serves on. Models' ranks
-// (`--model-priority`) order their contending steps, the better rank first, none starved.
+// (`--model-priority`) order their contending steps, the better rank first, none starved;
+// `duet trace --model-name` follows any model's requests.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -183,6 +185,24 @@ TEST_F(MultiModelStack, EachModelsTokensEqualItsOwnStacksUnderInterleavedRequest
                      qwen_turns["contended_steps"].get<int>()),
             1)
       << fortune_turns.dump() << " " << qwen_turns.dump();
+  // `duet trace --model-name`: each model's frontend answers for its own last request, whose
+  // steps it finds among the device services' op spans of its own programs.
+  for (const std::string model : {"fortune", "qwen"}) {
+    const std::string out = (*dir_ / (model + "-trace.json")).string();
+    const CliResult t =
+        run_duet("trace --stack " + id_ + " --model-name " + model + " --last --out " + out);
+    ASSERT_EQ(t.rc, 0) << t.out;
+    const nlohmann::json o = nlohmann::json::parse(std::ifstream(out)).at("otherData");
+    EXPECT_EQ(o["model"], model);
+    EXPECT_EQ(o["request"], st["models"][model]["trace"]["last_request_kept"]) << o.dump();
+    EXPECT_GT(o["steps"].get<int>(), 0) << o.dump();
+    EXPECT_GT(o["op_spans"].get<int>(), 0) << model << ": no device spans matched " << o.dump();
+  }
+  const CliResult no_trace = run_duet("trace --stack " + id_ + " --model-name nope --last --out " +
+                                      (*dir_ / "nope.json").string());
+  EXPECT_NE(no_trace.rc, 0);
+  EXPECT_NE(no_trace.out.find("unknown model 'nope'"), std::string::npos) << no_trace.out;
+
   const CliResult status = run_duet("status --stack " + id_);
   EXPECT_EQ(status.rc, 0) << status.out;
   EXPECT_NE(status.out.find(" model fortune\n"), std::string::npos) << status.out;
