@@ -207,6 +207,7 @@ TEST_F(MultiModelStack, EachModelsTokensEqualItsOwnStacksUnderInterleavedRequest
   EXPECT_EQ(status.rc, 0) << status.out;
   EXPECT_NE(status.out.find(" model fortune\n"), std::string::npos) << status.out;
   EXPECT_NE(status.out.find(" model qwen\n"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("  turns: rank 0, "), std::string::npos) << status.out;
 }
 
 // Puzzle's third chromosome executed by the stack: two models (one file twice, so both have one
