@@ -17,7 +17,9 @@
 // is at most (rank - best rank) x aging_steps + models - 1 steps (`max_wait_steps` in status
 // shows the longest seen). Waits in time are those steps' durations; a waiting model's
 // deadlines (heartbeats, resume waits, idle sessions) are kept because the router reads, reaps
-// and flushes every model on every turn: only the step waits.
+// and flushes every model on every turn: only the step waits. (A model's Agent.xpu proactive
+// step, overlapped on its worker thread, runs beside the main steps as in a one-model stack; the
+// ranks order the main steps.)
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <vector>
