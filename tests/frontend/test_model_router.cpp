@@ -5,13 +5,9 @@
 // every model on every turn and only the step waits. Once hi is done, lo's work runs, with the
 // tokens it has alone.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <atomic>
 #include <chrono>
-#include <filesystem>
-#include <future>
-#include <thread>
+#include <functional>
 
 #include "core/base/error.h"
 #include "services/frontend/model_router.h"
@@ -23,48 +19,23 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-class ModelRouterTest : public ::testing::Test {
+class ModelRouterTest : public FrontendTest {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/duet-router-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    run_dir_ = tmpl;
-    std::promise<void> ready;
-    auto started = ready.get_future();
-    // The router's socket lives and dies on its serving thread.
-    thread_ = std::thread([this, &ready] {
-      try {
-        ModelRouter router(run_dir_);
-        for (const char* name : {"lo", "hi"})
-          router.add(std::make_unique<Frontend>(std::make_unique<ReferenceEngine>(tiny_model()),
-                                                run_dir_, router.options_for({}, name)));
-        router.set_priorities({1, 0}, 1 << 20);
-        ready.set_value();
-        while (!stop_.load()) {
-          if (router.pump()) continue;
-          zmq::pollitem_t item{static_cast<void*>(router.socket()), 0, ZMQ_POLLIN, 0};
-          zmq::poll(&item, 1, 5ms);
-        }
-      } catch (...) {
-        try {
-          ready.set_exception(std::current_exception());
-        } catch (const std::future_error&) {
-          ADD_FAILURE() << "the router stopped serving with an exception";
-        }
+    serve_on_thread([this](const std::function<void()>& ready) {
+      ModelRouter router(run_dir_);
+      for (const char* name : {"lo", "hi"})
+        router.add(std::make_unique<Frontend>(std::make_unique<ReferenceEngine>(tiny_model()),
+                                              run_dir_, router.options_for({}, name)));
+      router.set_priorities({1, 0}, 1 << 20);
+      ready();
+      while (!stop_.load()) {
+        if (router.pump()) continue;
+        zmq::pollitem_t item{static_cast<void*>(router.socket()), 0, ZMQ_POLLIN, 0};
+        zmq::poll(&item, 1, 5ms);
       }
     });
-    started.get();
-    endpoint_ = ipc_endpoint(client_socket_path(run_dir_));
   }
-  void TearDown() override {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    std::filesystem::remove_all(run_dir_);
-  }
-
-  std::string run_dir_, endpoint_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
 
 TEST_F(ModelRouterTest, AModelWaitingForItsTurnKeepsItsDeadlinesAndRunsOnceTheOtherIsDone) {
