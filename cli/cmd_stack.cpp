@@ -42,7 +42,8 @@ struct StackArgs {
   // --model PATH or NAME=PATH, repeated for several models (issue 25); none: the config file's
   // `models`, else cli::kDefaultModel.
   std::vector<std::string> models;
-  std::vector<std::string> model_plans;  // --model-plan NAME=PLAN (DUET_MODEL_PLANS)
+  std::vector<std::string> model_plans;       // --model-plan NAME=PLAN (DUET_MODEL_PLANS)
+  std::vector<std::string> model_priorities;  // --model-priority NAME=RANK (DUET_MODEL_PRIORITIES)
   std::string soc = "sd8gen3";
   std::string plan;    // the frontend's plan (DUET_PLAN in the services' environment)
   std::string timing;  // what the solver optimises (DUET_TIMING)
@@ -254,13 +255,16 @@ void stack_up(const StackArgs& a) {
                                       {"DUET_KV_MEMORY", a.kv_memory},
                                       {"DUET_KV_TYPE", a.kv_type},
                                       {"DUET_MODELS", cli::models_flag(a.models)},
-                                      {"DUET_MODEL_PLANS", cli::joined(a.model_plans)}});
+                                      {"DUET_MODEL_PLANS", cli::joined(a.model_plans)},
+                                      {"DUET_MODEL_PRIORITIES", cli::joined(a.model_priorities)}});
   export_stack_settings(settings);
   const std::vector<ServedModel> models = cli::resolve_models(a.models);
-  // A plan naming a model the stack does not serve, or a bad plan, stops here.
+  // A plan or priority naming a model the stack does not serve, or a bad one, stops here.
   if (const auto plans = setting_override("DUET_MODEL_PLANS"))
     (void)model_plans(stack_models(models.front().path), *plans,
                       !a.plan.empty() ? a.plan : setting_text("DUET_PLAN"));
+  if (const auto ranks = setting_override("DUET_MODEL_PRIORITIES"))
+    (void)model_priorities(stack_models(models.front().path), *ranks);
   const std::string& model = models.front().path;  // every service's --model: the default
   const std::string soc = resolve_soc(a.soc);
   (void)ipc_endpoint(supervisor_socket_path(run_dir));  // a too-long run dir fails here
@@ -479,6 +483,10 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
   up->add_option("--model-plan", args->model_plans,
                  "NAME=PLAN: model NAME runs PLAN instead of --plan's (several models; repeat it; "
                  "config: model_plans)");
+  up->add_option("--model-priority", args->model_priorities,
+                 "NAME=RANK: model NAME's priority where models' steps contend, 0 first "
+                 "(unlisted: 0; equal ranks take turns; aged, so none starves; repeat it; "
+                 "config: model_priorities)");
   up->add_option("--soc", args->soc, "SoC profile name or .toml path")->capture_default_str();
   up->add_option("--plan", args->plan,
                  "auto (default: executes the solver's plan for this host, measured, and models "

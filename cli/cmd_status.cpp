@@ -123,6 +123,13 @@ void print_human(const std::string& stack, const nlohmann::json& sup, const nloh
   for (const auto& [name, st] : fe["models"].items()) {
     std::printf(" model %s\n", name.c_str());
     print_model(st);
+    if (const auto t = st.find("turns"); t != st.end())  // its rank among the models' steps
+      std::printf(
+          "  turns: rank %s, %s steps (%s while another model had work), longest wait %s of at "
+          "most %s steps\n",
+          (*t)["rank"].dump().c_str(), (*t)["steps"].dump().c_str(),
+          (*t)["contended_steps"].dump().c_str(), (*t)["max_wait_steps"].dump().c_str(),
+          (*t)["wait_bound_steps"].dump().c_str());
   }
 }
 

@@ -3,7 +3,8 @@
 // chrome://tracing): the frontend's lane, gpu_svc's and npu_svc's op spans, flag waits and IPC,
 // measured here, and as a second process the modelled SoC timeline of the same steps
 // (services/frontend/frontend_trace.cpp). The frontend keeps the last DUET_TRACE_STEPS steps
-// (default 1024); request numbers count the requests it received (status: "trace").
+// (default 1024); request numbers count the requests it received (status: "trace"). In a stack of
+// several models each model's frontend keeps its own steps: --model-name picks the model.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -23,6 +24,7 @@ struct TraceArgs {
   uint64_t request = 0;
   bool last = false;
   std::string out;
+  std::string model_name;  // which of the stack's models ("" = its default)
   int timeout_ms = 10000;
 };
 
@@ -31,6 +33,7 @@ int run_trace(const TraceArgs& a) {
   if (a.request == 0 && !a.last)
     throw duet::Error(duet::Errc::invalid_argument, "trace: give --request N or --last");
   duet::client::Client c(duet::client::stack_endpoint(a.stack, a.run_dir));
+  c.set_model(a.model_name);
   const nlohmann::json trace =
       c.trace(a.last ? 0 : a.request, std::chrono::milliseconds(a.timeout_ms));
   std::ofstream f(a.out);
@@ -38,10 +41,10 @@ int run_trace(const TraceArgs& a) {
   f.close();
   if (!f) throw duet::Error(duet::Errc::io, "trace: cannot write " + a.out);
   const nlohmann::json& o = trace.at("otherData");
-  std::printf("request %s: %s steps, %s op spans measured, %s ops modelled on %s -> %s\n",
-              o.at("request").dump().c_str(), o.at("steps").dump().c_str(),
-              o.at("op_spans").dump().c_str(), o.at("modeled_ops").dump().c_str(),
-              o.value("soc", "?").c_str(), a.out.c_str());
+  std::printf("%s request %s: %s steps, %s op spans measured, %s ops modelled on %s -> %s\n",
+              o.value("model", "?").c_str(), o.at("request").dump().c_str(),
+              o.at("steps").dump().c_str(), o.at("op_spans").dump().c_str(),
+              o.at("modeled_ops").dump().c_str(), o.value("soc", "?").c_str(), a.out.c_str());
   std::printf("  executed here: %s\n  modelled: %s\n", o.value("executed_plan", "?").c_str(),
               o.value("modeled_plan", "?").c_str());
   for (const auto& n : o.at("notes")) std::printf("  note: %s\n", n.get<std::string>().c_str());
@@ -59,6 +62,9 @@ duet::cli::RegisterCommand register_trace([](CLI::App& app) {
   auto* last = cmd->add_flag("--last", args->last, "the last request with steps kept");
   req->excludes(last);
   cmd->add_option("--out", args->out, "trace-event JSON file to write")->required();
+  cmd->add_option("--model-name", args->model_name,
+                  "which of the stack's models (default: its first); request numbers are that "
+                  "model's");
   cmd->add_option("--timeout-ms", args->timeout_ms, "deadline")->capture_default_str();
   cmd->callback([args] { run_trace(*args); });
 });

@@ -44,7 +44,7 @@ void keep_pareto(MethodResult& r) {
 
 }  // namespace
 
-std::vector<Scenario> make_scenarios(uint64_t seed, int count) {
+std::vector<Scenario> make_scenarios(uint64_t seed, int count, int models) {
   Rng rng(seed);
   std::vector<Scenario> out;
   for (int i = 0; i < count; ++i) {
@@ -52,13 +52,14 @@ std::vector<Scenario> make_scenarios(uint64_t seed, int count) {
     s.id = i;
     const bool two_groups = i >= count / 2;
     s.groups = two_groups ? 2 : 1;
-    const int n_models = two_groups ? 4 : 3;
+    const int n_models = models > 0 ? models : two_groups ? 4 : 3;
+    const int first_group = (n_models + 1) / 2;  // the two-group scenarios' first group
     for (int m = 0; m < n_models; ++m) {
       ModelSpec spec;
       spec.shape = model_pool()[rng.below(model_pool().size())];
       spec.prompt = 32 + static_cast<int64_t>(rng.below(481));
       spec.output = 4 + static_cast<int64_t>(rng.below(21));
-      spec.group = two_groups ? m / 2 : 0;
+      spec.group = two_groups && m >= first_group ? 1 : 0;
       s.models.push_back(spec);
     }
     out.push_back(std::move(s));

@@ -39,8 +39,10 @@ struct Scenario {
 
 // `count` scenarios from `seed`: the first half one group of three models, the second half two
 // groups of two, models drawn from llama3.2-1b, llama3.2-3b, internlm-1.8b, gemma-2b and
-// llama3-8b, prompts of 32-512 tokens, 4-24 output tokens.
-std::vector<Scenario> make_scenarios(uint64_t seed, int count = 10);
+// llama3-8b, prompts of 32-512 tokens, 4-24 output tokens. models > 0: Puzzle's shapes instead
+// (section 6.1: one group of six, two groups of three, for models = 6): the first half one group
+// of `models`, the second half two groups of models / 2 (the first group takes an odd one).
+std::vector<Scenario> make_scenarios(uint64_t seed, int count = 10, int models = 0);
 nlohmann::json scenario_to_json(const Scenario& s);
 
 class ScenarioModel {

@@ -44,6 +44,7 @@ SimResult simulate(const std::vector<SimModel>& models, const std::vector<double
 
   SimResult r;
   r.makespan_us.assign(static_cast<size_t>(groups), std::vector<double>(o.requests, 0.0));
+  r.latency_us.assign(models.size(), std::vector<double>(o.requests, 0.0));
   std::vector<Cursor> cur(models.size());
   double free_at[2] = {0, 0};
   Running running[2];
@@ -118,6 +119,7 @@ SimResult simulate(const std::vector<SimModel>& models, const std::vector<double
         c.step = 0;
         double& ms = r.makespan_us[static_cast<size_t>(models[m].group)][c.request];
         ms = std::max(ms, end - release(m));
+        r.latency_us[m][c.request] = end - release(m);
         ++c.request;
         c.started = false;
       }

@@ -39,6 +39,9 @@ struct SimOptions {
 struct SimResult {
   // makespan_us[g][j]: group g's request j, from its release to its last model's finish.
   std::vector<std::vector<double>> makespan_us;
+  // latency_us[m][j]: model m's request j alone, from its release to its finish (where the
+  // models' priorities show: a group's makespan is its slowest model's).
+  std::vector<std::vector<double>> latency_us;
   double end_us = 0;
   double gpu_busy_us = 0, npu_busy_us = 0;
   int handoffs = 0;

@@ -25,6 +25,7 @@ struct Args {
   std::string soc = "sd8gen3", out;
   uint64_t seed = 1;
   int scenarios = 10, population = 24, generations = 60, requests = 8, patience = 3;
+  int models = 0;  // models per scenario; 0: 3 (one group) and 2 + 2 (two groups)
   double search_alpha = 1.0;
 };
 
@@ -58,6 +59,9 @@ int main(int argc, char** argv) try {
   app.add_option("--out", a.out, "write every result as JSON here");
   app.add_option("--seed", a.seed, "the scenarios' and the search's seed");
   app.add_option("--scenarios", a.scenarios, "random scenarios");
+  app.add_option("--models", a.models,
+                 "models per scenario (Puzzle's 6: one group of 6, two groups of 3); default: 3 "
+                 "in one group, 2 + 2 in two");
   app.add_option("--population", a.population, "GA population");
   app.add_option("--generations", a.generations, "GA generations at most");
   app.add_option("--requests", a.requests, "requests simulated per model");
@@ -86,7 +90,7 @@ int main(int argc, char** argv) try {
       "| "
       "Puzzle GA | GA+tensor | GA Pareto (GA, +tensor) | GA search s (GA, +tensor) |\n"
       "|---|---|---|---|---|---|---|---|---|\n");
-  for (const Scenario& sc : make_scenarios(a.seed, a.scenarios)) {
+  for (const Scenario& sc : make_scenarios(a.seed, a.scenarios, a.models)) {
     ScenarioModel sm(sc, soc, a.requests);
     SearchOptions tensor = so;
     tensor.choices = 3;

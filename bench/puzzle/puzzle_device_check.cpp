@@ -1,18 +1,20 @@
 // Issue 25's device-in-the-loop check: the GA's Pareto solutions for a small scenario of two tiny
 // models (tiny-fortune and mkmodel's tiny qwen2, one group), and the four whole-model mappings
 // beside them, each re-run through a real stack on this host serving both models at once, with
-// each model placed as the candidate says
-// (`stack up --model fortune=A --model qwen=B --model-plan NAME=subgraph:FILE`). For each
-// solution: the modelled makespan (puzzle/simulator.h on the SoC profile, periods long enough
-// that no request waits for the previous one) and the measured one (both models' requests of a
-// group released together through the client API; makespan = release to the later Done), mean
-// and p90 over the group's requests, and whether the two orders of the solutions agree.
+// each model placed and ranked as the candidate says, so all three of Puzzle's chromosomes are
+// executed (`stack up --model fortune=A --model qwen=B --model-plan NAME=subgraph:FILE
+// --model-priority NAME=RANK`). For each solution: the modelled makespan (puzzle/simulator.h on
+// the SoC profile, periods long enough that no request waits for the previous one) and the
+// measured one (both models' requests of a group released together through the client API;
+// makespan = release to the later Done), mean and p90 over the group's requests, each model's
+// mean latency (release to its own Done: where the ranks show), and whether the two orders of the
+// solutions agree.
 //
 //   puzzle_device_check --fortune F.gguf --qwen Q.gguf [--duet build/bin/duet] [--soc sd8gen3]
 //                       [--requests 8] [--repeats 3] [--seed 1] [--stack mmcheck]
 //                       [--work-dir /tmp/puzzle-check] [--out results.json]
-// The stack runs every model's remaining plan gpu-only (DUET_PLAN); model priorities (the GA's
-// third chromosome) have no counterpart in the stack yet: models' steps take turns.
+// The stack runs every model's remaining plan gpu-only (DUET_PLAN). The whole-model mappings are
+// ranked as Best Mapping's genomes are (fortune 0, qwen 1).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -87,15 +89,28 @@ void run_or_throw(const std::string& cmd) {
   if (std::system(cmd.c_str()) != 0) throw Error(Errc::internal, "failed: " + cmd);
 }
 
-// The group's requests through the stack: both models' requests released together, the next
-// group once both are done; makespans in ms (release to the later Done).
-std::vector<double> measure(const Args& a, const Scenario& sc,
-                            const std::vector<std::string>& names) {
-  client::Client c(client::stack_endpoint(a.stack));
+double mean_of(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / double(v.size());
+}
+
+// One run of the group's requests: makespans (release to the later Done) and each model's
+// latencies (release to its Done), ms.
+struct Measured {
   std::vector<double> makespans;
+  std::vector<std::vector<double>> latency;  // [model][request]
+};
+
+// The group's requests through the stack: both models' requests released together, the next
+// group once both are done.
+Measured measure(const Args& a, const Scenario& sc, const std::vector<std::string>& names) {
+  client::Client c(client::stack_endpoint(a.stack));
+  Measured out;
+  out.latency.resize(sc.models.size());
   for (int j = 0; j < a.requests; ++j) {
     const auto release = Clock::now();
-    std::map<uint64_t, bool> open;
+    std::map<uint64_t, size_t> open;  // request id -> model
     for (size_t m = 0; m < sc.models.size(); ++m) {
       client::GenerateRequest req;
       req.model = names[m];
@@ -106,7 +121,7 @@ std::vector<double> measure(const Args& a, const Scenario& sc,
       req.ignore_eos = true;
       req.stream = false;
       req.heartbeat_ms = 0;
-      open[c.submit(req)] = true;
+      open[c.submit(req)] = m;
     }
     Clock::time_point last = release;
     while (!open.empty()) {
@@ -114,13 +129,15 @@ std::vector<double> measure(const Args& a, const Scenario& sc,
       if (!e) throw Error(Errc::timeout, "no answer within 120 s");
       if (e->kind == client::Event::Kind::error) throw Error(e->code, e->message);
       if (e->kind == client::Event::Kind::done) {
-        open.erase(e->request_id);
         last = Clock::now();
+        out.latency[open.at(e->request_id)].push_back(
+            std::chrono::duration<double, std::milli>(last - release).count());
+        open.erase(e->request_id);
       }
     }
-    makespans.push_back(std::chrono::duration<double, std::milli>(last - release).count());
+    out.makespans.push_back(std::chrono::duration<double, std::milli>(last - release).count());
   }
-  return makespans;
+  return out;
 }
 
 }  // namespace
@@ -138,18 +155,21 @@ int main(int argc, char** argv) try {
   SearchOptions so;
   so.seed = a.seed;
   const MethodResult ga = run_puzzle(sm, so);
-  // The candidates: the GA's Pareto placements (genomes that differ only where the placement
-  // does not, e.g. in priority, measure once), then each model wholly on one device (the four
-  // mappings Best Mapping chooses from), so that the modelled times differ across the rows.
+  // The candidates: the GA's Pareto placements and priorities (genomes that differ only where
+  // the stack runs the same, in cuts between subgraphs of one device, measure once), then each
+  // model wholly on one device (the four mappings Best Mapping chooses from), so that the
+  // modelled times differ across the rows.
   struct Candidate {
     std::string source;
     std::vector<SubgraphPlan> plans;
+    std::vector<int> priority;  // [model] -> rank, 0 first
   };
   std::vector<Candidate> candidates;
   const std::vector<int> units = sm.units();
   // Two placements are the same when every unit is on the same device (a cut between two
   // subgraphs of one device changes nothing the stack runs).
   auto same_placement = [](const Candidate& x, const Candidate& y) {
+    if (x.priority != y.priority) return false;
     for (size_t m = 0; m < x.plans.size(); ++m)
       for (int u = 0; u < x.plans[m].units; ++u) {
         auto device_of = [u](const SubgraphPlan& p) {
@@ -162,16 +182,28 @@ int main(int argc, char** argv) try {
     return true;
   };
   for (size_t i = 0; i < ga.solutions.size(); ++i) {
-    Candidate c{"GA Pareto " + std::to_string(i), {}};
+    Candidate c{"GA Pareto " + std::to_string(i),
+                {},
+                ga.detail["solutions"][i]["priority"].get<std::vector<int>>()};
     for (size_t m = 0; m < names.size(); ++m)
       c.plans.push_back(subgraph_plan_from_json(ga.detail["solutions"][i]["models"][m]));
     const bool seen = std::any_of(candidates.begin(), candidates.end(),
                                   [&](const Candidate& o) { return same_placement(o, c); });
     if (!seen) candidates.push_back(std::move(c));
   }
+  // The GA's placements again with the ranks reversed: what its priority chromosome changes.
+  const size_t n_ga = candidates.size();
+  for (size_t i = 0; i < n_ga; ++i) {
+    Candidate c = candidates[i];
+    c.source += ", ranks reversed";
+    for (int& r : c.priority) r = static_cast<int>(names.size()) - 1 - r;
+    const bool seen = std::any_of(candidates.begin(), candidates.end(),
+                                  [&](const Candidate& o) { return same_placement(o, c); });
+    if (!seen) candidates.push_back(std::move(c));
+  }
   for (Proc f : {Proc::gpu, Proc::npu})
     for (Proc q : {Proc::gpu, Proc::npu}) {
-      Candidate c{"whole models", {}};
+      Candidate c{"whole models", {}, {0, 1}};
       for (size_t m = 0; m < names.size(); ++m)
         c.plans.push_back({sc.models[m].shape, units[m], {{0, units[m] - 1, m == 0 ? f : q}}});
       const bool seen = std::any_of(candidates.begin(), candidates.end(),
@@ -188,16 +220,21 @@ int main(int argc, char** argv) try {
                         {"ga_pareto", ga.solutions.size()},
                         {"solutions", nlohmann::json::array()}};
   std::printf(
-      "| candidate | placement (fortune; qwen) | modelled mean / p90 ms (%s) | measured "
-      "mean / p90 ms (this host, best of %d) |\n|---|---|---|---|\n",
+      "| candidate | placement (fortune; qwen) | ranks (fortune, qwen) | modelled mean / p90 ms "
+      "(%s) | modelled latency fortune / qwen ms | measured mean / p90 ms (this host, best of %d) "
+      "| measured latency fortune / qwen ms |\n|---|---|---|---|---|---|---|\n",
       soc.name.c_str(), a.repeats);
   for (size_t i = 0; i < candidates.size(); ++i) {
     const Candidate& cand = candidates[i];
     // Modelled: a period so long that each request runs alone (no queueing behind the last).
     std::vector<SimModel> sim;
     for (size_t m = 0; m < names.size(); ++m)
-      sim.push_back({0, static_cast<int>(m), sm.steps(m, cand.plans[m].subgraphs)});
-    const std::vector<double> modelled = objectives_ms(sm.run(sim, 1000.0));
+      sim.push_back({0, cand.priority[m], sm.steps(m, cand.plans[m].subgraphs)});
+    const SimResult sim_result = sm.run(sim, 1000.0);
+    const std::vector<double> modelled = objectives_ms(sim_result);
+    std::vector<double> modelled_latency;
+    for (const std::vector<double>& us : sim_result.latency_us)
+      modelled_latency.push_back(mean_of(us) / 1000.0);
     std::string flags, placement;
     nlohmann::json plans = nlohmann::json::array();
     for (size_t m = 0; m < names.size(); ++m) {
@@ -206,7 +243,8 @@ int main(int argc, char** argv) try {
       plans.push_back(subgraph_plan_to_json(cand.plans[m]));
       std::ofstream(path) << plans.back().dump(1) << "\n";
       flags += " --model " + names[m] + "='" + files[m] + "' --model-plan " + names[m] +
-               "=subgraph:" + path;
+               "=subgraph:" + path + " --model-priority " + names[m] + "=" +
+               std::to_string(cand.priority[m]);
       std::string p;
       for (const Subgraph& s : cand.plans[m].subgraphs)
         p += (p.empty() ? "" : " ") + std::to_string(s.first) + "-" + std::to_string(s.last) + ":" +
@@ -215,25 +253,34 @@ int main(int argc, char** argv) try {
     }
     run_or_throw("'" + a.duet + "' stack up --timeout 120 --plan gpu-only --stack " + a.stack +
                  flags + " > /dev/null");
-    std::vector<double> best;
+    Measured best;
     try {
       (void)measure(a, sc, names);  // warm: programs registered, NPU graphs compiled
       for (int r = 0; r < a.repeats; ++r) {
-        const std::vector<double> ms = measure(a, sc, names);
-        if (best.empty() || mean_p90(ms).first < mean_p90(best).first) best = ms;
+        Measured run = measure(a, sc, names);
+        if (best.makespans.empty() ||
+            mean_p90(run.makespans).first < mean_p90(best.makespans).first)
+          best = std::move(run);
       }
     } catch (...) {
       std::system(("'" + a.duet + "' stack down --stack " + a.stack + " > /dev/null").c_str());
       throw;
     }
     run_or_throw("'" + a.duet + "' stack down --stack " + a.stack + " > /dev/null");
-    const auto [mean, p90] = mean_p90(best);
-    out["solutions"].push_back({{"source", cand.source},
-                                {"plans", plans},
-                                {"modelled_ms", {{"mean", modelled[0]}, {"p90", modelled[1]}}},
-                                {"measured_ms", {{"mean", mean}, {"p90", p90}, {"all", best}}}});
-    std::printf("| %s | %s | %.2f / %.2f | %.2f / %.2f |\n", cand.source.c_str(), placement.c_str(),
-                modelled[0], modelled[1], mean, p90);
+    const auto [mean, p90] = mean_p90(best.makespans);
+    const std::vector<double> latency = {mean_of(best.latency[0]), mean_of(best.latency[1])};
+    out["solutions"].push_back(
+        {{"source", cand.source},
+         {"plans", plans},
+         {"priority", cand.priority},
+         {"modelled_ms",
+          {{"mean", modelled[0]}, {"p90", modelled[1]}, {"latency", modelled_latency}}},
+         {"measured_ms",
+          {{"mean", mean}, {"p90", p90}, {"all", best.makespans}, {"latency", latency}}}});
+    std::printf("| %s | %s | %d, %d | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f |\n",
+                cand.source.c_str(), placement.c_str(), cand.priority[0], cand.priority[1],
+                modelled[0], modelled[1], modelled_latency[0], modelled_latency[1], mean, p90,
+                latency[0], latency[1]);
     std::fflush(stdout);
   }
   // Do the modelled and measured means order the solutions alike? (pairs that agree / all)

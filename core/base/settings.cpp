@@ -118,6 +118,14 @@ const std::array kSettings = {
     Setting{"DUET_MODEL_PLANS", "model_plans", T::text, "", 0, 0, "",
             "plans of single models in a several-model stack, comma-separated NAME=PLAN (e.g. "
             "qwen=subgraph:/p/q.json); the others run DUET_PLAN (`stack up --model-plan`)"},
+    Setting{"DUET_MODEL_PRIORITIES", "model_priorities", T::text, "", 0, 0, "",
+            "priorities of models in a several-model stack, comma-separated NAME=RANK (0 runs "
+            "first, as Puzzle's ranks; unlisted: 0); where models' steps contend the lowest "
+            "rank steps first, aged by model_priority_aging (`stack up --model-priority`)"},
+    Setting{"DUET_MODEL_PRIORITY_AGING", "model_priority_aging", T::integer, "8", 1, 1 << 20, "",
+            "steps a ready model waits behind others per rank it is behind: it then steps as "
+            "if one rank higher, so its wait is at most (its rank - the best rank) x this + "
+            "models - 1 steps"},
     Setting{"DUET_MODEL_DIRS", "model_dirs", T::text, "", 0, 0, "",
             "more directories (colon-separated) whose models peers may name, beside the "
             "stack's --model's"},

@@ -448,7 +448,7 @@ GenerateResult Client::generate(const GenerateRequest& request,
 nlohmann::json Client::trace(uint64_t number, std::chrono::milliseconds timeout) {
   const uint64_t id = next_request_id_++;
   flatbuffers::FlatBufferBuilder fbb;
-  auto body = fbc::CreateTrace(fbb, number);
+  auto body = fbc::CreateTrace(fbb, number, model_.empty() ? 0 : fbb.CreateString(model_));
   send(finish(fbb, id, fbc::ClientBody::Trace, body.Union()));
   return json_reply(id, timeout, "trace");
 }

@@ -138,7 +138,8 @@ class Client {
                           std::chrono::milliseconds timeout = std::chrono::minutes(10));
   nlohmann::json status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   // `duet trace`: request `number` (the frontend's request number, status "trace"; 0: the last
-  // one with steps in the frontend's ring) as Chrome trace-event JSON.
+  // one with steps in the frontend's ring) as Chrome trace-event JSON; of the client's model
+  // (set_model; "" = the stack's default).
   nlohmann::json trace(uint64_t number,
                        std::chrono::milliseconds timeout = std::chrono::seconds(10));
   EvalResult eval(const std::vector<int32_t>& ids, const std::string& plan = "",

@@ -85,10 +85,14 @@ std::vector<ServedModel> stack_models(const std::string& default_path) {
   return {ServedModel{std::filesystem::path(default_path).stem().string(), default_path}};
 }
 
-std::vector<std::string> model_plans(const std::vector<ServedModel>& models, std::string_view text,
-                                     const std::string& default_plan) {
-  std::vector<std::string> plans(models.size(), default_plan);
-  const Setting& plan_setting = *find_setting_env("DUET_PLAN");
+namespace {
+
+// "NAME=VALUE,..." of DUET_MODEL_PLANS and DUET_MODEL_PRIORITIES: each item's model index and
+// value to `take`; an item without '=' or naming no model is refused naming it (`what`: "model
+// plan", `form`: "NAME=PLAN (DUET_MODEL_PLANS)").
+template <typename Take>
+void for_each_model_item(const std::vector<ServedModel>& models, std::string_view text,
+                         const std::string& what, const std::string& form, Take take) {
   size_t begin = 0;
   while (begin < text.size()) {
     const size_t end = std::min(text.find(',', begin), text.size());
@@ -97,17 +101,46 @@ std::vector<std::string> model_plans(const std::vector<ServedModel>& models, std
     if (item.empty()) continue;
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos)
-      throw Error(Errc::invalid_argument,
-                  "model plan '" + std::string(item) + "': give NAME=PLAN (DUET_MODEL_PLANS)");
-    const std::string_view name = item.substr(0, eq), plan = item.substr(eq + 1);
+      throw Error(Errc::invalid_argument, what + " '" + std::string(item) + "': give " + form);
+    const std::string_view name = item.substr(0, eq), value = item.substr(eq + 1);
     const ServedModel* m = name.empty() ? nullptr : find_model(models, name);
     if (!m)
-      throw Error(Errc::invalid_argument, "model plan '" + std::string(item) + "': " +
+      throw Error(Errc::invalid_argument, what + " '" + std::string(item) + "': " +
                                               unknown_model_message(name, model_names(models)));
-    check_setting(plan_setting, plan);
-    plans[static_cast<size_t>(m - models.data())] = std::string(plan);
+    take(static_cast<size_t>(m - models.data()), value, item);
   }
+}
+
+}  // namespace
+
+std::vector<std::string> model_plans(const std::vector<ServedModel>& models, std::string_view text,
+                                     const std::string& default_plan) {
+  std::vector<std::string> plans(models.size(), default_plan);
+  const Setting& plan_setting = *find_setting_env("DUET_PLAN");
+  for_each_model_item(models, text, "model plan", "NAME=PLAN (DUET_MODEL_PLANS)",
+                      [&](size_t m, std::string_view plan, std::string_view) {
+                        check_setting(plan_setting, plan);
+                        plans[m] = std::string(plan);
+                      });
   return plans;
+}
+
+std::vector<int> model_priorities(const std::vector<ServedModel>& models, std::string_view text) {
+  std::vector<int> ranks(models.size(), 0);
+  for_each_model_item(models, text, "model priority", "NAME=RANK (DUET_MODEL_PRIORITIES)",
+                      [&](size_t m, std::string_view rank, std::string_view item) {
+                        const bool digits = !rank.empty() && rank.size() <= 4 &&
+                                            std::all_of(rank.begin(), rank.end(), [](char c) {
+                                              return c >= '0' && c <= '9';
+                                            });
+                        if (!digits || std::stoi(std::string(rank)) > 1000)
+                          throw Error(Errc::invalid_argument,
+                                      "model priority '" + std::string(item) +
+                                          "': the rank is a whole number in [0, 1000], 0 first "
+                                          "(DUET_MODEL_PRIORITIES)");
+                        ranks[m] = std::stoi(std::string(rank));
+                      });
+  return ranks;
 }
 
 const ServedModel* find_model(const std::vector<ServedModel>& models, std::string_view name) {

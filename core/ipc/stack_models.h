@@ -38,6 +38,11 @@ std::vector<ServedModel> stack_models(const std::string& default_path);
 std::vector<std::string> model_plans(const std::vector<ServedModel>& models, std::string_view text,
                                      const std::string& default_plan);
 
+// DUET_MODEL_PRIORITIES (issue 25, Puzzle's third chromosome): a rank per model name,
+// "NAME=RANK,..." (0 runs first; unlisted models 0). A name no model has, or a rank that is not a
+// whole number in [0, 1000], is refused naming it. Returns one rank per model, in their order.
+std::vector<int> model_priorities(const std::vector<ServedModel>& models, std::string_view text);
+
 // The model a request names ("" = the first, the default); nullptr when none has that name.
 const ServedModel* find_model(const std::vector<ServedModel>& models, std::string_view name);
 // "a, b": the names, for error messages.

@@ -114,12 +114,21 @@ bool Frontend::has_work() const {
 }
 
 bool Frontend::pump() {
+  pump_io();
+  step_once();
+  return has_work();
+}
+
+void Frontend::pump_io() {
   read_socket();
   const double now = now_ms();
   if (now - last_reap_ms_ >= 20) reap(now);
+  flush_outboxes();
+}
+
+void Frontend::step_once() {
   step();
   flush_outboxes();
-  return has_work();
 }
 
 void Frontend::pump_for(std::chrono::milliseconds budget) {

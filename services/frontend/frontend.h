@@ -112,6 +112,12 @@ class Frontend {
   // Reads waiting client messages, runs at most one engine step, sends its results, reaps
   // vanished clients. Never blocks. Returns true while there is work to step.
   bool pump();
+  // pump() in its two halves, for the router of several models (model_router.h), which steps
+  // one model per turn but keeps every model's deadlines on every turn: pump_io reads the
+  // client socket, reaps (heartbeats, resume waits, idle sessions) and sends what is waiting;
+  // step_once runs at most one engine step and sends what it produced.
+  void pump_io();
+  void step_once();
   // Calls pump() until there is no work or `budget` has passed (for a service loop's idle hook).
   void pump_for(std::chrono::milliseconds budget);
   // Serves until `stop` is set: waits on the socket (at most `idle_tick`) only when idle.

@@ -323,6 +323,7 @@ nlohmann::json Frontend::build_trace(uint64_t number) const {
           {"displayTimeUnit", "ms"},
           {"otherData",
            {{"request", number},
+            {"model", options_.model_name},
             {"steps", steps.size()},
             {"op_spans", op_spans},
             {"modeled_ops", modeled_ops},

@@ -230,6 +230,8 @@ int main(int argc, char** argv) {
           router->add(
               build_model_frontend(loop, *router, models[i], i, plans[i], serving,
                                    pools.empty() || plans[i] == "reference" ? nullptr : &pools[i]));
+        router->set_priorities(model_priorities(models, setting_text("DUET_MODEL_PRIORITIES")),
+                               static_cast<int>(setting_int("DUET_MODEL_PRIORITY_AGING")));
         // Steps run from the loop's hooks with a short time budget, so the control socket
         // (heartbeats) is answered between them. While the last pump made progress the loop does
         // not sleep between budgets (set_busy): a decode step of ~1 ms must not wait for a tick.

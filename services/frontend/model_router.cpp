@@ -28,12 +28,34 @@ void ModelRouter::add(std::unique_ptr<Frontend> frontend) {
     throw Error(Errc::invalid_argument,
                 "two models are named '" + frontend->model_name() + "' in one stack");
   frontends_.push_back(std::move(frontend));
+  turns_ = ModelTurns(std::vector<int>(frontends_.size(), 0), turns_.aging_steps());
+}
+
+void ModelRouter::set_priorities(std::vector<int> ranks, int aging_steps) {
+  if (ranks.size() != frontends_.size())
+    throw Error(Errc::internal, "model router: " + std::to_string(ranks.size()) + " ranks for " +
+                                    std::to_string(frontends_.size()) + " models");
+  turns_ = ModelTurns(std::move(ranks), aging_steps);
 }
 
 bool ModelRouter::pump() {
-  bool work = false;
-  for (auto& f : frontends_) work = f->pump() || work;
-  return work;
+  for (auto& f : frontends_) f->pump_io();
+  std::vector<bool> ready(frontends_.size());
+  for (size_t i = 0; i < frontends_.size(); ++i) ready[i] = frontends_[i]->has_work();
+  // The chosen model steps; one whose work cannot run now (blocked on KV, say) steps nothing and
+  // the next in the order gets the turn, so a blocked high-rank model holds no one up.
+  std::vector<bool> untried = ready;
+  for (int m = turns_.choose(untried); m >= 0; m = turns_.choose(untried)) {
+    Frontend& f = *frontends_[static_cast<size_t>(m)];
+    const uint64_t before = f.metrics().steps;
+    f.step_once();
+    if (f.metrics().steps != before) {
+      turns_.record(static_cast<size_t>(m), ready);
+      break;
+    }
+    untried[static_cast<size_t>(m)] = false;
+  }
+  return has_work();
 }
 
 void ModelRouter::pump_for(std::chrono::milliseconds budget) {
@@ -58,8 +80,12 @@ nlohmann::json ModelRouter::status() const {
   nlohmann::json s = frontends_.front()->status();
   if (frontends_.size() > 1) {
     nlohmann::json models = nlohmann::json::object();
-    for (const auto& f : frontends_) models[f->model_name()] = f->status();
+    for (size_t i = 0; i < frontends_.size(); ++i) {
+      models[frontends_[i]->model_name()] = frontends_[i]->status();
+      models[frontends_[i]->model_name()]["turns"] = turns_.status(i);
+    }
     s["models"] = std::move(models);
+    s["model_priority_aging"] = turns_.aging_steps();
     s["unknown_model_refusals"] = unknown_model_refusals_;
   }
   s["default_model"] = frontends_.front()->model_name();
@@ -113,6 +139,9 @@ void ModelRouter::route(msg::Envelope& env) {
       break;
     case fbc::ClientBody::Detokenize:
       named = m->body_as_Detokenize()->model();
+      break;
+    case fbc::ClientBody::Trace:
+      named = m->body_as_Trace()->model();
       break;
     case fbc::ClientBody::Resume:
       named = m->body_as_Resume()->model();

@@ -13,9 +13,13 @@
 //                                         session (older clients send none)
 //   Status                                the default model's status (as a one-model stack's),
 //                                         plus "models": every model's status by name
-//   anything else (Trace, malformed)      the default model, which answers as before
-// pump() runs each model's frontend once in turn (at most one step each), so requests of
-// different models interleave step by step on the shared devices.
+//   Trace                                 its `model`, as Generate's (`duet trace --model-name`)
+//   anything else (malformed)             the default model, which answers as before
+// The models' steps meet here: pump() reads, reaps and flushes every model, then runs ONE engine
+// step, of the model model_turns.h picks among those with work: by rank (DUET_MODEL_PRIORITIES,
+// 0 first; equal ranks take turns), aged so that no model waits more than a bounded number of
+// steps. gpu_svc and npu_svc run the steps in the order they are rung, so this is the order on
+// the shared devices.
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,6 +29,7 @@
 
 #include "core/ipc/messaging.h"
 #include "services/frontend/frontend.h"
+#include "services/frontend/model_turns.h"
 
 namespace duet::frontend {
 
@@ -37,8 +42,10 @@ class ModelRouter {
 
   // What each model's Frontend is built with: the router's socket and dispatch, and its name.
   FrontendOptions options_for(FrontendOptions options, const std::string& model_name);
-  // The models in order; the first added is the default.
+  // The models in order; the first added is the default. Each starts at rank 0.
   void add(std::unique_ptr<Frontend> frontend);
+  // Every model's rank, in the order added (0 steps first), and the aging (model_turns.h).
+  void set_priorities(std::vector<int> ranks, int aging_steps);
 
   bool pump();  // every model's frontend once; true while any has work
   void pump_for(std::chrono::milliseconds budget);
@@ -61,6 +68,8 @@ class ModelRouter {
   std::string socket_path_;
   std::shared_ptr<zmq::socket_t> socket_;
   std::vector<std::unique_ptr<Frontend>> frontends_;
+  ModelTurns turns_{{}, kDefaultAgingSteps};
+  static constexpr int kDefaultAgingSteps = 8;  // DUET_MODEL_PRIORITY_AGING's default
   uint64_t unknown_model_refusals_ = 0;
 };
 

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -55,18 +56,26 @@ inline std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt,
 class FrontendTest : public ::testing::Test {
  protected:
   void start(FrontendOptions options = {}, ReferenceEngineOptions engine_options = {}) {
+    serve_on_thread([this, options, engine_options](const std::function<void()>& ready) {
+      Frontend fe(std::make_unique<ReferenceEngine>(tiny_model(), engine_options), run_dir_,
+                  options);
+      ready();
+      fe.serve(stop_, std::chrono::milliseconds(5));
+    });
+  }
+
+  // Runs `serve` on thread_ in a fresh private run dir: it builds what serves (its sockets live
+  // and die on that thread), calls ready() once bound, then serves until stop_. Returns once
+  // ready() was called; rethrows what `serve` threw before that.
+  void serve_on_thread(std::function<void(const std::function<void()>& ready)> serve) {
     char tmpl[] = "/tmp/duet-fe-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     run_dir_ = tmpl;
     std::promise<void> ready;
     auto started = ready.get_future();
-    // The frontend's socket lives and dies on its serving thread.
-    thread_ = std::thread([this, options, engine_options, &ready] {
+    thread_ = std::thread([serve, &ready] {
       try {
-        Frontend fe(std::make_unique<ReferenceEngine>(tiny_model(), engine_options), run_dir_,
-                    options);
-        ready.set_value();
-        fe.serve(stop_, std::chrono::milliseconds(5));
+        serve([&ready] { ready.set_value(); });
       } catch (...) {
         try {
           ready.set_exception(std::current_exception());

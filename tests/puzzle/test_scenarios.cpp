@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "puzzle/scenarios.h"
 #include "tests/support/soc_profiles.h"
@@ -24,6 +25,21 @@ TEST(PuzzleScenarios, TenScenariosFromASeed) {
       EXPECT_LE(m.prompt, 512);
       EXPECT_GE(m.output, 4);
       EXPECT_LE(m.output, 24);
+    }
+  }
+}
+
+TEST(PuzzleScenarios, PuzzlesShapesOnRequest) {
+  // Default: three models in one group, then 2 + 2; --models 6: Puzzle's six, then 3 + 3.
+  for (const auto& [models, one, first, second] :
+       {std::tuple{0, 3, 2, 2}, std::tuple{6, 6, 3, 3}, std::tuple{5, 5, 3, 2}}) {
+    SCOPED_TRACE(models);
+    for (const Scenario& s : make_scenarios(1, 10, models)) {
+      std::vector<int> per_group(static_cast<size_t>(s.groups), 0);
+      for (const ModelSpec& m : s.models) ++per_group.at(static_cast<size_t>(m.group));
+      const std::vector<int> want =
+          s.groups == 1 ? std::vector<int>{one} : std::vector<int>{first, second};
+      EXPECT_EQ(per_group, want);
     }
   }
 }

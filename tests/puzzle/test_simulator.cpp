@@ -131,6 +131,14 @@ TEST(PuzzleSimulator, TheHigherPriorityGoesFirstWithoutPreemption) {
   SimResult r = simulate({low, high}, {100, 100}, o);
   EXPECT_DOUBLE_EQ(r.makespan_us[1][0], 5);
   EXPECT_DOUBLE_EQ(r.makespan_us[0][0], 15);
+  EXPECT_DOUBLE_EQ(r.latency_us[1][0], 5) << "each model's own latency";
+  EXPECT_DOUBLE_EQ(r.latency_us[0][0], 15);
+  // One group of both: its makespan is the later model's; each model keeps its latency.
+  const SimModel high_g0{0, 0, {{stage(Proc::gpu, 5)}}};
+  r = simulate({low, high_g0}, {100}, o);
+  EXPECT_DOUBLE_EQ(r.makespan_us[0][0], 15);
+  EXPECT_DOUBLE_EQ(r.latency_us[1][0], 5);
+  EXPECT_DOUBLE_EQ(r.latency_us[0][0], 15);
   // Two stages: the low-priority model's second stage waits behind the high one's only where
   // both are ready; once started, nothing preempts it.
   const SimModel low2{0, 1, {{stage(Proc::gpu, 10), stage(Proc::gpu, 10)}}};

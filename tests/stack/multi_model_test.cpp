@@ -3,10 +3,16 @@
 // by `stack up --model fortune=A --model qwen=B`. Requests of both, submitted interleaved and
 // running concurrently, give each model's tokens as that model's own one-model stack gives them;
 // a model name the stack does not serve is refused with that name and the served ones (client
-// API: not_found; HTTP: 404 model_not_found) and the stack serves on.
+// API: not_found; HTTP: 404 model_not_found) and the stack serves on. Models' ranks
+// (`--model-priority`) order their contending steps, the better rank first, none starved;
+// `duet trace --model-name` follows any model's requests.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -62,11 +68,20 @@ class MultiModelStack : public ::testing::Test {
     return "--model fortune='" + kFortune + "' --model qwen='" + *qwen_ + "'";
   }
 
+  // How run_together's requests ended: the asks' indices in the order their Done came, and each
+  // ask's latency (its submit to its Done, ms).
+  struct Completion {
+    std::vector<size_t> order;
+    std::vector<double> latency_ms;
+  };
+
   // Every ask submitted before any is read (so they are in flight together and their steps
   // interleave), each one's generated ids in order.
-  std::vector<std::vector<int32_t>> run_together(const std::vector<Ask>& asks) {
+  std::vector<std::vector<int32_t>> run_together(const std::vector<Ask>& asks,
+                                                 Completion* completion = nullptr) {
     client::Client c(client::stack_endpoint(id_));
     std::map<uint64_t, size_t> index;
+    std::vector<std::chrono::steady_clock::time_point> submitted;
     for (size_t i = 0; i < asks.size(); ++i) {
       client::GenerateRequest req;
       req.model = asks[i].model;
@@ -75,8 +90,10 @@ class MultiModelStack : public ::testing::Test {
       req.max_tokens = 24;
       req.ignore_eos = true;
       req.heartbeat_ms = 0;  // this loop sends no KeepAlives
+      submitted.push_back(std::chrono::steady_clock::now());
       index[c.submit(req)] = i;
     }
+    if (completion) *completion = {{}, std::vector<double>(asks.size(), 0.0)};
     std::vector<std::vector<int32_t>> ids(asks.size());
     size_t done = 0;
     while (done < asks.size()) {
@@ -89,8 +106,14 @@ class MultiModelStack : public ::testing::Test {
         ADD_FAILURE() << "request " << e->request_id << ": " << e->message;
         ++done;
       } else if (e->kind == client::Event::Kind::done) {
-        ids.at(index.at(e->request_id)) = e->done.ids;
+        const size_t i = index.at(e->request_id);
+        ids.at(i) = e->done.ids;
         ++done;
+        if (!completion) continue;
+        completion->order.push_back(i);
+        completion->latency_ms[i] = std::chrono::duration<double, std::milli>(
+                                        std::chrono::steady_clock::now() - submitted[i])
+                                        .count();
       }
     }
     return ids;
@@ -153,10 +176,103 @@ TEST_F(MultiModelStack, EachModelsTokensEqualItsOwnStacksUnderInterleavedRequest
   const nlohmann::json& qwen_kv = st["models"]["qwen"]["engine"];
   EXPECT_NE(fortune_kv.value("kv_page_bytes", 0.0), qwen_kv.value("kv_page_bytes", 0.0))
       << "each model's pool has its own page layout";
+  // Equal ranks (no --model-priority) take turns: while both had work, neither stepped more than
+  // one step more than the other.
+  const nlohmann::json& fortune_turns = st["models"]["fortune"]["turns"];
+  const nlohmann::json& qwen_turns = st["models"]["qwen"]["turns"];
+  EXPECT_GT(fortune_turns["contended_steps"].get<int>(), 0) << st.dump();
+  EXPECT_LE(std::abs(fortune_turns["contended_steps"].get<int>() -
+                     qwen_turns["contended_steps"].get<int>()),
+            1)
+      << fortune_turns.dump() << " " << qwen_turns.dump();
+  // `duet trace --model-name`: each model's frontend answers for its own last request, whose
+  // steps it finds among the device services' op spans of its own programs.
+  for (const std::string model : {"fortune", "qwen"}) {
+    const std::string out = (*dir_ / (model + "-trace.json")).string();
+    const CliResult t =
+        run_duet("trace --stack " + id_ + " --model-name " + model + " --last --out " + out);
+    ASSERT_EQ(t.rc, 0) << t.out;
+    const nlohmann::json o = nlohmann::json::parse(std::ifstream(out)).at("otherData");
+    EXPECT_EQ(o["model"], model);
+    EXPECT_EQ(o["request"], st["models"][model]["trace"]["last_request_kept"]) << o.dump();
+    EXPECT_GT(o["steps"].get<int>(), 0) << o.dump();
+    EXPECT_GT(o["op_spans"].get<int>(), 0) << model << ": no device spans matched " << o.dump();
+  }
+  const CliResult no_trace = run_duet("trace --stack " + id_ + " --model-name nope --last --out " +
+                                      (*dir_ / "nope.json").string());
+  EXPECT_NE(no_trace.rc, 0);
+  EXPECT_NE(no_trace.out.find("unknown model 'nope'"), std::string::npos) << no_trace.out;
+
   const CliResult status = run_duet("status --stack " + id_);
   EXPECT_EQ(status.rc, 0) << status.out;
   EXPECT_NE(status.out.find(" model fortune\n"), std::string::npos) << status.out;
   EXPECT_NE(status.out.find(" model qwen\n"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("  turns: rank 0, "), std::string::npos) << status.out;
+}
+
+// Puzzle's third chromosome executed by the stack: two models (one file twice, so both have one
+// reference), "lo" the default and listed first, "hi" given the better rank. Their requests are
+// submitted interleaved, lo's first, and run concurrently. Where both had a step to run, hi took
+// most of them (aging gives lo one turn per 8 of hi's: the default DUET_MODEL_PRIORITY_AGING), so
+// hi's requests finish first and sooner; lo is not starved (it stepped while hi was busy, never
+// waiting longer than the bound); and every request's tokens are the model's alone. Counting
+// steps and completion ranks, not times, keeps this true on a loaded host.
+TEST_F(MultiModelStack, AModelOfBetterRankStepsFirstAndTheOtherIsNotStarved) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The fortune says", "Q: Why",
+                                            "A little"};
+  up("--model '" + kFortune + "'");
+  std::vector<Ask> asks;
+  for (const std::string& p : prompts) asks.push_back({"", p, {}});
+  const auto alone = run_together(asks);
+  down();
+
+  up("--model lo='" + kFortune + "' --model hi='" + kFortune + "' --model-priority lo=1",
+     "--model-priority hi=0");
+  asks.clear();
+  for (const std::string& p : prompts)
+    for (const std::string model : {"lo", "hi"}) asks.push_back({model, p, {}});
+  Completion done;
+  const auto together = run_together(asks, &done);
+  ASSERT_EQ(done.order.size(), asks.size());
+  for (size_t i = 0; i < asks.size(); ++i)
+    EXPECT_EQ(together[i], alone[i / 2]) << asks[i].model << " '" << asks[i].prompt << "'";
+
+  const nlohmann::json st = client::Client(client::stack_endpoint(id_)).status();
+  const nlohmann::json& hi = st["models"]["hi"]["turns"];
+  const nlohmann::json& lo = st["models"]["lo"]["turns"];
+  EXPECT_EQ(hi["rank"], 0);
+  EXPECT_EQ(lo["rank"], 1);
+  EXPECT_GE(hi["contended_steps"].get<int>(), 4 * lo["contended_steps"].get<int>())
+      << "hi: " << hi.dump() << " lo: " << lo.dump();
+  EXPECT_GE(lo["contended_steps"].get<int>(), 1) << "lo starved while hi ran: " << lo.dump();
+  EXPECT_LE(lo["max_wait_steps"].get<int>(), lo["wait_bound_steps"].get<int>()) << lo.dump();
+  EXPECT_EQ(lo["wait_bound_steps"], 1 * 8 + 1);
+
+  // hi's requests finish first (mean completion rank) and sooner (mean latency).
+  double rank[2] = {0, 0}, latency[2] = {0, 0};
+  for (size_t k = 0; k < done.order.size(); ++k) {
+    const size_t i = done.order[k];
+    const int is_hi = asks[i].model == "hi" ? 1 : 0;
+    rank[is_hi] += double(k) / double(prompts.size());
+    latency[is_hi] += done.latency_ms[i] / double(prompts.size());
+  }
+  EXPECT_LT(rank[1], rank[0]) << "mean completion rank, hi vs lo";
+  EXPECT_LT(latency[1], latency[0]) << "mean latency ms, hi vs lo";
+  std::printf(
+      "mean completion rank hi %.2f lo %.2f; mean latency hi %.1f ms lo %.1f ms; turns hi %s "
+      "lo %s\n",
+      rank[1], rank[0], latency[1], latency[0], hi.dump().c_str(), lo.dump().c_str());
+
+  // A rank for a model the stack does not serve, or not a rank, stops `stack up`.
+  const CliResult bad = run_duet("stack up --stack " + id_ + "x --model a='" + kFortune +
+                                 "' --model b='" + kFortune + "' --model-priority c=1");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.out.find("unknown model 'c'"), std::string::npos) << bad.out;
+  const CliResult not_rank = run_duet("stack up --stack " + id_ + "x --model a='" + kFortune +
+                                      "' --model b='" + kFortune + "' --model-priority a=high");
+  EXPECT_NE(not_rank.rc, 0);
+  EXPECT_NE(not_rank.out.find("whole number in [0, 1000]"), std::string::npos) << not_rank.out;
+  test_support::tear_down_stack(id_ + "x", default_run_dir(id_ + "x"));  // had either started
 }
 
 TEST_F(MultiModelStack, AnUnknownModelIsRefusedByNameAndTheStackServesOn) {

@@ -1,5 +1,6 @@
 // The models a stack serves (core/ipc/stack_models.h, issue 25): `--model PATH` or NAME=PATH,
-// DUET_MODELS's list, the default first, names that must differ and be usable in segment names.
+// DUET_MODELS's list, the default first, names that must differ and be usable in segment names;
+// plans and ranks (DUET_MODEL_PLANS, DUET_MODEL_PRIORITIES) by model name.
 #include "core/ipc/stack_models.h"
 
 #include <gtest/gtest.h>
@@ -57,6 +58,27 @@ TEST(StackModels, AStackIsDuetModelsElseItsOneModel) {
   ASSERT_EQ(one.size(), 1u);
   EXPECT_EQ(one[0].name, "my model.v2");
   EXPECT_TRUE(stack_models("").empty());
+}
+
+TEST(StackModels, PlansAndRanksAreGivenPerModelByName) {
+  const auto models = parse_models_setting("a=/m/a.gguf,b=/m/b.gguf,c=/m/c.gguf");
+  EXPECT_EQ(model_plans(models, "b=gpu-only,", "tensor"),
+            (std::vector<std::string>{"tensor", "gpu-only", "tensor"}));
+  EXPECT_EQ(model_priorities(models, "c=2,a=1"), (std::vector<int>{1, 0, 2}));
+  EXPECT_EQ(model_priorities(models, ""), (std::vector<int>{0, 0, 0})) << "unlisted: rank 0";
+  for (const std::string bad : {"d=1", "a", "a=-1", "a=x", "a=1001", "a="}) {
+    SCOPED_TRACE(bad);
+    try {
+      (void)model_priorities(models, bad);
+      FAIL() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("model priority '" + bad + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW((void)model_plans(models, "d=gpu-only", "tensor"), Error);
+  EXPECT_THROW((void)model_plans(models, "a=nonsense", "tensor"), Error);
 }
 
 }  // namespace
