@@ -109,6 +109,12 @@ std::vector<int> ScenarioModel::units() const {
 
 std::vector<std::vector<StageCost>> ScenarioModel::steps(size_t m,
                                                          const std::vector<Subgraph>& subgraphs) {
+  return steps(m, subgraphs, subgraphs);
+}
+
+std::vector<std::vector<StageCost>> ScenarioModel::steps(size_t m,
+                                                         const std::vector<Subgraph>& prefill,
+                                                         const std::vector<Subgraph>& decode) {
   const ModelSpec& spec = scenario_.models.at(m);
   ModelCoster& c = coster(m);
   std::vector<std::vector<StageCost>> out;
@@ -116,7 +122,7 @@ std::vector<std::vector<StageCost>> ScenarioModel::steps(size_t m,
     const int64_t n = s == 0 ? spec.prompt : 1;
     const int64_t context = s == 0 ? 0 : spec.prompt + s - 1;
     std::vector<StageCost> step;
-    for (const Subgraph& g : subgraphs)
+    for (const Subgraph& g : s == 0 ? prefill : decode)
       step.push_back(c.subgraph(g.first, g.last, g.device, n, context));
     out.push_back(std::move(step));
   }
@@ -132,7 +138,17 @@ double ScenarioModel::request_us(size_t m, Proc d) {
 
 std::vector<SimModel> ScenarioModel::sim_models(const Genome& g) {
   std::vector<SimModel> out;
-  for (size_t m = 0; m < scenario_.models.size(); ++m)
+  const size_t n = scenario_.models.size();
+  if (g.cuts.size() == 2 * n) {
+    for (size_t m = 0; m < n; ++m) {
+      int rank = 0;  // entry m's rank among the first n entries
+      for (size_t o = 0; o < n; ++o) rank += g.priority[o] < g.priority[m];
+      out.push_back({scenario_.models[m].group, rank,
+                     steps(m, decode_subgraphs(g, m), decode_subgraphs(g, n + m))});
+    }
+    return out;
+  }
+  for (size_t m = 0; m < n; ++m)
     out.push_back({scenario_.models[m].group, g.priority[m], steps(m, decode_subgraphs(g, m))});
   return out;
 }
@@ -234,6 +250,28 @@ MethodResult run_best_mapping(ScenarioModel& sm) {
   });
 }
 
+MethodResult run_best_mapping_per_phase(ScenarioModel& sm) {
+  return timed_method(sm, "best-mapping+phases", [&](MethodResult& r) {
+    r.detail = nlohmann::json::array();
+    const size_t n = sm.scenario().models.size();
+    for (uint32_t mask = 0; mask < (1u << (2 * n)); ++mask) {
+      // bit m: model m's prefill on the NPU; bit n + m: its decode steps.
+      const auto proc = [mask](size_t bit) { return (mask >> bit) & 1 ? Proc::npu : Proc::gpu; };
+      std::vector<SimModel> sol;
+      nlohmann::json map = nlohmann::json::array();
+      for (size_t m = 0; m < n; ++m) {
+        const int last = sm.coster(m).units() - 1;
+        sol.push_back({sm.scenario().models[m].group, 0,
+                       sm.steps(m, {{0, last, proc(m)}}, {{0, last, proc(n + m)}})});
+        map.push_back({{"prefill", proc_name(proc(m))}, {"decode", proc_name(proc(n + m))}});
+      }
+      add_solution(sm, r, std::move(sol));
+      r.detail.push_back(map);
+    }
+    keep_pareto(r);
+  });
+}
+
 MethodResult run_per_op_solver(ScenarioModel& sm) {
   return timed_method(sm, "per-op-solver", [&](MethodResult& r) {
     // The whole model as one subgraph under the solver's tensor plan for each step.
@@ -250,23 +288,29 @@ MethodResult run_per_op_solver(ScenarioModel& sm) {
   });
 }
 
-MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha) {
+MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha,
+                        bool per_phase) {
   const auto t0 = std::chrono::steady_clock::now();
   MethodResult r;
-  r.method = options.choices == 2 ? "puzzle-ga" : "puzzle-ga+tensor";
-  const std::vector<int> units = sm.units();
+  r.method = std::string(options.choices == 2 ? "puzzle-ga" : "puzzle-ga+tensor") +
+             (per_phase ? "+phases" : "");
+  std::vector<int> units = sm.units();
+  const size_t n = units.size();
+  if (per_phase) units.insert(units.end(), units.begin(), units.end());
   // Seeds beside the random genomes: each processor for everything (one subgraph per model,
-  // models in order).
+  // models in order); per phase, each pair of processors for the prefills and the decodes.
   std::vector<Genome> seeds;
-  for (uint8_t dev = 0; dev < options.choices; ++dev) {
-    Genome g;
-    for (int u : units) {
-      g.cuts.emplace_back(static_cast<size_t>(u - 1), uint8_t{0});
-      g.maps.emplace_back(static_cast<size_t>(u), dev);
+  for (uint8_t dev = 0; dev < options.choices; ++dev)
+    for (uint8_t dec = 0; dec < options.choices; ++dec) {
+      if (!per_phase && dec != dev) continue;
+      Genome g;
+      for (size_t m = 0; m < units.size(); ++m) {
+        g.cuts.emplace_back(static_cast<size_t>(units[m] - 1), uint8_t{0});
+        g.maps.emplace_back(static_cast<size_t>(units[m]), m < n ? dev : dec);
+        g.priority.push_back(static_cast<int>(m));
+      }
+      seeds.push_back(std::move(g));
     }
-    for (size_t m = 0; m < units.size(); ++m) g.priority.push_back(static_cast<int>(m));
-    seeds.push_back(std::move(g));
-  }
   const SearchResult s = ga_search(
       units, [&](const Genome& g) { return objectives_ms(sm.run(sm.sim_models(g), search_alpha)); },
       options, seeds);
@@ -289,11 +333,16 @@ MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double 
 nlohmann::json solution_to_json(const ScenarioModel& sm, const Genome& g) {
   nlohmann::json models = nlohmann::json::array();
   const std::vector<int> units = sm.units();
-  for (size_t m = 0; m < units.size(); ++m) {
-    SubgraphPlan p{sm.scenario().models[m].shape, units[m], decode_subgraphs(g, m)};
+  const auto plan = [&](size_t m, size_t entry) {
+    SubgraphPlan p{sm.scenario().models[m].shape, units[m], decode_subgraphs(g, entry)};
     validate_subgraph_plan(p, units[m]);
-    models.push_back(subgraph_plan_to_json(p));
-  }
+    return subgraph_plan_to_json(p);
+  };
+  const bool per_phase = g.cuts.size() == 2 * units.size();
+  for (size_t m = 0; m < units.size(); ++m)
+    models.push_back(
+        per_phase ? nlohmann::json{{"prefill", plan(m, m)}, {"decode", plan(m, units.size() + m)}}
+                  : plan(m, m));
   return {{"priority", g.priority}, {"models", models}};
 }
 

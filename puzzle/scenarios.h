@@ -3,7 +3,8 @@
 // groups, the saturation multiplier, and the methods compared: NPU-only, Best Mapping (each model
 // wholly on one processor; the Pareto set over all 2^M mappings), duet's per-op HeteroInfer
 // solver applied model by model (core/solver.h's tensor plan per phase), and the GA, both as
-// Puzzle has it (subgraphs on the GPU or the NPU) and with the tensor plan as a third choice.
+// Puzzle has it (subgraphs on the GPU or the NPU) and with the tensor plan as a third choice;
+// and, beyond Puzzle, the GA and Best Mapping with a placement per phase (prefill, decode).
 //
 // Periods (6.1): a group's base period is the sum over its models of the model's request time on
 // its fastest processor alone, times the number of groups N, times 1 + 0.1; a period multiplier
@@ -57,7 +58,12 @@ class ScenarioModel {
 
   // Model m's request steps (prefill, then each decode step) under a subgraph placement.
   std::vector<std::vector<StageCost>> steps(size_t m, const std::vector<Subgraph>& subgraphs);
-  // Every model of a genome (its placements and priorities).
+  // The same with a placement for the prefill and another for the decode steps.
+  std::vector<std::vector<StageCost>> steps(size_t m, const std::vector<Subgraph>& prefill,
+                                            const std::vector<Subgraph>& decode);
+  // Every model of a genome (its placements and priorities). A genome of 2M models is a
+  // per-phase genome (see run_puzzle): entry m places model m's prefill, entry M + m its decode
+  // steps, and model m's rank is the order of entry m among the first M entries' ranks.
   std::vector<SimModel> sim_models(const Genome& g);
   SimResult run(const std::vector<SimModel>& models, double alpha) const;
   double score(const std::vector<SimModel>& models, double alpha) const;
@@ -100,7 +106,16 @@ MethodResult run_best_mapping(ScenarioModel& sm);
 MethodResult run_per_op_solver(ScenarioModel& sm);
 // The GA scores candidates at periods search_alpha x the base (Puzzle searches at 1.0); its
 // objectives in the result are at that alpha.
-MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha = 1.0);
+//
+// per_phase: the genome places each model's prefill and its decode steps apart (2M models'
+// chromosomes: an LLM's two phases prefer opposite processors on the modelled SoC, e.g.
+// llama3.2-1b prefill on the NPU, decode on the GPU, where one placement for both is a
+// compromise); the result's methods are "...+phases".
+MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha = 1.0,
+                        bool per_phase = false);
+// Best Mapping with a processor per phase: every model's prefill and decode each wholly on the
+// GPU or the NPU (4^M mappings), the Pareto set kept: the baseline for the per-phase GA.
+MethodResult run_best_mapping_per_phase(ScenarioModel& sm);
 
 // A genome's placements and priorities: {"priority": [...], "models": [subgraph plan...]}.
 nlohmann::json solution_to_json(const ScenarioModel& sm, const Genome& g);

@@ -103,6 +103,73 @@ TEST(PuzzleScenarios, TheGaIsReproducibleAndItsPlansValid) {
   for (const auto& obj : ra.objectives) EXPECT_FALSE(dominates(npu.objectives[0], obj));
 }
 
+TEST(PuzzleScenarios, APerPhaseGenomePlacesThePrefillAndTheDecodeStepsApart) {
+  ScenarioModel sm(small(), sd8gen3(), 4);
+  const std::vector<int> units = sm.units();
+  // Entries 0-2 place the prefills, 3-5 the decodes: model m's prefill on the NPU, its decode
+  // steps on the GPU; the ranks of entries 0-2 (5, 1, 3) order the models 2nd, 0th, 1st.
+  Genome g;
+  for (size_t e = 0; e < 6; ++e) {
+    const int u = units[e % 3];
+    g.cuts.emplace_back(static_cast<size_t>(u - 1), uint8_t{0});
+    g.maps.emplace_back(static_cast<size_t>(u), e < 3 ? uint8_t{1} : uint8_t{0});
+  }
+  g.priority = {5, 1, 3, 0, 2, 4};
+  const std::vector<SimModel> models = sm.sim_models(g);
+  ASSERT_EQ(models.size(), 3u);
+  EXPECT_EQ(models[0].priority, 2);
+  EXPECT_EQ(models[1].priority, 0);
+  EXPECT_EQ(models[2].priority, 1);
+  for (size_t m = 0; m < 3; ++m) {
+    ASSERT_EQ(models[m].steps.size(), static_cast<size_t>(small().models[m].output));
+    const auto whole = [&](Proc d) { return std::vector<Subgraph>{{0, units[m] - 1, d}}; };
+    // The same stages as a whole-model placement of each phase.
+    const auto on_npu = sm.steps(m, whole(Proc::npu)), on_gpu = sm.steps(m, whole(Proc::gpu));
+    EXPECT_EQ(models[m].steps[0][0].span_us, on_npu[0][0].span_us);
+    EXPECT_EQ(models[m].steps[1][0].span_us, on_gpu[1][0].span_us);
+    EXPECT_EQ(models[m].steps[0][0].proc, Proc::npu);
+    EXPECT_EQ(models[m].steps.back()[0].proc, Proc::gpu);
+  }
+  const nlohmann::json j = solution_to_json(sm, g);
+  const SubgraphPlan prefill{"internlm-1.8b", units[1], {{0, units[1] - 1, Proc::npu}}};
+  const SubgraphPlan decode{"internlm-1.8b", units[1], {{0, units[1] - 1, Proc::gpu}}};
+  EXPECT_EQ(j["models"][1]["prefill"], subgraph_plan_to_json(prefill));
+  EXPECT_EQ(j["models"][1]["decode"], subgraph_plan_to_json(decode));
+}
+
+TEST(PuzzleScenarios, ThePerPhaseGaIsSeededByEveryPairOfProcessors) {
+  SearchOptions o;
+  o.population = 12;
+  o.max_generations = 8;
+  o.seed = 5;
+  ScenarioModel sm(small(), sd8gen3(), 4);
+  const MethodResult ga = run_puzzle(sm, o, 1.0, true);
+  EXPECT_EQ(ga.method, "puzzle-ga+phases");
+  for (const auto& sol : ga.detail["solutions"])
+    for (const auto& plan : sol["models"]) {
+      EXPECT_NO_THROW(subgraph_plan_from_json(plan["prefill"]));
+      EXPECT_NO_THROW(subgraph_plan_from_json(plan["decode"]));
+    }
+  // Its seeds, every model's prefill on one processor and its decode steps on one, never
+  // dominate its front.
+  const std::vector<int> units = sm.units();
+  for (Proc pre : {Proc::gpu, Proc::npu})
+    for (Proc dec : {Proc::gpu, Proc::npu}) {
+      std::vector<SimModel> seed;
+      for (size_t m = 0; m < units.size(); ++m)
+        seed.push_back({small().models[m].group, static_cast<int>(m),
+                        sm.steps(m, {{0, units[m] - 1, pre}}, {{0, units[m] - 1, dec}})});
+      const std::vector<double> seed_obj = objectives_ms(sm.run(seed, 1.0));
+      for (const auto& obj : ga.objectives) EXPECT_FALSE(dominates(seed_obj, obj));
+    }
+  // Best Mapping per phase keeps a Pareto set of the 4^3 whole-model per-phase mappings.
+  const MethodResult bm = run_best_mapping_per_phase(sm);
+  EXPECT_EQ(bm.method, "best-mapping+phases");
+  ASSERT_FALSE(bm.solutions.empty());
+  for (const auto& a : bm.objectives)
+    for (const auto& b : bm.objectives) EXPECT_FALSE(dominates(a, b));
+}
+
 TEST(PuzzleScenarios, ThePerOpSolverHoldsBothDevices) {
   ScenarioModel sm(small(), sd8gen3(), 4);
   const MethodResult r = run_per_op_solver(sm);
