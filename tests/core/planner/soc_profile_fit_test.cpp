@@ -89,6 +89,31 @@ TEST(SocProfileFit, OpsTimedInsideStepsAreFittedWithThePipelinedModels) {
   }
 }
 
+TEST(SocProfileFit, AnNpuThatReadsItsWeightsThenComputesIsFittedInThatForm) {
+  // This host's "NPU" is a CPU GEMM (npu_timing.h): a call, the weights read, then the products,
+  // one after the other. Points measured on such a machine come back in the processor form (no
+  // systolic array size fits them as closely), and its TOML reads back the same.
+  SocProfile machine = other_machine();
+  machine.npu.cpu_gflops = 25;
+  machine.npu.cpu_weight_gbps = 12;
+  machine.npu.cpu_call_us = 9;
+  Profile steps = profile_of(machine);
+  steps.timing = "steps";
+  for (ProfileEntry& e : steps.entries) {
+    const OpShape s{e.kind, e.wtype, e.m, e.k, e.n, true};
+    e.us = e.device == Device::gpu ? gpu_pipelined_us(machine, s) : npu_pipelined_us(machine, s);
+  }
+  const SocFitReport r = fit_soc_profile(steps, sd8gen3(), "cpu-npu", 0);
+  EXPECT_GT(r.soc.npu.cpu_gflops, 0);
+  EXPECT_LT(r.npu_rms_log, 0.02);
+  EXPECT_NEAR(r.soc.npu.cpu_gflops / 25, 1.0, 0.05);
+  EXPECT_NEAR(r.soc.npu.cpu_call_us / 9, 1.0, 0.05);
+  const SocProfile back = parse_soc_profile(soc_profile_toml(r.soc, "fitted"), "test");
+  EXPECT_NEAR(back.npu.cpu_weight_gbps, r.soc.npu.cpu_weight_gbps, 1e-6 * r.soc.npu.cpu_weight_gbps);
+  // The SoC files have no such key: their NPU stays the systolic model.
+  EXPECT_EQ(sd8gen3().npu.cpu_gflops, 0);
+}
+
 TEST(SocProfileFit, TheTomlReadsBackAsTheSameProfile) {
   const SocFitReport r = fit_soc_profile(profile_of(other_machine()), sd8gen3(), "other", 0);
   const std::string text = soc_profile_toml(r.soc, "fitted\nin a test");
