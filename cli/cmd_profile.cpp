@@ -56,10 +56,12 @@ FromTraces profile_from_trace_files(ProfileArgs& args) {
   const duet::TraceProfileReport& r = t.report;
   std::printf(
       "%zu traces: %zu steps, %zu matmul spans -> %zu profile points (%zu spans of split "
-      "plans left out); a cross-device hand-off %.0f us; gaps per op: GPU %.1f us, NPU %.1f us; "
-      "%.0f us between steps\n",
+      "plans left out); a cross-device hand-off %.0f us; gaps per op: GPU %.1f us + %.3f us a "
+      "token, NPU %.1f "
+      "us; %.0f us between steps\n",
       traces.size(), r.steps, r.op_spans, r.profile.entries.size(), r.skipped_ops,
-      r.handoff_sync_us, r.gpu_op_gap_us, r.npu_op_gap_us, r.between_steps_us);
+      r.handoff_sync_us, r.gpu_op_gap_us, r.gpu_op_gap_us_per_token, r.npu_op_gap_us,
+      r.between_steps_us);
   // The traces measured the hand-off: it is the fast sync unless --fast-sync-us says otherwise.
   if (args.fast_sync_us <= 0) args.fast_sync_us = r.handoff_sync_us;
   return t;
@@ -86,7 +88,8 @@ void run_profile_cmd(ProfileArgs& args) {
   duet::SocFitReport r =
       duet::fit_soc_profile(measured, duet::load_soc_profile(q.soc), args.name, args.fast_sync_us);
   duet::StepCostFit steps;  // the op gaps and the non-matmul kernels, from the traced steps
-  if (from_traces.model) steps = duet::fit_step_costs(from_traces.report, *from_traces.model, r.soc);
+  if (from_traces.model)
+    steps = duet::fit_step_costs(from_traces.report, *from_traces.model, r.soc);
   {
     std::ofstream o(args.out);
     o << duet::soc_profile_toml(r.soc,
@@ -123,6 +126,7 @@ void run_profile_cmd(ProfileArgs& args) {
                         {"handoff_us", measured.handoff_us},
                         {"fast_sync_us", args.fast_sync_us},
                         {"gpu_op_gap_us", t.gpu_op_gap_us},
+                        {"gpu_op_gap_us_per_token", t.gpu_op_gap_us_per_token},
                         {"npu_op_gap_us", t.npu_op_gap_us},
                         {"between_steps_us", t.between_steps_us},
                         {"frontend_us", t.frontend_us},
@@ -131,7 +135,7 @@ void run_profile_cmd(ProfileArgs& args) {
                         {"gpu_other_points", steps.points},
                         {"gpu_other_rms_log", steps.rms_log},
                         {"gpu_other_worst_ratio", steps.worst}}
-                .dump()
+             .dump()
       << "\n";
     if (!o) throw duet::Error(duet::Errc::io, "cannot write " + args.report_json);
   }

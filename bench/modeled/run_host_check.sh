@@ -20,7 +20,8 @@
 # host-<model>.toml and the profile it was fitted to (host_measured_profile-<model>.json).
 # env: DUET_BIN_DIR (build/bin), MODEL (tiny-fortune Q8_0), ROUNDS (3), PROMPT (64), SHORT (16),
 #      GEN (9), FAST_SYNC_US (0: the cross-device hand-off measured in the traced steps),
-#      REPS (9: the plan's per-op profile), STACK_PREFIX (hc<pid>).
+#      REPS (9: the plan's per-op profile), STACK_PREFIX (hc<pid>), KEEP_TRACES (a folder to keep
+#      the `duet trace` files in; default: removed with the rest).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${DUET_BIN_DIR:-build/bin}
@@ -48,6 +49,7 @@ base=${STACK_PREFIX:-hc$$}  # stack ids: $base-auto, -gpu, -npu
 declare -A stack=([auto]="$base-auto" [gpu-only]="$base-gpu" [npu-only]="$base-npu")
 cleanup() {
   for s in "${stack[@]}"; do "$bin/duet" stack down --stack "$s" >/dev/null 2>&1 || true; done
+  if [ -n "${KEEP_TRACES:-}" ]; then mkdir -p "$KEEP_TRACES" && cp "$cache"/trace-*.json "$KEEP_TRACES"/ 2>/dev/null || true; fi
   rm -rf "$cache"
 }
 trap cleanup EXIT
@@ -100,6 +102,10 @@ print(json.dumps({"step_prefill_ms": p.get("measured_us", 0)/1e3, "prefill_token
     traces+=("$cache/trace-$plan-$round-short.json")
   done
 done
+
+# What the host's other tenants took from each request's steps (spans far past their kind's
+# median: a preempted kernel, a late wake-up), to say how much of a miss is the shared host's.
+python3 bench/modeled/host_stalls.py "$cache"/trace-*.json >> "$out"
 
 # This machine's SoC profile, fitted to the ops' times inside the steps just run.
 profile="bench/modeled/results/host_measured_profile-$name.json"

@@ -216,10 +216,10 @@ std::string soc_profile_toml(const SocProfile& soc, const std::string& comment) 
     << "\nstationary_fetch_cycles = " << soc.npu.stationary_fetch_cycles
     << "\nfill_cycles = " << soc.npu.fill_cycles << "\nop_gap_us = " << soc.npu.op_gap_us;
   if (soc.npu.cpu_gflops > 0)
-    t << "\ncpu_gflops = " << soc.npu.cpu_gflops << "\ncpu_weight_gbps = " << soc.npu.cpu_weight_gbps
+    t << "\ncpu_gflops = " << soc.npu.cpu_gflops
+      << "\ncpu_weight_gbps = " << soc.npu.cpu_weight_gbps
       << "\ncpu_call_us = " << soc.npu.cpu_call_us;
-  t
-    << "\n\n[gpu]\n"
+  t << "\n\n[gpu]\n"
     << "peak_gflops = " << soc.gpu.peak_gflops
     << "\nachievable_gflops = " << soc.gpu.achievable_gflops
     << "\nbandwidth_gbps = " << soc.gpu.bandwidth_gbps << "\nsync_us = " << soc.gpu.sync_us

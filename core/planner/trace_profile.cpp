@@ -88,10 +88,11 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
   TraceProfileReport r;
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t>;
   std::map<Key, std::vector<double>> samples;
-  std::vector<double> overheads, between, gaps[2];
+  std::vector<double> overheads, between, npu_gaps;
+  std::map<int64_t, std::vector<double>> gpu_gaps;    // per op, by the step's tokens
   std::map<std::string, std::vector<double>> around;  // by frontend_class
-  std::vector<const StepInfo*> unsplit_waiting;  // steps whose hand-offs are measured below
-  std::list<std::map<int64_t, StepInfo>> all_steps;  // a list: the pointers above stay valid
+  std::vector<const StepInfo*> unsplit_waiting;       // steps whose hand-offs are measured below
+  std::list<std::map<int64_t, StepInfo>> all_steps;   // a list: the pointers above stay valid
   for (const nlohmann::json& trace : traces) {
     if (!trace.is_object() || !trace.contains("traceEvents") || !trace["traceEvents"].is_array())
       throw Error(Errc::bad_format, "not a duet trace: no traceEvents array");
@@ -135,8 +136,8 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
     for (const auto& [number, s] : steps) {
       if (s.frontend_us > 0 && s.device_us() > 0) {
         overheads.push_back(s.frontend_us - s.device_us());
-        around[frontend_class(s.dev[1].ops > 0, s.tokens > s.sequences)].push_back(
-            s.frontend_us - s.device_us());
+        around[frontend_class(s.dev[1].ops > 0, s.tokens > s.sequences)].push_back(s.frontend_us -
+                                                                                   s.device_us());
       }
       if (prev && prev->frontend_us > 0 && s.frontend_us > 0)
         between.push_back(std::max(0.0, s.begin_us - (prev->begin_us + prev->frontend_us)));
@@ -144,12 +145,12 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
       const DeviceWork &g = s.dev[0], &n = s.dev[1];
       // The GPU alone (nothing to wait for): its span less its ops is its gaps.
       if (g.ops > 0 && g.span_us > 0 && n.ops == 0) {
-        gaps[0].push_back(std::max(0.0, g.span_us - g.ops_us - g.waits_us) / g.ops);
+        gpu_gaps[s.tokens].push_back(std::max(0.0, g.span_us - g.ops_us - g.waits_us) / g.ops);
         if (s.plan.rfind("gpu-only", 0) == 0)
           r.gpu_steps.push_back({s.tokens, s.context, g.other_us});
       }
       if (n.ops > 0 && n.span_us > 0)
-        gaps[1].push_back(std::max(0.0, n.span_us - n.ops_us - n.waits_us) / n.ops);
+        npu_gaps.push_back(std::max(0.0, n.span_us - n.ops_us - n.waits_us) / n.ops);
       if (g.waiting_ops + n.waiting_ops > 0 && unsplit_plan(s.plan)) unsplit_waiting.push_back(&s);
     }
     r.steps += steps.size();
@@ -191,8 +192,26 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
                          static_cast<DType>(wtype), m, k, n, median(us)});
   }
   if (!overheads.empty()) p.handoff_us = std::max(0.0, median(overheads));
-  r.gpu_op_gap_us = median_or_zero(gaps[0]);
-  r.npu_op_gap_us = median_or_zero(gaps[1]);
+  // The GPU's gap per op grows with the step's tokens (a prefill's first kernel starts later,
+  // its kernels wake more work-groups): a line through the median of each token count, each
+  // count weighing alike (a run has many more decode steps than prefill ones).
+  {
+    std::vector<std::pair<double, double>> points;  // (tokens, median gap per op)
+    for (const auto& [tokens, v] : gpu_gaps) points.emplace_back(tokens, median(v));
+    double mean_n = 0, mean_g = 0;
+    for (const auto& [n, g] : points) {
+      mean_n += n / static_cast<double>(points.size());
+      mean_g += g / static_cast<double>(points.size());
+    }
+    double cov = 0, var = 0;
+    for (const auto& [n, g] : points) {
+      cov += (n - mean_n) * (g - mean_g);
+      var += (n - mean_n) * (n - mean_n);
+    }
+    r.gpu_op_gap_us_per_token = var > 0 ? std::max(0.0, cov / var) : 0.0;
+    r.gpu_op_gap_us = std::max(0.0, mean_g - r.gpu_op_gap_us_per_token * mean_n);
+  }
+  r.npu_op_gap_us = median_or_zero(npu_gaps);
   r.between_steps_us = median_or_zero(between);
   for (const auto& [cls, us] : around) r.frontend_us[cls] = std::max(0.0, median(us));
   // An unsplit step's devices run one after the other: its span is every op, every gap and a
@@ -200,8 +219,9 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
   std::vector<double> syncs;
   for (const StepInfo* s : unsplit_waiting) {
     const DeviceWork &g = s->dev[0], &n = s->dev[1];
-    const double left = s->device_us() - g.ops_us - n.ops_us - r.gpu_op_gap_us * g.ops -
-                        r.npu_op_gap_us * n.ops;
+    const double gpu_gap = r.gpu_op_gap_us + r.gpu_op_gap_us_per_token * s->tokens;
+    const double left =
+        s->device_us() - g.ops_us - n.ops_us - gpu_gap * g.ops - r.npu_op_gap_us * n.ops;
     syncs.push_back(std::max(0.0, left) / (g.waiting_ops + n.waiting_ops));
   }
   r.handoff_sync_us = median_or_zero(syncs);
@@ -217,13 +237,22 @@ std::string frontend_class(bool npu, bool prefill) {
 
 StepCostFit fit_step_costs(const TraceProfileReport& r, const LlamaModel& model, SocProfile& soc) {
   soc.gpu.params["op_gap_us"] = r.gpu_op_gap_us;
+  soc.gpu.params["op_gap_us_per_token"] = r.gpu_op_gap_us_per_token;
   soc.npu.op_gap_us = r.npu_op_gap_us;
   StepCostFit fit;
-  // The median non-matmul time per (tokens, context): the steps the timeline is composed for.
-  std::map<std::pair<int64_t, int64_t>, std::vector<double>> by_step;
+  // The median non-matmul time per token count, at the median context of those steps: one
+  // point per kind of step (a request's decode steps differ in context by a few positions, and
+  // in warm-up more than that), so that decode and prefill weigh alike in the fit.
+  std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>> by_tokens;
   for (const StepWork& w : r.gpu_steps)
-    if (w.tokens > 0 && w.other_us > 0) by_step[{w.tokens, w.context}].push_back(w.other_us);
-  if (by_step.empty()) return fit;
+    if (w.tokens > 0 && w.other_us > 0) {
+      by_tokens[w.tokens].first.push_back(w.other_us);
+      by_tokens[w.tokens].second.push_back(static_cast<double>(w.context));
+    }
+  if (by_tokens.empty()) return fit;
+  std::map<std::pair<int64_t, int64_t>, double> by_step;  // (tokens, context) -> us
+  for (const auto& [tokens, v] : by_tokens)
+    by_step[{tokens, static_cast<int64_t>(std::lround(median(v.second)))}] = median(v.first);
   int64_t max_tokens = 1, max_ctx = 1;
   for (const auto& [key, us] : by_step) {
     max_tokens = std::max(max_tokens, key.first);
@@ -243,15 +272,14 @@ StepCostFit fit_step_costs(const TraceProfileReport& r, const LlamaModel& model,
     t.context = context;
     t.contention = false;
     double sum = 0;
-    for (const TimedOp& op :
-         compose_timeline(schedule, trial, solver_options_for(trial), t).gpu)
+    for (const TimedOp& op : compose_timeline(schedule, trial, solver_options_for(trial), t).gpu)
       if (op.kind != OpKind::MatMul && op.kind != OpKind::Logits) sum += op.compute_us;
     return sum;
   };
   auto error = [&](const SocProfile& trial, double* worst) {
     double sum = 0;
     for (const auto& [key, us] : by_step) {
-      const double e = std::log(std::max(modelled(trial, key.first, key.second), 1e-3) / median(us));
+      const double e = std::log(std::max(modelled(trial, key.first, key.second), 1e-3) / us);
       sum += e * e;
       if (worst && std::abs(e) > std::abs(std::log(*worst))) *worst = std::exp(e);
     }
@@ -263,7 +291,7 @@ StepCostFit fit_step_costs(const TraceProfileReport& r, const LlamaModel& model,
   for (const ScheduleOp& op : schedule.gpu)
     if (op.kind != OpKind::MatMul && op.kind != OpKind::Logits) ++ops;
   auto& params = soc.gpu.params;
-  params["op_fixed_us"] = std::max(1e-3, median(by_step.begin()->second) / std::max(1.0, ops));
+  params["op_fixed_us"] = std::max(1e-3, by_step.begin()->second / std::max(1.0, ops));
   params["elementwise_gbps"] = soc.gpu.bandwidth_gbps;
   params["attention_gflops"] = soc.gpu.achievable_gflops;
   const std::vector<std::function<double&(SocProfile&)>> free = {

@@ -18,10 +18,12 @@
 //
 // A step's device span holds more than its ops' own times (bench/modeled/RESULTS.md, issue 23):
 // what the traces give beside the op points, each a median over steps:
-//   gpu_op_gap_us: on the GPU-only steps, (device span - its ops) / its ops: PoCL's idle time
-//     between a kernel's end and the dependent one's start, the first kernel's start after the
-//     doorbell and the last one's report, per op of the program (fused ops count: the timeline
-//     charges every op of the program, core/planner/timeline.h);
+//   gpu_op_gap_us (+ gpu_op_gap_us_per_token x the step's tokens): on the GPU-only steps,
+//     (device span - its ops) / its ops: PoCL's idle time between a kernel's end and the
+//     dependent one's start, the first kernel's start after the doorbell and the last one's
+//     report, per op of the program (fused ops count: the timeline charges every op of the
+//     program, core/planner/timeline.h); a line through each token count's median (here ~1.4 us
+//     an op in decode, 5-10 in a prefill of 16-64 tokens);
 //   npu_op_gap_us: the same on the NPU side, its flag waits taken out too;
 //   handoff_sync_us: what is left of an unsplit step's span per flag wait once every op and
 //     every gap is taken out (the cross-device hand-off: a futex wake and a reschedule here);
@@ -63,6 +65,7 @@ struct TraceProfileReport {
   // time, per op that waited on the other device's flags; the median. 0: no step had such a wait.
   double handoff_sync_us = 0;
   double gpu_op_gap_us = 0, npu_op_gap_us = 0;  // 0: no step to measure it on
+  double gpu_op_gap_us_per_token = 0;
   double between_steps_us = 0;
   std::map<std::string, double> frontend_us;  // by frontend_class
   std::vector<StepWork> gpu_steps;
@@ -83,7 +86,8 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
 std::string frontend_class(bool npu, bool prefill);
 
 // Puts what the traces measured beside the op points into `soc` (a profile fitted to r.profile:
-// core/planner/soc_profile_fit.h): the op gaps ([gpu.params] op_gap_us, [npu] op_gap_us), and
+// core/planner/soc_profile_fit.h): the op gaps ([gpu.params] op_gap_us, op_gap_us_per_token,
+// [npu] op_gap_us), and
 // the GPU's non-matmul kernels fitted to r.gpu_steps, the time the timeline charges them in the
 // model's GPU-only program (op_fixed_us, elementwise_gbps, attention_gflops; by coordinate
 // descent on the log error of each step's sum). No GPU-only step: those are left out.

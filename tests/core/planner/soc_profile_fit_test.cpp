@@ -109,7 +109,8 @@ TEST(SocProfileFit, AnNpuThatReadsItsWeightsThenComputesIsFittedInThatForm) {
   EXPECT_NEAR(r.soc.npu.cpu_gflops / 25, 1.0, 0.05);
   EXPECT_NEAR(r.soc.npu.cpu_call_us / 9, 1.0, 0.05);
   const SocProfile back = parse_soc_profile(soc_profile_toml(r.soc, "fitted"), "test");
-  EXPECT_NEAR(back.npu.cpu_weight_gbps, r.soc.npu.cpu_weight_gbps, 1e-6 * r.soc.npu.cpu_weight_gbps);
+  EXPECT_NEAR(back.npu.cpu_weight_gbps, r.soc.npu.cpu_weight_gbps,
+              1e-6 * r.soc.npu.cpu_weight_gbps);
   // The SoC files have no such key: their NPU stays the systolic model.
   EXPECT_EQ(sd8gen3().npu.cpu_gflops, 0);
 }

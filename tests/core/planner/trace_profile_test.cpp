@@ -37,12 +37,9 @@ void add_step(nlohmann::json& events, int step, const std::string& plan, int tok
               double frontend_us, double device_us,
               const std::vector<std::pair<std::string, double>>& gpu_ops, double begin_us = 0,
               int context = 0) {
-  nlohmann::json fe = span(1, "step", "step", frontend_us,
-                           {{"step", step},
-                            {"plan", plan},
-                            {"tokens", tokens},
-                            {"sequences", 1},
-                            {"context", context}});
+  nlohmann::json fe = span(
+      1, "step", "step", frontend_us,
+      {{"step", step}, {"plan", plan}, {"tokens", tokens}, {"sequences", 1}, {"context", context}});
   fe["ts"] = begin_us;
   events.push_back(fe);
   events.push_back(span(2, "step", "step", device_us, {{"step", step}}));
@@ -107,15 +104,18 @@ TEST(TraceProfile, TheHandOffIsTheDeviceSpanLeftOverPerFlagWait) {
 }
 
 TEST(TraceProfile, TheGapsBetweenOpsAndBetweenStepsAreRecovered) {
-  // Steps made with known costs: each GPU op is followed by 3.5 us of idle time, each NPU op by
-  // 2 us, each flag wait costs 120 us, and the frontend starts a step 9 us after the last one.
-  constexpr double kGpuGap = 3.5, kNpuGap = 2.0, kHandOff = 120, kBetween = 9;
+  // Steps made with known costs: each GPU op is followed by 3.5 us of idle time and 0.25 us
+  // more per token of the step, each NPU op by 2 us, each flag wait costs 120 us, and the
+  // frontend starts a step 9 us after the last one.
+  constexpr double kGpuGap = 3.5, kGpuGapPerToken = 0.25, kNpuGap = 2.0, kHandOff = 120,
+                   kBetween = 9;
+  auto gpu_gap = [&](int tokens) { return kGpuGap + kGpuGapPerToken * tokens; };
   nlohmann::json events = nlohmann::json::array();
   double at = 0;
   auto gpu_only = [&](int step, int tokens, double matmul_us, double norm_us) {
     const std::vector<std::pair<std::string, double>> ops = {
         {"RmsNorm L0", norm_us}, {"MatMul q L0", matmul_us}, {"Rope L0", 0}, {"Add L0", norm_us}};
-    const double span_us = matmul_us + 2 * norm_us + kGpuGap * ops.size();
+    const double span_us = matmul_us + 2 * norm_us + gpu_gap(tokens) * ops.size();
     add_step(events, step, "gpu-only", tokens, span_us + 40, span_us, ops, at, 64);
     at += span_us + 40 + kBetween;
   };
@@ -124,7 +124,7 @@ TEST(TraceProfile, TheGapsBetweenOpsAndBetweenStepsAreRecovered) {
   gpu_only(3, 16, 90, 20);
   // An npu-only step: the GPU's norm, then two NPU matmuls that each waited for its flag.
   const double npu_ops = 2 * 250, gpu_ops = 100;
-  const double npu_span = npu_ops + 2 * kNpuGap + 2 * kHandOff + gpu_ops + kGpuGap;
+  const double npu_span = npu_ops + 2 * kNpuGap + 2 * kHandOff + gpu_ops + gpu_gap(16);
   add_step(events, 4, "npu-only", 16, npu_span + 50, npu_span, {{"RmsNorm L0", gpu_ops}}, at);
   events.push_back(span(3, "step", "step", npu_span, {{"step", 4}}));
   for (const char* name : {"MatMul q L0", "MatMul k L0"})
@@ -134,6 +134,7 @@ TEST(TraceProfile, TheGapsBetweenOpsAndBetweenStepsAreRecovered) {
   const TraceProfileReport r =
       profile_from_traces({nlohmann::json{{"traceEvents", events}}}, fortune(), "fortune");
   EXPECT_NEAR(r.gpu_op_gap_us, kGpuGap, 1e-9);
+  EXPECT_NEAR(r.gpu_op_gap_us_per_token, kGpuGapPerToken, 1e-9);
   EXPECT_NEAR(r.npu_op_gap_us, kNpuGap, 1e-9);
   EXPECT_NEAR(r.handoff_sync_us, kHandOff, 1e-9);
   EXPECT_NEAR(r.between_steps_us, kBetween, 1e-9);
@@ -147,6 +148,7 @@ TEST(TraceProfile, TheGapsBetweenOpsAndBetweenStepsAreRecovered) {
   SocProfile soc = test_support::sd8gen3();
   fit_step_costs(r, fortune(), soc);
   EXPECT_DOUBLE_EQ(soc.gpu.param("op_gap_us"), kGpuGap);
+  EXPECT_DOUBLE_EQ(soc.gpu.param("op_gap_us_per_token"), kGpuGapPerToken);
   EXPECT_DOUBLE_EQ(soc.npu.op_gap_us, kNpuGap);
 }
 
@@ -169,14 +171,15 @@ double other_ops_us(const SocProfile& soc, int64_t tokens, int64_t context) {
 
 TEST(TraceProfile, TheNonMatmulKernelsAreFittedToTheStepsTheyRanIn) {
   // A machine whose non-matmul kernels cost 6 us each beyond the launch, move activations at
-  // 4 GB/s and run attention at 3 GFLOPS: its steps' non-matmul times, decode and prefill.
+  // 4 GB/s and run attention at 3 GFLOPS: its steps' non-matmul times, decode and prefill (one
+  // point per token count: the fit takes the median step of each).
   SocProfile machine = test_support::sd8gen3();
   machine.gpu.params["op_fixed_us"] = 6;
   machine.gpu.params["elementwise_gbps"] = 4;
   machine.gpu.params["attention_gflops"] = 3;
   TraceProfileReport r;
   for (const auto& [tokens, context] : std::vector<std::pair<int64_t, int64_t>>{
-           {1, 64}, {1, 200}, {1, 400}, {16, 0}, {64, 0}, {64, 128}})
+           {1, 64}, {4, 400}, {16, 0}, {32, 200}, {48, 0}, {64, 128}})
     r.gpu_steps.push_back({tokens, context, other_ops_us(machine, tokens, context)});
   SocProfile soc = test_support::sd8gen3();
   const StepCostFit fit = fit_step_costs(r, fortune(), soc);
