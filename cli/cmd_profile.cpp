@@ -57,11 +57,10 @@ FromTraces profile_from_trace_files(ProfileArgs& args) {
   std::printf(
       "%zu traces: %zu steps, %zu matmul spans -> %zu profile points (%zu spans of split "
       "plans left out); a cross-device hand-off %.0f us; gaps per op: GPU %.1f us + %.3f us a "
-      "token, NPU %.1f "
-      "us; %.0f us between steps\n",
+      "token, NPU %.1f us + %.3f us a token; %.0f us between steps\n",
       traces.size(), r.steps, r.op_spans, r.profile.entries.size(), r.skipped_ops,
       r.handoff_sync_us, r.gpu_op_gap_us, r.gpu_op_gap_us_per_token, r.npu_op_gap_us,
-      r.between_steps_us);
+      r.npu_op_gap_us_per_token, r.between_steps_us);
   // The traces measured the hand-off: it is the fast sync unless --fast-sync-us says otherwise.
   if (args.fast_sync_us <= 0) args.fast_sync_us = r.handoff_sync_us;
   return t;
@@ -128,6 +127,7 @@ void run_profile_cmd(ProfileArgs& args) {
                         {"gpu_op_gap_us", t.gpu_op_gap_us},
                         {"gpu_op_gap_us_per_token", t.gpu_op_gap_us_per_token},
                         {"npu_op_gap_us", t.npu_op_gap_us},
+                        {"npu_op_gap_us_per_token", t.npu_op_gap_us_per_token},
                         {"between_steps_us", t.between_steps_us},
                         {"frontend_us", t.frontend_us},
                         {"steps", t.steps},

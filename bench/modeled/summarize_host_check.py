@@ -23,7 +23,8 @@ print(f"per step: frontend around the devices {fit['handoff_us']:.0f} us, betwee
       f"{fit.get('between_steps_us', 0):.0f} us; hand-off per flag wait "
       f"{fit.get('fast_sync_us', 0):.0f} us; gap per op: GPU {fit.get('gpu_op_gap_us', 0):.1f} us "
       f"+ {fit.get('gpu_op_gap_us_per_token', 0):.3f} us a token, NPU "
-      f"{fit.get('npu_op_gap_us', 0):.1f} us; frontend around the devices by kind of step: "
+      f"{fit.get('npu_op_gap_us', 0):.1f} us + {fit.get('npu_op_gap_us_per_token', 0):.3f} us a "
+      f"token; frontend around the devices by kind of step: "
       + ", ".join(f"{k} {v:.0f} us" for k, v in sorted(fit.get("frontend_us", {}).items())))
 for r in rows:
     if r["kind"] == "plan":

@@ -142,6 +142,7 @@ SocProfile parse_soc_profile(std::string_view toml_text, std::string_view origin
   p.npu.stationary_fetch_cycles = npu.number("stationary_fetch_cycles", true);
   p.npu.fill_cycles = npu.number("fill_cycles", true);
   p.npu.op_gap_us = npu.optional_number("op_gap_us", 0);
+  p.npu.op_gap_us_per_token = npu.optional_number("op_gap_us_per_token", 0);
   p.npu.cpu_gflops = npu.optional_number("cpu_gflops", 0);
   p.npu.cpu_weight_gbps = npu.optional_number("cpu_weight_gbps", 0);
   p.npu.cpu_call_us = npu.optional_number("cpu_call_us", 0);

@@ -214,7 +214,8 @@ std::string soc_profile_toml(const SocProfile& soc, const std::string& comment) 
     << "\nactivation_io_us_per_mb = " << soc.npu.activation_io_us_per_mb
     << "\nstationary_load_cycles = " << soc.npu.stationary_load_cycles
     << "\nstationary_fetch_cycles = " << soc.npu.stationary_fetch_cycles
-    << "\nfill_cycles = " << soc.npu.fill_cycles << "\nop_gap_us = " << soc.npu.op_gap_us;
+    << "\nfill_cycles = " << soc.npu.fill_cycles << "\nop_gap_us = " << soc.npu.op_gap_us
+    << "\nop_gap_us_per_token = " << soc.npu.op_gap_us_per_token;
   if (soc.npu.cpu_gflops > 0)
     t << "\ncpu_gflops = " << soc.npu.cpu_gflops
       << "\ncpu_weight_gbps = " << soc.npu.cpu_weight_gbps

@@ -400,7 +400,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
   const double gap_us[2] = {
       soc.gpu.param_or("op_gap_us", 0.0) +
           soc.gpu.param_or("op_gap_us_per_token", 0.0) * static_cast<double>(t.n_tokens),
-      soc.npu.op_gap_us};
+      soc.npu.op_gap_us + soc.npu.op_gap_us_per_token * static_cast<double>(t.n_tokens)};
   // Blocking sync: the host waits in clFinish after a GPU op the NPU needs, and submits nothing
   // meanwhile, so the GPU's next op waits for that too.
   std::set<uint32_t> gpu_published;

@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include "core/base/error.h"
 #include "core/planner/solver.h"
@@ -81,6 +82,27 @@ double median_or_zero(const std::vector<double>& v) {
   return v.empty() ? 0.0 : median(v);
 }
 
+// A line gap(tokens) = a + b tokens through the median gap of each token count, each count
+// weighing alike (a run has many more decode steps than prefill ones); b >= 0, a >= 0.
+std::pair<double, double> gap_line(const std::map<int64_t, std::vector<double>>& by_tokens) {
+  std::vector<std::pair<double, double>> points;  // (tokens, median gap per op)
+  for (const auto& [tokens, v] : by_tokens)
+    points.emplace_back(static_cast<double>(tokens), median(v));
+  if (points.empty()) return {0.0, 0.0};
+  double mean_n = 0, mean_g = 0;
+  for (const auto& [n, g] : points) {
+    mean_n += n / static_cast<double>(points.size());
+    mean_g += g / static_cast<double>(points.size());
+  }
+  double cov = 0, var = 0;
+  for (const auto& [n, g] : points) {
+    cov += (n - mean_n) * (g - mean_g);
+    var += (n - mean_n) * (n - mean_n);
+  }
+  const double b = var > 0 ? std::max(0.0, cov / var) : 0.0;
+  return {std::max(0.0, mean_g - b * mean_n), b};
+}
+
 }  // namespace
 
 TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces,
@@ -88,11 +110,11 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
   TraceProfileReport r;
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t>;
   std::map<Key, std::vector<double>> samples;
-  std::vector<double> overheads, between, npu_gaps;
-  std::map<int64_t, std::vector<double>> gpu_gaps;    // per op, by the step's tokens
-  std::map<std::string, std::vector<double>> around;  // by frontend_class
-  std::vector<const StepInfo*> unsplit_waiting;       // steps whose hand-offs are measured below
-  std::list<std::map<int64_t, StepInfo>> all_steps;   // a list: the pointers above stay valid
+  std::vector<double> overheads, between;
+  std::map<int64_t, std::vector<double>> gpu_gaps, npu_gaps;  // per op, by the step's tokens
+  std::map<std::string, std::vector<double>> around;          // by frontend_class
+  std::vector<const StepInfo*> unsplit_waiting;      // steps whose hand-offs are measured below
+  std::list<std::map<int64_t, StepInfo>> all_steps;  // a list: the pointers above stay valid
   for (const nlohmann::json& trace : traces) {
     if (!trace.is_object() || !trace.contains("traceEvents") || !trace["traceEvents"].is_array())
       throw Error(Errc::bad_format, "not a duet trace: no traceEvents array");
@@ -150,7 +172,7 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
           r.gpu_steps.push_back({s.tokens, s.context, g.other_us});
       }
       if (n.ops > 0 && n.span_us > 0)
-        npu_gaps.push_back(std::max(0.0, n.span_us - n.ops_us - n.waits_us) / n.ops);
+        npu_gaps[s.tokens].push_back(std::max(0.0, n.span_us - n.ops_us - n.waits_us) / n.ops);
       if (g.waiting_ops + n.waiting_ops > 0 && unsplit_plan(s.plan)) unsplit_waiting.push_back(&s);
     }
     r.steps += steps.size();
@@ -192,26 +214,11 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
                          static_cast<DType>(wtype), m, k, n, median(us)});
   }
   if (!overheads.empty()) p.handoff_us = std::max(0.0, median(overheads));
-  // The GPU's gap per op grows with the step's tokens (a prefill's first kernel starts later,
-  // its kernels wake more work-groups): a line through the median of each token count, each
-  // count weighing alike (a run has many more decode steps than prefill ones).
-  {
-    std::vector<std::pair<double, double>> points;  // (tokens, median gap per op)
-    for (const auto& [tokens, v] : gpu_gaps) points.emplace_back(tokens, median(v));
-    double mean_n = 0, mean_g = 0;
-    for (const auto& [n, g] : points) {
-      mean_n += n / static_cast<double>(points.size());
-      mean_g += g / static_cast<double>(points.size());
-    }
-    double cov = 0, var = 0;
-    for (const auto& [n, g] : points) {
-      cov += (n - mean_n) * (g - mean_g);
-      var += (n - mean_n) * (n - mean_n);
-    }
-    r.gpu_op_gap_us_per_token = var > 0 ? std::max(0.0, cov / var) : 0.0;
-    r.gpu_op_gap_us = std::max(0.0, mean_g - r.gpu_op_gap_us_per_token * mean_n);
-  }
-  r.npu_op_gap_us = median_or_zero(npu_gaps);
+  // Each device's gap per op grows with the step's tokens (GPU: a prefill's first kernel starts
+  // later, its kernels wake more work-groups; NPU: the publish of a bigger op's flag, the
+  // consumer woken on the same cores): a line through each token count's median.
+  std::tie(r.gpu_op_gap_us, r.gpu_op_gap_us_per_token) = gap_line(gpu_gaps);
+  std::tie(r.npu_op_gap_us, r.npu_op_gap_us_per_token) = gap_line(npu_gaps);
   r.between_steps_us = median_or_zero(between);
   for (const auto& [cls, us] : around) r.frontend_us[cls] = std::max(0.0, median(us));
   // An unsplit step's devices run one after the other: its span is every op, every gap and a
@@ -220,8 +227,8 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
   for (const StepInfo* s : unsplit_waiting) {
     const DeviceWork &g = s->dev[0], &n = s->dev[1];
     const double gpu_gap = r.gpu_op_gap_us + r.gpu_op_gap_us_per_token * s->tokens;
-    const double left =
-        s->device_us() - g.ops_us - n.ops_us - gpu_gap * g.ops - r.npu_op_gap_us * n.ops;
+    const double npu_gap = r.npu_op_gap_us + r.npu_op_gap_us_per_token * s->tokens;
+    const double left = s->device_us() - g.ops_us - n.ops_us - gpu_gap * g.ops - npu_gap * n.ops;
     syncs.push_back(std::max(0.0, left) / (g.waiting_ops + n.waiting_ops));
   }
   r.handoff_sync_us = median_or_zero(syncs);
@@ -239,6 +246,7 @@ StepCostFit fit_step_costs(const TraceProfileReport& r, const LlamaModel& model,
   soc.gpu.params["op_gap_us"] = r.gpu_op_gap_us;
   soc.gpu.params["op_gap_us_per_token"] = r.gpu_op_gap_us_per_token;
   soc.npu.op_gap_us = r.npu_op_gap_us;
+  soc.npu.op_gap_us_per_token = r.npu_op_gap_us_per_token;
   StepCostFit fit;
   // The median non-matmul time per token count, at the median context of those steps: one
   // point per kind of step (a request's decode steps differ in context by a few positions, and

@@ -24,7 +24,9 @@
 //     report, per op of the program (fused ops count: the timeline charges every op of the
 //     program, core/planner/timeline.h); a line through each token count's median (here ~1.4 us
 //     an op in decode, 5-10 in a prefill of 16-64 tokens);
-//   npu_op_gap_us: the same on the NPU side, its flag waits taken out too;
+//   npu_op_gap_us (+ npu_op_gap_us_per_token x tokens): the same on the NPU side, its flag
+//     waits taken out too (the emulator's loop between two ops; on these 2 cores mostly the
+//     publish of a flag, whose woken consumer takes the core);
 //   handoff_sync_us: what is left of an unsplit step's span per flag wait once every op and
 //     every gap is taken out (the cross-device hand-off: a futex wake and a reschedule here);
 //   between_steps_us: the frontend's time from one step's end to the next one's start;
@@ -65,7 +67,7 @@ struct TraceProfileReport {
   // time, per op that waited on the other device's flags; the median. 0: no step had such a wait.
   double handoff_sync_us = 0;
   double gpu_op_gap_us = 0, npu_op_gap_us = 0;  // 0: no step to measure it on
-  double gpu_op_gap_us_per_token = 0;
+  double gpu_op_gap_us_per_token = 0, npu_op_gap_us_per_token = 0;
   double between_steps_us = 0;
   std::map<std::string, double> frontend_us;  // by frontend_class
   std::vector<StepWork> gpu_steps;
@@ -87,7 +89,7 @@ std::string frontend_class(bool npu, bool prefill);
 
 // Puts what the traces measured beside the op points into `soc` (a profile fitted to r.profile:
 // core/planner/soc_profile_fit.h): the op gaps ([gpu.params] op_gap_us, op_gap_us_per_token,
-// [npu] op_gap_us), and
+// [npu] op_gap_us, op_gap_us_per_token), and
 // the GPU's non-matmul kernels fitted to r.gpu_steps, the time the timeline charges them in the
 // model's GPU-only program (op_fixed_us, elementwise_gbps, attention_gflops; by coordinate
 // descent on the log error of each step's sum). No GPU-only step: those are left out.
