@@ -28,7 +28,7 @@ struct SocProfile {
     // Optional (default 0): the NPU side's idle time between two ops of a running step beyond
     // its flag waits (a host profile fitted from `duet trace` steps; core/planner/timeline.h).
     double op_gap_us = 0;
-    double op_gap_us_per_token = 0;  // optional: more idle time per token of the step
+    double op_gap_us_per_token = 0;  // optional: more per token of the step beyond the first
     // Optional (default 0: the systolic model): an NPU that is a processor which reads the
     // weights and then computes, one after the other (this host's "NPU", the emulator's CPU GEMM:
     // services/npu_svc/npu_gemm.cpp). cpu_gflops > 0 selects it: a graph costs cpu_call_us +

@@ -397,10 +397,10 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
   const bool contend = t.contention && soc.mem.dual_gbps > 0;
   const double sync_us = handoff_us(soc, o, t);
   // A host profile's idle time between two ops of a device's stream (0 on the SoC files).
-  const double gap_us[2] = {
-      soc.gpu.param_or("op_gap_us", 0.0) +
-          soc.gpu.param_or("op_gap_us_per_token", 0.0) * static_cast<double>(t.n_tokens),
-      soc.npu.op_gap_us + soc.npu.op_gap_us_per_token * static_cast<double>(t.n_tokens)};
+  const double beyond_first = static_cast<double>(t.n_tokens - 1);
+  const double gap_us[2] = {soc.gpu.param_or("op_gap_us", 0.0) +
+                                soc.gpu.param_or("op_gap_us_per_token", 0.0) * beyond_first,
+                            soc.npu.op_gap_us + soc.npu.op_gap_us_per_token * beyond_first};
   // Blocking sync: the host waits in clFinish after a GPU op the NPU needs, and submits nothing
   // meanwhile, so the GPU's next op waits for that too.
   std::set<uint32_t> gpu_published;

@@ -24,10 +24,10 @@
 //
 // A host profile (fitted from `duet trace` steps: core/planner/trace_profile.h) also charges
 // each op with work its device's idle time before it, [gpu.params] op_gap_us (+
-// op_gap_us_per_token x the step's tokens) and [npu] op_gap_us (+ op_gap_us_per_token x the
-// step's tokens): what a device's span holds beyond its ops and its flag waits (on PoCL the
-// dependent kernel's start after the previous one's end; on the emulator, the step loop between two
-// ops). The SoC files have none (0).
+// op_gap_us_per_token x the step's tokens beyond the first) and [npu] op_gap_us (+
+// op_gap_us_per_token x the same): what a device's span holds beyond its ops and its flag waits (on
+// PoCL the dependent kernel's start after the previous one's end; on the emulator, the step loop
+// between two ops). The SoC files have none (0).
 //
 // Schedules come from built programs (schedule_from_programs) or straight from a model shape
 // (schedule_from_shape: the same op sequence and hazards as core/program/program_builder.cpp

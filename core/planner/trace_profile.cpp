@@ -82,25 +82,19 @@ double median_or_zero(const std::vector<double>& v) {
   return v.empty() ? 0.0 : median(v);
 }
 
-// A line gap(tokens) = a + b tokens through the median gap of each token count, each count
-// weighing alike (a run has many more decode steps than prefill ones); b >= 0, a >= 0.
+// gap(tokens) = a + b (tokens - 1): a from the steps of the fewest tokens (decode: most of a
+// run's steps, so their median is well measured), b the median over the other token counts of
+// their median's rise per token from it (a prefill's few steps are noisy: one stalled step
+// must not move the decode figure). b >= 0.
 std::pair<double, double> gap_line(const std::map<int64_t, std::vector<double>>& by_tokens) {
-  std::vector<std::pair<double, double>> points;  // (tokens, median gap per op)
-  for (const auto& [tokens, v] : by_tokens)
-    points.emplace_back(static_cast<double>(tokens), median(v));
-  if (points.empty()) return {0.0, 0.0};
-  double mean_n = 0, mean_g = 0;
-  for (const auto& [n, g] : points) {
-    mean_n += n / static_cast<double>(points.size());
-    mean_g += g / static_cast<double>(points.size());
-  }
-  double cov = 0, var = 0;
-  for (const auto& [n, g] : points) {
-    cov += (n - mean_n) * (g - mean_g);
-    var += (n - mean_n) * (n - mean_n);
-  }
-  const double b = var > 0 ? std::max(0.0, cov / var) : 0.0;
-  return {std::max(0.0, mean_g - b * mean_n), b};
+  if (by_tokens.empty()) return {0.0, 0.0};
+  const auto& [n0, first] = *by_tokens.begin();
+  const double g0 = median(first);
+  std::vector<double> slopes;
+  for (const auto& [n, v] : by_tokens)
+    if (n > n0) slopes.push_back((median(v) - g0) / static_cast<double>(n - n0));
+  const double b = slopes.empty() ? 0.0 : std::max(0.0, median(slopes));
+  return {std::max(0.0, g0 - b * static_cast<double>(n0 - 1)), b};
 }
 
 }  // namespace
@@ -216,7 +210,7 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
   if (!overheads.empty()) p.handoff_us = std::max(0.0, median(overheads));
   // Each device's gap per op grows with the step's tokens (GPU: a prefill's first kernel starts
   // later, its kernels wake more work-groups; NPU: the publish of a bigger op's flag, the
-  // consumer woken on the same cores): a line through each token count's median.
+  // consumer woken on the same cores): gap_line.
   std::tie(r.gpu_op_gap_us, r.gpu_op_gap_us_per_token) = gap_line(gpu_gaps);
   std::tie(r.npu_op_gap_us, r.npu_op_gap_us_per_token) = gap_line(npu_gaps);
   r.between_steps_us = median_or_zero(between);
@@ -226,8 +220,9 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
   std::vector<double> syncs;
   for (const StepInfo* s : unsplit_waiting) {
     const DeviceWork &g = s->dev[0], &n = s->dev[1];
-    const double gpu_gap = r.gpu_op_gap_us + r.gpu_op_gap_us_per_token * s->tokens;
-    const double npu_gap = r.npu_op_gap_us + r.npu_op_gap_us_per_token * s->tokens;
+    const double beyond_first = static_cast<double>(std::max<int64_t>(0, s->tokens - 1));
+    const double gpu_gap = r.gpu_op_gap_us + r.gpu_op_gap_us_per_token * beyond_first;
+    const double npu_gap = r.npu_op_gap_us + r.npu_op_gap_us_per_token * beyond_first;
     const double left = s->device_us() - g.ops_us - n.ops_us - gpu_gap * g.ops - npu_gap * n.ops;
     syncs.push_back(std::max(0.0, left) / (g.waiting_ops + n.waiting_ops));
   }

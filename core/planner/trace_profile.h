@@ -18,12 +18,14 @@
 //
 // A step's device span holds more than its ops' own times (bench/modeled/RESULTS.md, issue 23):
 // what the traces give beside the op points, each a median over steps:
-//   gpu_op_gap_us (+ gpu_op_gap_us_per_token x the step's tokens): on the GPU-only steps,
+//   gpu_op_gap_us (+ gpu_op_gap_us_per_token x the step's tokens beyond the first): on the
+//     GPU-only steps,
 //     (device span - its ops) / its ops: PoCL's idle time between a kernel's end and the
 //     dependent one's start, the first kernel's start after the doorbell and the last one's
 //     report, per op of the program (fused ops count: the timeline charges every op of the
-//     program, core/planner/timeline.h); a line through each token count's median (here ~1.4 us
-//     an op in decode, 5-10 in a prefill of 16-64 tokens);
+//     program, core/planner/timeline.h); the decode steps' median, and the median rise per
+//     token of the other token counts' medians (here ~1.4 us an op in decode, 5-10 in a
+//     prefill of 16-64 tokens);
 //   npu_op_gap_us (+ npu_op_gap_us_per_token x tokens): the same on the NPU side, its flag
 //     waits taken out too (the emulator's loop between two ops; on these 2 cores mostly the
 //     publish of a flag, whose woken consumer takes the core);

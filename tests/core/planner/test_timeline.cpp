@@ -136,7 +136,8 @@ TEST(Timeline, GpuOnlyStepIsTheSumOfItsOps) {
 }
 
 TEST(Timeline, AHostProfilesGapBetweenOpsIsChargedOncePerOpWithWork) {
-  // [gpu.params] op_gap_us (+ op_gap_us_per_token x the step's tokens) / [npu] op_gap_us (a
+  // [gpu.params] op_gap_us (+ op_gap_us_per_token x the step's tokens beyond the first) /
+  // [npu] op_gap_us (a
   // profile fitted from traced steps): each op that
   // computes something is followed by that much of its device's idle time; the SoC files have
   // none, so their steps do not move.
@@ -146,13 +147,13 @@ TEST(Timeline, AHostProfilesGapBetweenOpsIsChargedOncePerOpWithWork) {
   EXPECT_EQ(base.gap_us, 0.0);
   SocProfile host = sd8gen3();
   host.gpu.params["op_gap_us"] = 5;
-  host.gpu.params["op_gap_us_per_token"] = 0.5;  // 16 tokens: 13 us an op
+  host.gpu.params["op_gap_us_per_token"] = 0.5;  // 16 tokens: 12.5 us an op
   const Timeline gapped = compose_timeline(s, host, solver_options_for(host), prefill(16));
   size_t with_work = 0;
   for (const TimedOp& op : gapped.gpu) with_work += op.tokens > 0;
   EXPECT_GT(with_work, 20u);
-  EXPECT_NEAR(gapped.gap_us, 13.0 * with_work, 1e-9);
-  EXPECT_NEAR(gapped.step_us - base.step_us, 13.0 * with_work, 1e-6);
+  EXPECT_NEAR(gapped.gap_us, 12.5 * with_work, 1e-9);
+  EXPECT_NEAR(gapped.step_us - base.step_us, 12.5 * with_work, 1e-6);
 }
 
 TEST(Timeline, BalancedSplitMatmulBeatsEitherDeviceAlone) {

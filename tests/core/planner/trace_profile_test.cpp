@@ -105,11 +105,11 @@ TEST(TraceProfile, TheHandOffIsTheDeviceSpanLeftOverPerFlagWait) {
 
 TEST(TraceProfile, TheGapsBetweenOpsAndBetweenStepsAreRecovered) {
   // Steps made with known costs: each GPU op is followed by 3.5 us of idle time and 0.25 us
-  // more per token of the step, each NPU op by 2 us, each flag wait costs 120 us, and the
-  // frontend starts a step 9 us after the last one.
+  // more per token of the step beyond the first, each NPU op by 2 us, each flag wait costs 120 us,
+  // and the frontend starts a step 9 us after the last one.
   constexpr double kGpuGap = 3.5, kGpuGapPerToken = 0.25, kNpuGap = 2.0, kHandOff = 120,
                    kBetween = 9;
-  auto gpu_gap = [&](int tokens) { return kGpuGap + kGpuGapPerToken * tokens; };
+  auto gpu_gap = [&](int tokens) { return kGpuGap + kGpuGapPerToken * (tokens - 1); };
   nlohmann::json events = nlohmann::json::array();
   double at = 0;
   auto gpu_only = [&](int step, int tokens, double matmul_us, double norm_us) {
