@@ -114,29 +114,21 @@ void run_profile_cmd(ProfileArgs& args) {
   if (!args.report_json.empty()) {
     const duet::TraceProfileReport& t = from_traces.report;
     std::ofstream o(args.report_json);
-    o << nlohmann::json{{"out", args.out},
-                        {"gpu_points", r.gpu_points},
-                        {"gpu_rms_log", r.gpu_rms_log},
-                        {"gpu_worst_ratio", r.gpu_worst},
-                        {"npu_points", r.npu_points},
-                        {"npu_rms_log", r.npu_rms_log},
-                        {"npu_worst_ratio", r.npu_worst},
-                        {"contention", measured.contention},
-                        {"handoff_us", measured.handoff_us},
-                        {"fast_sync_us", args.fast_sync_us},
-                        {"gpu_op_gap_us", t.gpu_op_gap_us},
-                        {"gpu_op_gap_us_per_token", t.gpu_op_gap_us_per_token},
-                        {"npu_op_gap_us", t.npu_op_gap_us},
-                        {"npu_op_gap_us_per_token", t.npu_op_gap_us_per_token},
-                        {"between_steps_us", t.between_steps_us},
-                        {"frontend_us", t.frontend_us},
-                        {"steps", t.steps},
-                        {"op_spans", t.op_spans},
-                        {"gpu_other_points", steps.points},
-                        {"gpu_other_rms_log", steps.rms_log},
-                        {"gpu_other_worst_ratio", steps.worst}}
-             .dump()
-      << "\n";
+    nlohmann::json report = duet::soc_fit_report_json(r, measured);
+    report.update({{"out", args.out},
+                   {"fast_sync_us", args.fast_sync_us},
+                   {"gpu_op_gap_us", t.gpu_op_gap_us},
+                   {"gpu_op_gap_us_per_token", t.gpu_op_gap_us_per_token},
+                   {"npu_op_gap_us", t.npu_op_gap_us},
+                   {"npu_op_gap_us_per_token", t.npu_op_gap_us_per_token},
+                   {"between_steps_us", t.between_steps_us},
+                   {"frontend_us", t.frontend_us},
+                   {"steps", t.steps},
+                   {"op_spans", t.op_spans},
+                   {"gpu_other_points", steps.points},
+                   {"gpu_other_rms_log", steps.rms_log},
+                   {"gpu_other_worst_ratio", steps.worst}});
+    o << report.dump() << "\n";
     if (!o) throw duet::Error(duet::Errc::io, "cannot write " + args.report_json);
   }
 }

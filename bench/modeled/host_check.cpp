@@ -75,17 +75,9 @@ int fit(const std::map<std::string, std::string>& f) {
     if (!o) throw Error(Errc::io, "cannot write " + out);
   }
   load_soc_profile(out);  // it must read back
-  std::cout << nlohmann::json{{"out", out},
-                              {"gpu_points", r.gpu_points},
-                              {"npu_points", r.npu_points},
-                              {"gpu_rms_log", r.gpu_rms_log},
-                              {"gpu_worst_ratio", r.gpu_worst},
-                              {"npu_rms_log", r.npu_rms_log},
-                              {"npu_worst_ratio", r.npu_worst},
-                              {"contention", measured.contention},
-                              {"handoff_us", measured.handoff_us}}
-                   .dump()
-            << "\n";
+  nlohmann::json report = soc_fit_report_json(r, measured);
+  report["out"] = out;
+  std::cout << report.dump() << "\n";
   return 0;
 }
 

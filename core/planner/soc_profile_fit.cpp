@@ -199,6 +199,13 @@ SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
   return r;
 }
 
+nlohmann::json soc_fit_report_json(const SocFitReport& r, const Profile& measured) {
+  return {{"gpu_points", r.gpu_points},        {"gpu_rms_log", r.gpu_rms_log},
+          {"gpu_worst_ratio", r.gpu_worst},    {"npu_points", r.npu_points},
+          {"npu_rms_log", r.npu_rms_log},      {"npu_worst_ratio", r.npu_worst},
+          {"contention", measured.contention}, {"handoff_us", measured.handoff_us}};
+}
+
 std::string soc_profile_toml(const SocProfile& soc, const std::string& comment) {
   std::ostringstream t;
   t.precision(8);

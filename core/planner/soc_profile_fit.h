@@ -17,6 +17,7 @@
 // measured go in directly: fast_sync_us (a flag hand-off between the device processes) and the
 // contention between the two devices (memory.dual_gbps: both draw no more together than
 // (2 - contention) x one alone).
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/planner/profiler.h"
@@ -35,6 +36,10 @@ struct SocFitReport {
 // start's. Throws invalid_argument when the profile has no GPU or no NPU matmul entries.
 SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
                              const std::string& name, double fast_sync_us);
+
+// The fit's figures as JSON (points, rms log error and worst ratio per device, and the measured
+// profile's contention and handoff_us), as host_check fit and duet profile --report-json write.
+nlohmann::json soc_fit_report_json(const SocFitReport& r, const Profile& measured);
 
 // The profile as deploy/soc/<name>.toml text (load_soc_profile reads it back unchanged);
 // `comment` becomes the file's leading comment lines.

@@ -11,7 +11,6 @@
 
 #include "core/base/error.h"
 #include "core/planner/solver.h"
-#include "core/planner/timeline.h"
 #include "core/program/program.h"
 
 namespace duet {
@@ -233,6 +232,18 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
   return r;
 }
 
+double gpu_other_ops_us(const Schedule& schedule, const SocProfile& soc, int64_t tokens,
+                        int64_t context) {
+  TimelineOptions t;
+  t.n_tokens = tokens;
+  t.context = context;
+  t.contention = false;
+  double sum = 0;
+  for (const TimedOp& op : compose_timeline(schedule, soc, solver_options_for(soc), t).gpu)
+    if (op.kind != OpKind::MatMul && op.kind != OpKind::Logits) sum += op.compute_us;
+  return sum;
+}
+
 std::string frontend_class(bool npu, bool prefill) {
   return std::string(npu ? "gpu+npu " : "gpu ") + (prefill ? "prefill" : "decode");
 }
@@ -268,16 +279,8 @@ StepCostFit fit_step_costs(const TraceProfileReport& r, const LlamaModel& model,
   spec.max_ctx = static_cast<uint32_t>((max_ctx + 15) / 16 * 16);
   spec.name = "step-costs";
   const Schedule schedule = schedule_from_programs(build_programs(spec), spec.plan.npu_mode);
-  // What the timeline charges the GPU's non-matmul ops of one step (before any gap).
   auto modelled = [&](const SocProfile& trial, int64_t tokens, int64_t context) {
-    TimelineOptions t;
-    t.n_tokens = tokens;
-    t.context = context;
-    t.contention = false;
-    double sum = 0;
-    for (const TimedOp& op : compose_timeline(schedule, trial, solver_options_for(trial), t).gpu)
-      if (op.kind != OpKind::MatMul && op.kind != OpKind::Logits) sum += op.compute_us;
-    return sum;
+    return gpu_other_ops_us(schedule, trial, tokens, context);
   };
   auto error = [&](const SocProfile& trial, double* worst) {
     double sum = 0;

@@ -50,6 +50,7 @@
 #include "core/model/model.h"
 #include "core/planner/profiler.h"
 #include "core/planner/soc_profile.h"
+#include "core/planner/timeline.h"
 
 namespace duet {
 
@@ -88,6 +89,11 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
 // "gpu decode", "gpu prefill", "gpu+npu decode", "gpu+npu prefill": a step's kind for
 // TraceProfileReport::frontend_us (prefill: more tokens than sequences).
 std::string frontend_class(bool npu, bool prefill);
+
+// What the timeline charges the GPU's ops that are not matmuls in one step of `schedule` (their
+// compute, before any gap or contention): what fit_step_costs fits to StepWork::other_us.
+double gpu_other_ops_us(const Schedule& schedule, const SocProfile& soc, int64_t tokens,
+                        int64_t context);
 
 // Puts what the traces measured beside the op points into `soc` (a profile fitted to r.profile:
 // core/planner/soc_profile_fit.h): the op gaps ([gpu.params] op_gap_us, op_gap_us_per_token,

@@ -43,6 +43,18 @@ Profile profile_of(const SocProfile& machine) {
   return p;
 }
 
+// The same shapes timed inside steps (core/planner/trace_profile.h): each what the machine's
+// pipelined models say.
+Profile in_steps_profile_of(const SocProfile& machine) {
+  Profile steps = profile_of(machine);
+  steps.timing = "steps";
+  for (ProfileEntry& e : steps.entries) {
+    const OpShape s{e.kind, e.wtype, e.m, e.k, e.n, true};
+    e.us = e.device == Device::gpu ? gpu_pipelined_us(machine, s) : npu_pipelined_us(machine, s);
+  }
+  return steps;
+}
+
 TEST(SocProfileFit, RecoversTheTimesOfTheMachineItWasMeasuredOn) {
   const SocProfile machine = other_machine();
   const Profile measured = profile_of(machine);
@@ -72,13 +84,7 @@ TEST(SocProfileFit, OpsTimedInsideStepsAreFittedWithThePipelinedModels) {
   // A profile of in-step times (core/planner/trace_profile.h): the same shapes, each costing
   // what the other machine's pipelined models say. Fitted as such it comes back close; read as
   // isolated times (the old profile's kind) it would not.
-  const SocProfile machine = other_machine();
-  Profile steps = profile_of(machine);
-  steps.timing = "steps";
-  for (ProfileEntry& e : steps.entries) {
-    const OpShape s{e.kind, e.wtype, e.m, e.k, e.n, true};
-    e.us = e.device == Device::gpu ? gpu_pipelined_us(machine, s) : npu_pipelined_us(machine, s);
-  }
+  const Profile steps = in_steps_profile_of(other_machine());
   const SocFitReport r = fit_soc_profile(steps, sd8gen3(), "steps", 0);
   EXPECT_LT(r.gpu_rms_log, 0.1);
   EXPECT_LT(r.npu_rms_log, 0.1);
@@ -97,13 +103,7 @@ TEST(SocProfileFit, AnNpuThatReadsItsWeightsThenComputesIsFittedInThatForm) {
   machine.npu.cpu_gflops = 25;
   machine.npu.cpu_weight_gbps = 12;
   machine.npu.cpu_call_us = 9;
-  Profile steps = profile_of(machine);
-  steps.timing = "steps";
-  for (ProfileEntry& e : steps.entries) {
-    const OpShape s{e.kind, e.wtype, e.m, e.k, e.n, true};
-    e.us = e.device == Device::gpu ? gpu_pipelined_us(machine, s) : npu_pipelined_us(machine, s);
-  }
-  const SocFitReport r = fit_soc_profile(steps, sd8gen3(), "cpu-npu", 0);
+  const SocFitReport r = fit_soc_profile(in_steps_profile_of(machine), sd8gen3(), "cpu-npu", 0);
   EXPECT_GT(r.soc.npu.cpu_gflops, 0);
   EXPECT_LT(r.npu_rms_log, 0.02);
   EXPECT_NEAR(r.soc.npu.cpu_gflops / 25, 1.0, 0.05);

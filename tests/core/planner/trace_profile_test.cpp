@@ -8,8 +8,6 @@
 #include <string>
 
 #include "core/base/error.h"
-#include "core/planner/solver.h"
-#include "core/planner/timeline.h"
 #include "core/program/program.h"
 #include "tests/support/error_code.h"
 #include "tests/support/soc_profiles.h"
@@ -159,14 +157,8 @@ double other_ops_us(const SocProfile& soc, int64_t tokens, int64_t context) {
   spec.plan = Plan::fixed("gpu-only");
   spec.max_tokens = 64;
   spec.max_ctx = 512;
-  const Schedule s = schedule_from_programs(build_programs(spec), spec.plan.npu_mode);
-  TimelineOptions t;
-  t.n_tokens = tokens;
-  t.context = context;
-  double sum = 0;
-  for (const TimedOp& op : compose_timeline(s, soc, solver_options_for(soc), t).gpu)
-    if (op.kind != OpKind::MatMul && op.kind != OpKind::Logits) sum += op.compute_us;
-  return sum;
+  return gpu_other_ops_us(schedule_from_programs(build_programs(spec), spec.plan.npu_mode), soc,
+                          tokens, context);
 }
 
 TEST(TraceProfile, TheNonMatmulKernelsAreFittedToTheStepsTheyRanIn) {
