@@ -77,21 +77,35 @@ bool is_matmul_name(const std::string& name) {
   return name.rfind("MatMul", 0) == 0 || name.rfind("Logits", 0) == 0;
 }
 
-double median_or_zero(const std::vector<double>& v) {
-  return v.empty() ? 0.0 : median(v);
+// The expected time of what the samples time, less the host's other tenants: the mean of the
+// samples within 3x their median. TTFT and TPOT are means over steps and requests, and some
+// costs are systematic yet not in the median (a decode step right after a prefill runs on caches
+// the prefill evicted: 1.5-3x the later ones); a span past 3x its median is a preempted worker or
+// a late wake-up (bench/modeled/host_stalls.py counts those apart, by the same rule).
+double typical(const std::vector<double>& v) {
+  if (v.empty()) return 0.0;
+  const double limit = 3.0 * median(v);
+  double sum = 0;
+  size_t n = 0;
+  for (double x : v)
+    if (x <= limit) {
+      sum += x;
+      ++n;
+    }
+  return n ? sum / static_cast<double>(n) : median(v);
 }
 
 // gap(tokens) = a + b (tokens - 1): a from the steps of the fewest tokens (decode: most of a
-// run's steps, so their median is well measured), b the median over the other token counts of
-// their median's rise per token from it (a prefill's few steps are noisy: one stalled step
+// run's steps, so well measured), b the median over the other token counts of their typical
+// gap's rise per token from it (a prefill's few steps are noisy: one stalled step
 // must not move the decode figure). b >= 0.
 std::pair<double, double> gap_line(const std::map<int64_t, std::vector<double>>& by_tokens) {
   if (by_tokens.empty()) return {0.0, 0.0};
   const auto& [n0, first] = *by_tokens.begin();
-  const double g0 = median(first);
+  const double g0 = typical(first);
   std::vector<double> slopes;
   for (const auto& [n, v] : by_tokens)
-    if (n > n0) slopes.push_back((median(v) - g0) / static_cast<double>(n - n0));
+    if (n > n0) slopes.push_back((typical(v) - g0) / static_cast<double>(n - n0));
   const double b = slopes.empty() ? 0.0 : std::max(0.0, median(slopes));
   return {std::max(0.0, g0 - b * static_cast<double>(n0 - 1)), b};
 }
@@ -204,16 +218,16 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
   for (const auto& [key, us] : samples) {
     const auto& [device, kind, wtype, m, k, n] = key;
     p.entries.push_back({static_cast<Device>(device), static_cast<OpKind>(kind),
-                         static_cast<DType>(wtype), m, k, n, median(us)});
+                         static_cast<DType>(wtype), m, k, n, typical(us)});
   }
-  if (!overheads.empty()) p.handoff_us = std::max(0.0, median(overheads));
+  if (!overheads.empty()) p.handoff_us = std::max(0.0, typical(overheads));
   // Each device's gap per op grows with the step's tokens (GPU: a prefill's first kernel starts
   // later, its kernels wake more work-groups; NPU: the publish of a bigger op's flag, the
   // consumer woken on the same cores): gap_line.
   std::tie(r.gpu_op_gap_us, r.gpu_op_gap_us_per_token) = gap_line(gpu_gaps);
   std::tie(r.npu_op_gap_us, r.npu_op_gap_us_per_token) = gap_line(npu_gaps);
-  r.between_steps_us = median_or_zero(between);
-  for (const auto& [cls, us] : around) r.frontend_us[cls] = std::max(0.0, median(us));
+  r.between_steps_us = typical(between);
+  for (const auto& [cls, us] : around) r.frontend_us[cls] = std::max(0.0, typical(us));
   // An unsplit step's devices run one after the other: its span is every op, every gap and a
   // hand-off per flag wait.
   std::vector<double> syncs;
@@ -225,7 +239,7 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
     const double left = s->device_us() - g.ops_us - n.ops_us - gpu_gap * g.ops - npu_gap * n.ops;
     syncs.push_back(std::max(0.0, left) / (g.waiting_ops + n.waiting_ops));
   }
-  r.handoff_sync_us = median_or_zero(syncs);
+  r.handoff_sync_us = typical(syncs);
   // The two device processes share this host's cores (each would use all of them alone), so
   // while both run each gets about half: contention 1 (trace_profile.h).
   p.contention = 1.0;
@@ -254,7 +268,7 @@ StepCostFit fit_step_costs(const TraceProfileReport& r, const LlamaModel& model,
   soc.npu.op_gap_us = r.npu_op_gap_us;
   soc.npu.op_gap_us_per_token = r.npu_op_gap_us_per_token;
   StepCostFit fit;
-  // The median non-matmul time per token count, at the median context of those steps: one
+  // The typical non-matmul time per token count, at the median context of those steps: one
   // point per kind of step (a request's decode steps differ in context by a few positions, and
   // in warm-up more than that), so that decode and prefill weigh alike in the fit.
   std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>> by_tokens;
@@ -266,7 +280,7 @@ StepCostFit fit_step_costs(const TraceProfileReport& r, const LlamaModel& model,
   if (by_tokens.empty()) return fit;
   std::map<std::pair<int64_t, int64_t>, double> by_step;  // (tokens, context) -> us
   for (const auto& [tokens, v] : by_tokens)
-    by_step[{tokens, static_cast<int64_t>(std::lround(median(v.second)))}] = median(v.first);
+    by_step[{tokens, static_cast<int64_t>(std::lround(median(v.second)))}] = typical(v.first);
   int64_t max_tokens = 1, max_ctx = 1;
   for (const auto& [key, us] : by_step) {
     max_tokens = std::max(max_tokens, key.first);

@@ -11,20 +11,22 @@
 // Only matmuls of steps run under an unsplit plan (gpu-only, npu-only, layer) are taken: there
 // an op computes its whole weight ([m][k] from the model file, per layer) for all the step's
 // tokens (Logits: one row per sequence), so its shape is known from its name ("MatMul q L3").
-// Samples of one (device, kind, type, m, k, n) are reduced to their median. The profile's
+// Samples of one (device, kind, type, m, k, n) are reduced to their typical value: the mean of
+// those within 3x the median (TTFT and TPOT are means; a span past 3x its median is the host's
+// other tenants, bench/modeled/host_stalls.py). So is every figure below. The profile's
 // timing is "steps": core/planner/soc_profile_fit.h fits the pipelined op models to it.
-// handoff_us is the median over steps of the frontend's step time minus the longest device span
-// (doorbells, reports, logits copy: what host_check adds per step).
+// handoff_us is the typical value over steps of the frontend's step time minus the longest device
+// span (doorbells, reports, logits copy: what host_check adds per step).
 //
 // A step's device span holds more than its ops' own times (bench/modeled/RESULTS.md, issue 23):
-// what the traces give beside the op points, each a median over steps:
+// what the traces give beside the op points, each typical over steps:
 //   gpu_op_gap_us (+ gpu_op_gap_us_per_token x the step's tokens beyond the first): on the
 //     GPU-only steps,
 //     (device span - its ops) / its ops: PoCL's idle time between a kernel's end and the
 //     dependent one's start, the first kernel's start after the doorbell and the last one's
 //     report, per op of the program (fused ops count: the timeline charges every op of the
-//     program, core/planner/timeline.h); the decode steps' median, and the median rise per
-//     token of the other token counts' medians (here ~1.4 us an op in decode, 5-10 in a
+//     program, core/planner/timeline.h); the decode steps' figure, and the median rise per
+//     token of the other token counts' (here ~1.4 us an op in decode, 5-10 in a
 //     prefill of 16-64 tokens);
 //   npu_op_gap_us (+ npu_op_gap_us_per_token x tokens): the same on the NPU side, its flag
 //     waits taken out too (the emulator's loop between two ops; on these 2 cores mostly the

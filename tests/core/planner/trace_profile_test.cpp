@@ -50,7 +50,7 @@ TEST(TraceProfile, MatmulSpansOfUnsplitStepsBecomeProfilePoints) {
   add_step(events, 1, "gpu-only", 16, 1000, 800,
            {{"MatMul q L0", 10},
             {"MatMul q L1", 12},
-            {"MatMul q L2", 30},
+            {"MatMul q L2", 80},  // past 3x the median: a preempted worker, left out
             {"RmsNorm L0", 2},
             {"Logits logits", 40}});
   add_step(events, 2, "gpu-only", 1, 500, 350, {{"MatMul down L0", 5}});
@@ -75,15 +75,15 @@ TEST(TraceProfile, MatmulSpansOfUnsplitStepsBecomeProfilePoints) {
       q = true;
       EXPECT_EQ(e.k, l0.wq.cols);
       EXPECT_EQ(e.wtype, l0.wq.type);
-      EXPECT_EQ(e.us, 12);  // the median of the three layers' q
+      EXPECT_EQ(e.us, 11);  // the mean of the layers' q within 3x their median
     } else if (e.m == l0.w_down.rows && e.k == l0.w_down.cols) {
       down = true;
       EXPECT_EQ(e.n, 1);
     }
   }
   EXPECT_TRUE(q && down && logits);
-  // The frontend's time around the device's span, median over the steps: 200, 150, 200.
-  EXPECT_DOUBLE_EQ(r.profile.handoff_us, 200);
+  // The frontend's time around the device's span, typical over the steps: 200, 150, 200.
+  EXPECT_NEAR(r.profile.handoff_us, 550.0 / 3, 1e-9);
   EXPECT_EQ(r.handoff_sync_us, 0);  // no op waited on the other device
 }
 
