@@ -36,6 +36,8 @@ NpuTiming cpu_npu_timing(const SocProfile& soc, const OpShape& s) {
   const double weights = static_cast<double>(s.m * s.k) * bytes_per_element(s.wtype);
   t.dma_bytes = weights + static_cast<double>(s.n * (s.k + s.m)) * 2.0;
   t.dma_us = weights / (npu.cpu_weight_gbps * 1e3);
+  if (npu.cpu_dequant_gbps > 0 && static_cast<double>(s.n) >= npu.cpu_dequant_min_tokens)
+    t.dma_us += weights / (npu.cpu_dequant_gbps * 1e3);
   t.compute_us = 2.0 * static_cast<double>(s.m * s.k * s.n) / (npu.cpu_gflops * 1e3);
   t.launch_us = npu.cpu_call_us;
   t.total_us = t.launch_us + t.dma_us + t.compute_us;

@@ -146,6 +146,8 @@ SocProfile parse_soc_profile(std::string_view toml_text, std::string_view origin
   p.npu.cpu_gflops = npu.optional_number("cpu_gflops", 0);
   p.npu.cpu_weight_gbps = npu.optional_number("cpu_weight_gbps", 0);
   p.npu.cpu_call_us = npu.optional_number("cpu_call_us", 0);
+  p.npu.cpu_dequant_gbps = npu.optional_number("cpu_dequant_gbps", 0);
+  p.npu.cpu_dequant_min_tokens = npu.optional_number("cpu_dequant_min_tokens", 0);
   if (p.npu.cpu_gflops > 0 && !(p.npu.cpu_weight_gbps > 0))
     throw Error(Errc::bad_format, origin + ": [npu] cpu_gflops needs cpu_weight_gbps > 0");
   npu.reject_unknown();

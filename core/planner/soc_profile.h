@@ -34,6 +34,9 @@ struct SocProfile {
     // services/npu_svc/npu_gemm.cpp). cpu_gflops > 0 selects it: a graph costs cpu_call_us +
     // weight bytes / cpu_weight_gbps + 2 m k n / cpu_gflops (core/planner/npu_timing.h).
     double cpu_gflops = 0, cpu_weight_gbps = 0, cpu_call_us = 0;
+    // ... and from cpu_dequant_min_tokens tokens on (the emulator's prefill path) the weights are
+    // first dequantised into a buffer: + weight bytes / cpu_dequant_gbps (0: no such path).
+    double cpu_dequant_gbps = 0, cpu_dequant_min_tokens = 0;
   } npu;
 
   struct Gpu {
