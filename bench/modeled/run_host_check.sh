@@ -12,7 +12,8 @@
 #      the ops' times inside those real steps (core/planner/trace_profile.h), not to ops timed one
 #      request at a time (which cost 4.6-5x more here: bench/modeled/RESULTS.md);
 #      with the steps' own costs: each device's idle time between ops, the GPU's non-matmul
-#      kernels, the hand-off per flag wait;
+#      kernels, the hand-off per flag wait; host_stalls.py says what the host's other tenants
+#      took from each request's steps;
 #   5. host_check model: the same steps on host.toml's timeline (pipelined and isolated), plus
 #      the frontend's time per step (around the devices' spans, and from one step's end to the
 #      next one's start), as measured in the traces;
