@@ -27,10 +27,16 @@ struct ProfileArgs {
   double fast_sync_us = 0;
   std::vector<std::string> traces;  // --from-trace: real steps instead of ops timed alone
   std::string profile_out;
+  std::string report_json;  // the fit's figures as one JSON object
 };
 
 // The measured profile from `duet trace` files of real steps (core/planner/trace_profile.h).
-duet::Profile profile_from_trace_files(ProfileArgs& args) {
+struct FromTraces {
+  std::unique_ptr<duet::LlamaModel> model;
+  duet::TraceProfileReport report;
+};
+
+FromTraces profile_from_trace_files(ProfileArgs& args) {
   if (args.query.model_path.empty())
     throw duet::Error(duet::Errc::invalid_argument,
                       "profile --from-trace needs --model (the shapes of the traced ops)");
@@ -44,17 +50,20 @@ duet::Profile profile_from_trace_files(ProfileArgs& args) {
       throw duet::Error(duet::Errc::bad_format, path + ": " + e.what());
     }
   }
-  const auto model = duet::LlamaModel::load(args.query.model_path);
-  const duet::TraceProfileReport r =
-      duet::profile_from_traces(traces, *model, args.query.model_path);
+  FromTraces t;
+  t.model = duet::LlamaModel::load(args.query.model_path);
+  t.report = duet::profile_from_traces(traces, *t.model, args.query.model_path);
+  const duet::TraceProfileReport& r = t.report;
   std::printf(
       "%zu traces: %zu steps, %zu matmul spans -> %zu profile points (%zu spans of split "
-      "plans left out); a cross-device hand-off %.0f us\n",
+      "plans left out); a cross-device hand-off %.0f us; gaps per op: GPU %.1f us + %.3f us a "
+      "token, NPU %.1f us + %.3f us a token; %.0f us between steps\n",
       traces.size(), r.steps, r.op_spans, r.profile.entries.size(), r.skipped_ops,
-      r.handoff_sync_us);
+      r.handoff_sync_us, r.gpu_op_gap_us, r.gpu_op_gap_us_per_token, r.npu_op_gap_us,
+      r.npu_op_gap_us_per_token, r.between_steps_us);
   // The traces measured the hand-off: it is the fast sync unless --fast-sync-us says otherwise.
   if (args.fast_sync_us <= 0) args.fast_sync_us = r.handoff_sync_us;
-  return r.profile;
+  return t;
 }
 
 void run_profile_cmd(ProfileArgs& args) {
@@ -63,8 +72,10 @@ void run_profile_cmd(ProfileArgs& args) {
   bool cached = false;
   duet::Profile measured;
   std::string key;
+  FromTraces from_traces;
   if (!args.traces.empty()) {
-    measured = profile_from_trace_files(args);
+    from_traces = profile_from_trace_files(args);
+    measured = from_traces.report.profile;
     key = args.query.model_path;
   } else {
     q.validate();
@@ -73,8 +84,11 @@ void run_profile_cmd(ProfileArgs& args) {
     key = model.key;
   }
   if (!args.profile_out.empty()) duet::save_profile(measured, args.profile_out);
-  const duet::SocFitReport r =
+  duet::SocFitReport r =
       duet::fit_soc_profile(measured, duet::load_soc_profile(q.soc), args.name, args.fast_sync_us);
+  duet::StepCostFit steps;  // the op gaps and the non-matmul kernels, from the traced steps
+  if (from_traces.model)
+    steps = duet::fit_step_costs(from_traces.report, *from_traces.model, r.soc);
   {
     std::ofstream o(args.out);
     o << duet::soc_profile_toml(r.soc,
@@ -94,6 +108,29 @@ void run_profile_cmd(ProfileArgs& args) {
       !args.traces.empty() ? "from traces"
       : cached             ? "cached"
                            : "measured now");
+  if (steps.points > 0)
+    std::printf("GPU non-matmul kernels: %zu step points, rms log error %.3f, worst %.2fx\n",
+                steps.points, steps.rms_log, steps.worst);
+  if (!args.report_json.empty()) {
+    const duet::TraceProfileReport& t = from_traces.report;
+    std::ofstream o(args.report_json);
+    nlohmann::json report = duet::soc_fit_report_json(r, measured);
+    report.update({{"out", args.out},
+                   {"fast_sync_us", args.fast_sync_us},
+                   {"gpu_op_gap_us", t.gpu_op_gap_us},
+                   {"gpu_op_gap_us_per_token", t.gpu_op_gap_us_per_token},
+                   {"npu_op_gap_us", t.npu_op_gap_us},
+                   {"npu_op_gap_us_per_token", t.npu_op_gap_us_per_token},
+                   {"between_steps_us", t.between_steps_us},
+                   {"frontend_us", t.frontend_us},
+                   {"steps", t.steps},
+                   {"op_spans", t.op_spans},
+                   {"gpu_other_points", steps.points},
+                   {"gpu_other_rms_log", steps.rms_log},
+                   {"gpu_other_worst_ratio", steps.worst}});
+    o << report.dump() << "\n";
+    if (!o) throw duet::Error(duet::Errc::io, "cannot write " + args.report_json);
+  }
 }
 
 duet::cli::RegisterCommand register_profile([](CLI::App& app) {
@@ -121,6 +158,8 @@ duet::cli::RegisterCommand register_profile([](CLI::App& app) {
                   "real steps instead of timing ops one by one (needs --model)")
       ->delimiter(',');
   cmd->add_option("--profile-out", args->profile_out, "Also write the measured profile (JSON)");
+  cmd->add_option("--report-json", args->report_json,
+                  "Also write the fit's figures (errors, hand-off, gaps) as JSON");
   cmd->callback([args] { run_profile_cmd(*args); });
 });
 

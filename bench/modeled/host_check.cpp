@@ -5,12 +5,15 @@
 //     fit's error per device as JSON.
 //   host_check model --soc host.toml --model M.gguf (--plan NAME | --plan-json FILE) --tokens N
 //                    [--context C] [--max-tokens 64] [--max-ctx 512] [--step-overhead-us US]
-//                    [--profile MEASURED.json]
+//                    [--between-steps-us US] [--frontend-json FIT.json] [--profile MEASURED.json]
 //     builds the model's programs for the plan (core/program/program_builder, as the stack does),
 //     composes one step on that profile's timeline (core/planner/timeline.h), pipelined (fast sync)
 //     and with every op at its isolated cost, and (--profile) with the measured profile's own
-//     matmul times in place of the fitted models; prints them as JSON. run_host_check.sh sets them
-//     beside the step times measured through the real stack.
+//     matmul times in place of the fitted models; prints them as JSON, each with the frontend's
+//     time per step added (--step-overhead-us around the devices, --between-steps-us between two
+//     steps; --frontend-json: both from `duet profile --report-json`, the time around the devices
+//     of the same kind of step: core/planner/trace_profile.h). run_host_check.sh sets them beside
+//     the TTFT / TPOT measured through the real stack.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -25,6 +28,7 @@
 #include "core/planner/soc_profile_fit.h"
 #include "core/planner/solver.h"
 #include "core/planner/timeline.h"
+#include "core/planner/trace_profile.h"
 #include "core/program/program.h"
 
 namespace {
@@ -71,17 +75,9 @@ int fit(const std::map<std::string, std::string>& f) {
     if (!o) throw Error(Errc::io, "cannot write " + out);
   }
   load_soc_profile(out);  // it must read back
-  std::cout << nlohmann::json{{"out", out},
-                              {"gpu_points", r.gpu_points},
-                              {"npu_points", r.npu_points},
-                              {"gpu_rms_log", r.gpu_rms_log},
-                              {"gpu_worst_ratio", r.gpu_worst},
-                              {"npu_rms_log", r.npu_rms_log},
-                              {"npu_worst_ratio", r.npu_worst},
-                              {"contention", measured.contention},
-                              {"handoff_us", measured.handoff_us}}
-                   .dump()
-            << "\n";
+  nlohmann::json report = soc_fit_report_json(r, measured);
+  report["out"] = out;
+  std::cout << report.dump() << "\n";
   return 0;
 }
 
@@ -120,11 +116,25 @@ int model(const std::map<std::string, std::string>& f) {
     t.matmul_latency = &lat;
     profiled_us = compose_timeline(s, soc, o, t).step_us;
   }
-  const double overhead = std::stod(get(f, "step-overhead-us", "0"));
+  // Per step, beside the devices' timeline: the frontend's time around the devices' spans and
+  // its time from one step's end to the next one's start (both measured in the traced steps).
+  double around = std::stod(get(f, "step-overhead-us", "0"));
+  double between = std::stod(get(f, "between-steps-us", "0"));
+  if (f.count("frontend-json")) {  // `duet profile --report-json`: this kind of step's
+    std::ifstream in(f.at("frontend-json"));
+    const nlohmann::json j = nlohmann::json::parse(in);
+    between = j.value("between_steps_us", between);
+    const std::string cls = frontend_class(!fast.npu.empty(), t.n_tokens > 1);
+    if (j.contains("frontend_us") && j["frontend_us"].contains(cls))
+      around = j["frontend_us"][cls].get<double>();
+  }
+  const double overhead = around + between;
   std::cout << nlohmann::json{{"plan", plan.name},
                               {"tokens", t.n_tokens},
                               {"context", t.context},
-                              {"step_overhead_us", overhead},
+                              {"step_overhead_us", around},
+                              {"step_kind", frontend_class(!fast.npu.empty(), t.n_tokens > 1)},
+                              {"between_steps_us", between},
                               {"pipelined_us", fast.step_us + overhead},
                               {"isolated_us", isolated.step_us + overhead},
                               {"profiled_us", profiled_us > 0 ? profiled_us + overhead : 0.0},

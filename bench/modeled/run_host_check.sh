@@ -11,13 +11,18 @@
 #   4. `duet profile --from-trace` fits this machine's SoC profile (results/host-<model>.toml) to
 #      the ops' times inside those real steps (core/planner/trace_profile.h), not to ops timed one
 #      request at a time (which cost 4.6-5x more here: bench/modeled/RESULTS.md);
+#      with the steps' own costs: each device's idle time between ops, the GPU's non-matmul
+#      kernels, the hand-off per flag wait; host_stalls.py says what the host's other tenants
+#      took from each request's steps;
 #   5. host_check model: the same steps on host.toml's timeline (pipelined and isolated), plus
-#      the frontend's time around the devices' spans per step (the profile's handoff_us);
+#      the frontend's time per step (around the devices' spans, and from one step's end to the
+#      next one's start), as measured in the traces;
 # then prints modelled / measured per plan. Writes bench/modeled/results/host_check-<model>.jsonl,
 # host-<model>.toml and the profile it was fitted to (host_measured_profile-<model>.json).
 # env: DUET_BIN_DIR (build/bin), MODEL (tiny-fortune Q8_0), ROUNDS (3), PROMPT (64), SHORT (16),
 #      GEN (9), FAST_SYNC_US (0: the cross-device hand-off measured in the traced steps),
-#      REPS (9: the plan's per-op profile), STACK_PREFIX (hc<pid>).
+#      REPS (9: the plan's per-op profile), STACK_PREFIX (hc<pid>), KEEP_TRACES (a folder to keep
+#      the `duet trace` files in; default: removed with the rest).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${DUET_BIN_DIR:-build/bin}
@@ -32,12 +37,20 @@ name=$(basename "$model" .gguf)
 out=bench/modeled/results/host_check-$name.jsonl
 soc_out=bench/modeled/results/host-$name.toml
 export DUET_MAX_CTX=512
+# Every request repeats the same synthetic prompt: with prefix sharing on, its KV pages would be
+# reused and the "prefill 64" step would compute only the last page's tokens (issue 23: the
+# 2026-11-27 14:10 run's prefill steps were 16 tokens at context 48).
+export DUET_KV_PREFIX=off
 cache=$(mktemp -d /tmp/duet-hostcheck-XXXXXX)
+# Fresh profiles and plans, but the compiled OpenCL kernels of the usual cache (keyed by the
+# program's hash): a cold PoCL compile takes minutes per stack here.
+cp "${DUET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/duet}"/opencl-*.bin "$cache"/ 2>/dev/null || true
 export DUET_CACHE_DIR=$cache
 base=${STACK_PREFIX:-hc$$}  # stack ids: $base-auto, -gpu, -npu
 declare -A stack=([auto]="$base-auto" [gpu-only]="$base-gpu" [npu-only]="$base-npu")
 cleanup() {
   for s in "${stack[@]}"; do "$bin/duet" stack down --stack "$s" >/dev/null 2>&1 || true; done
+  if [ -n "${KEEP_TRACES:-}" ]; then mkdir -p "$KEEP_TRACES" && cp "$cache"/trace-*.json "$KEEP_TRACES"/ 2>/dev/null || true; fi
   rm -rf "$cache"
 }
 trap cleanup EXIT
@@ -46,7 +59,7 @@ tag() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(json.lo
 
 for plan in auto gpu-only npu-only; do
   "$bin/duet" stack up --stack "${stack[$plan]}" --model "$model" --plan "$plan" --timing measured \
-    --timeout 120 >/dev/null
+    --timeout 600 >/dev/null  # a fresh cache: gpu_svc compiles its kernels first
 done
 t0=$SECONDS
 "$bin/duet" plan --model "$model" --timing measured --stack "${stack[auto]}" \
@@ -77,8 +90,10 @@ for round in $(seq "$rounds"); do
     # The same request's steps as the frontend timed them (no time between steps).
     tag "$(python3 -c 'import json,statistics,sys
 ev=[e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph")=="X" and e.get("pid")==1 and e.get("tid")==1 and e.get("cat")=="step"]
-pre=[e["args"]["measured_us"] for e in ev if e["args"]["tokens"]>1]; dec=[e["args"]["measured_us"] for e in ev if e["args"]["tokens"]==1]
-print(json.dumps({"step_prefill_ms": max(pre)/1e3 if pre else 0, "step_decode_ms": statistics.median(dec)/1e3 if dec else 0}))' "$cache/trace-$plan-$round.json")" \
+pre=[e["args"] for e in ev if e["args"]["tokens"]>1]; dec=[e["args"]["measured_us"] for e in ev if e["args"]["tokens"]==1]
+p=max(pre, key=lambda a: a["measured_us"]) if pre else {}
+print(json.dumps({"step_prefill_ms": p.get("measured_us", 0)/1e3, "prefill_tokens": p.get("tokens", 0), "prefill_context": p.get("context", 0),
+                  "step_decode_ms": statistics.mean(dec)/1e3 if dec else 0}))' "$cache/trace-$plan-$round.json")" \
       "{\"kind\":\"steps\",\"plan\":\"$plan\",\"round\":$round}" >> "$out"
     [ "$plan" = auto ] && continue
     traces+=("$cache/trace-$plan-$round.json")
@@ -89,15 +104,19 @@ print(json.dumps({"step_prefill_ms": max(pre)/1e3 if pre else 0, "step_decode_ms
   done
 done
 
+# What the host's other tenants took from each request's steps (spans far past their kind's
+# median: a preempted kernel, a late wake-up), to say how much of a miss is the shared host's.
+python3 bench/modeled/host_stalls.py "$cache"/trace-*.json >> "$out"
+
 # This machine's SoC profile, fitted to the ops' times inside the steps just run.
 profile="bench/modeled/results/host_measured_profile-$name.json"
 "$bin/duet" profile --from-trace "$(IFS=,; echo "${traces[*]}")" --model "$model" \
-  --profile-out "$profile" --out "$soc_out" --fast-sync-us "$fast_sync" >&2
-# The hand-off the traces measured (or FAST_SYNC_US), as duet profile wrote it.
-fast_sync=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["gpu"]["params"]["fast_sync_us"])' "$soc_out")
-fit=$("$bin/host_check" fit --profile "$profile" --out "$soc_out" --fast-sync-us "$fast_sync")
+  --profile-out "$profile" --out "$soc_out" --fast-sync-us "$fast_sync" \
+  --report-json "$cache/fit.json" >&2
+fit=$(cat "$cache/fit.json")
 tag "$fit" '{"kind":"fit"}' >> "$out"
 handoff=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["handoff_us"])' "$fit")
+between=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["between_steps_us"])' "$fit")
 
 # The same steps, modelled on this machine's profile: prefill of PROMPT tokens from an empty
 # cache, decode at the middle of the generated context.
@@ -108,6 +127,7 @@ for plan in auto gpu-only npu-only; do
     if [ "$plan" = auto ]; then sel=(--plan-json "$cache/plan-$ph.json"); else sel=(--plan "$plan"); fi
     m=$("$bin/host_check" model --soc "$soc_out" --model "$model" "${sel[@]}" --tokens "$n" \
       --context "$c" --max-tokens 64 --max-ctx 512 --step-overhead-us "$handoff" \
+      --between-steps-us "$between" --frontend-json "$cache/fit.json" \
       --profile "bench/modeled/results/host_measured_profile-$name.json")
     tag "$m" "{\"kind\":\"model\",\"plan\":\"$plan\",\"phase\":\"$ph\"}" >> "$out"
   done

@@ -31,6 +31,15 @@ double gpu_us(const SocProfile& soc, const OpShape& s, bool pipelined) {
   const double m = static_cast<double>(s.m), k = static_cast<double>(s.k),
                n = static_cast<double>(s.n);
   if (s.n == 0) return 0.0;
+  // The kernels that are not matmuls (a host profile's optional parameters; absent on the SoC
+  // files, where they are the launch and the roofline's rates): a fixed cost beyond the launch,
+  // the rate the element-wise kernels go through activations at, and attention's arithmetic
+  // rate (its K/V reads stream at bandwidth_gbps, as weights do).
+  const double op_fixed_us = g.launch_us + g.param_or("op_fixed_us", 0.0);
+  const double activation_bytes_per_us =
+      g.param_or("elementwise_gbps", 0.0) > 0 ? g.param("elementwise_gbps") * 1e3 : bytes_per_us;
+  const double attention_flops_per_us =
+      g.param_or("attention_gflops", 0.0) > 0 ? g.param("attention_gflops") * 1e3 : flops_per_us;
 
   switch (s.kind) {
     case OpKind::MatMul:
@@ -59,12 +68,13 @@ double gpu_us(const SocProfile& soc, const OpShape& s, bool pipelined) {
     case OpKind::Attention: {
       const double flops = 4.0 * n * k * m;  // scores and the weighted sum of V
       const double bytes = 2.0 * k * m * kActivationBytes + 2.0 * n * m * kActivationBytes;
-      return g.launch_us + std::max(flops / flops_per_us, bytes / bytes_per_us);
+      // The cached K and V stream like weights (bandwidth_gbps); the arithmetic at its own rate.
+      return op_fixed_us + std::max(flops / attention_flops_per_us, bytes / bytes_per_us);
     }
     case OpKind::Embed: {
       const double row = std::max(m, k);
-      return g.launch_us +
-             n * row * (weight_bytes_per_element(s.wtype) + kActivationBytes) / bytes_per_us;
+      return op_fixed_us + n * row * (weight_bytes_per_element(s.wtype) + kActivationBytes) /
+                               activation_bytes_per_us;
     }
     case OpKind::RmsNorm:
     case OpKind::Rope:
@@ -76,7 +86,7 @@ double gpu_us(const SocProfile& soc, const OpShape& s, bool pipelined) {
       const double arrays = (s.kind == OpKind::SwiGlu || s.kind == OpKind::Add) ? 3.0
                             : s.kind == OpKind::KvWrite                         ? 4.0
                                                                                 : 2.0;
-      return g.launch_us + arrays * n * std::max(m, k) * kActivationBytes / bytes_per_us;
+      return op_fixed_us + arrays * n * std::max(m, k) * kActivationBytes / activation_bytes_per_us;
     }
   }
   throw Error(Errc::invalid_argument, "gpu timing: unknown op kind in " + op_shape_name(s));

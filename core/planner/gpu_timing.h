@@ -21,6 +21,14 @@
 //
 // Parameters ([gpu] and [gpu.params]): bandwidth_gbps, achievable_gflops, launch_us, sync_us,
 // params.gemv_half_rows, params.gemv_gflops, params.gemm_half_tokens, params.matmul_fixed_us.
+// Optional [gpu.params], none of them in the SoC files (whose numbers they therefore leave as
+// they were), fitted for a host profile from the ops inside real steps (core/planner/
+// trace_profile.h): op_fixed_us (every kernel that is not a matmul pays it beyond launch_us: on
+// PoCL a launch wakes the worker threads, ~1 us to tens of us, where a phone's is ~10 us),
+// elementwise_gbps (the rate the element-wise kernels and the embedding go through activations
+// at; default bandwidth_gbps) and attention_gflops (attention's arithmetic rate; default
+// achievable_gflops; its K/V reads stay at bandwidth_gbps). op_gap_us, the idle
+// time between two kernels of a step, is the timeline's (core/planner/timeline.h).
 // For sd8gen3, sync_us (~400 us) and launch_us are the paper's device facts; achievable_gflops
 // (1200, the paper's "~1 TFLOPS in practice") and gemm_half_tokens were fitted to the prefill
 // rows of the paper's Table 3 (W4A16 weights, read as Q4_0); bandwidth_gbps (40.7),

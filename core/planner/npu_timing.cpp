@@ -29,10 +29,26 @@ double activation_mb(const OpShape& s) {
   return static_cast<double>(s.n * s.k + s.n * s.m) * 2.0 / 1e6;
 }
 
+// The processor form ([npu] cpu_gflops > 0): weights read, then the products, no overlap.
+NpuTiming cpu_npu_timing(const SocProfile& soc, const OpShape& s) {
+  const auto& npu = soc.npu;
+  NpuTiming t;
+  const double weights = static_cast<double>(s.m * s.k) * bytes_per_element(s.wtype);
+  t.dma_bytes = weights + static_cast<double>(s.n * (s.k + s.m)) * 2.0;
+  t.dma_us = weights / (npu.cpu_weight_gbps * 1e3);
+  if (npu.cpu_dequant_gbps > 0 && static_cast<double>(s.n) >= npu.cpu_dequant_min_tokens)
+    t.dma_us += weights / (npu.cpu_dequant_gbps * 1e3);
+  t.compute_us = 2.0 * static_cast<double>(s.m * s.k * s.n) / (npu.cpu_gflops * 1e3);
+  t.launch_us = npu.cpu_call_us;
+  t.total_us = t.launch_us + t.dma_us + t.compute_us;
+  return t;
+}
+
 }  // namespace
 
 NpuTiming npu_timing(const SocProfile& soc, const OpShape& s) {
   check_shape(soc, s);
+  if (soc.npu.cpu_gflops > 0) return cpu_npu_timing(soc, s);
   const auto& npu = soc.npu;
   constexpr double kActBytes = 2;  // fp16 activations, and weights once dequantised in SRAM
 
@@ -89,6 +105,9 @@ double npu_modeled_us(const SocProfile& soc, const OpShape& shape) {
 
 double npu_pipelined_us(const SocProfile& soc, const OpShape& shape) {
   const NpuTiming t = npu_timing(soc, shape);
+  // A processor-form NPU pays each call in a step too: every op is its own GEMM call (its
+  // worker threads woken, joined), whatever started it.
+  if (soc.npu.cpu_gflops > 0) return t.total_us;
   // A decode graph (the activation, <= one column tile, is the stationary operand and the
   // weights stream): its per-chunk reloads of the activation tiles are what an isolated
   // execution pays; in the running step it streams its weights at the DMA rate (npu_timing.h).

@@ -18,6 +18,18 @@
 //   (HeteroInfer's W x^T); otherwise the large weight is S and is reloaded for every few tokens.
 //   Shape (NPU-3): a wide weight (k large) makes S tall, chunks short and reloads many.
 //
+// A host profile may describe a different machine: [npu] cpu_gflops > 0 (soc_profile.h) makes the
+// NPU a processor that reads a graph's weights and then computes its products, one after the
+// other, with a fixed cost per call: cpu_call_us + weight bytes / cpu_weight_gbps + 2 m k n /
+// cpu_gflops, isolated or in a step alike; from cpu_dequant_min_tokens tokens on, + weight bytes /
+// cpu_dequant_gbps (the emulator's prefill path dequantises tiles of rows into a buffer first,
+// where decode dots the stored rows: fitted on tiny-fortune, 0.13-0.21 rms log error without it
+// with the 16-token ops under and the 64-token ones over by up to 1.33x). That is this host's
+// "NPU", npu_svc's CPU GEMM (services/npu_svc/npu_gemm.cpp: a thread pool woken per call; decode
+// dots over the stored rows, prefill dequantises a tile of rows and multiplies it with every
+// token), which the systolic model fits at 0.3-0.6 rms log error whatever its arrays
+// (bench/modeled/RESULTS.md).
+//
 // Activation I/O in a step (issue 23, npu_activation_io_us, charged by core/planner/timeline.h):
 // inside a running step every NPU graph's fp16 input [n][k] was just written by the GPU and its
 // output [n][m] is read by the GPU next, through shared buffers: per graph execution the data

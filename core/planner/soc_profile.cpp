@@ -47,6 +47,15 @@ class TableReader {
     return v;
   }
 
+  // A key older profiles (and the SoC files) may leave out: `fallback` when absent.
+  double optional_number(const std::string& key, double fallback) {
+    if (!table_->get(key)) {
+      seen_.insert(key);
+      return fallback;
+    }
+    return number(key, true);
+  }
+
   int integer(const std::string& key) {
     const double v = number(key);
     if (v != std::floor(v) || v > 1 << 20)
@@ -90,6 +99,11 @@ double SocProfile::Gpu::param(std::string_view key) const {
   return it->second;
 }
 
+double SocProfile::Gpu::param_or(std::string_view key, double fallback) const {
+  auto it = params.find(key);
+  return it == params.end() ? fallback : it->second;
+}
+
 SocProfile parse_soc_profile(std::string_view toml_text, std::string_view origin_view) {
   const std::string origin(origin_view);
   toml::table root;
@@ -127,6 +141,15 @@ SocProfile parse_soc_profile(std::string_view toml_text, std::string_view origin
   p.npu.stationary_load_cycles = npu.number("stationary_load_cycles", true);
   p.npu.stationary_fetch_cycles = npu.number("stationary_fetch_cycles", true);
   p.npu.fill_cycles = npu.number("fill_cycles", true);
+  p.npu.op_gap_us = npu.optional_number("op_gap_us", 0);
+  p.npu.op_gap_us_per_token = npu.optional_number("op_gap_us_per_token", 0);
+  p.npu.cpu_gflops = npu.optional_number("cpu_gflops", 0);
+  p.npu.cpu_weight_gbps = npu.optional_number("cpu_weight_gbps", 0);
+  p.npu.cpu_call_us = npu.optional_number("cpu_call_us", 0);
+  p.npu.cpu_dequant_gbps = npu.optional_number("cpu_dequant_gbps", 0);
+  p.npu.cpu_dequant_min_tokens = npu.optional_number("cpu_dequant_min_tokens", 0);
+  if (p.npu.cpu_gflops > 0 && !(p.npu.cpu_weight_gbps > 0))
+    throw Error(Errc::bad_format, origin + ": [npu] cpu_gflops needs cpu_weight_gbps > 0");
   npu.reject_unknown();
 
   TableReader gpu(root, "gpu", origin);

@@ -25,6 +25,18 @@ struct SocProfile {
     double stationary_load_cycles = 0;   // cycles to (re)load one stationary tile into an array
     double stationary_fetch_cycles = 0;  // extra per load when the stationary operand is in DRAM
     double fill_cycles = 0;              // pipeline fill + drain per pass through an array
+    // Optional (default 0): the NPU side's idle time between two ops of a running step beyond
+    // its flag waits (a host profile fitted from `duet trace` steps; core/planner/timeline.h).
+    double op_gap_us = 0;
+    double op_gap_us_per_token = 0;  // optional: more per token of the step beyond the first
+    // Optional (default 0: the systolic model): an NPU that is a processor which reads the
+    // weights and then computes, one after the other (this host's "NPU", the emulator's CPU GEMM:
+    // services/npu_svc/npu_gemm.cpp). cpu_gflops > 0 selects it: a graph costs cpu_call_us +
+    // weight bytes / cpu_weight_gbps + 2 m k n / cpu_gflops (core/planner/npu_timing.h).
+    double cpu_gflops = 0, cpu_weight_gbps = 0, cpu_call_us = 0;
+    // ... and from cpu_dequant_min_tokens tokens on (the emulator's prefill path) the weights are
+    // first dequantised into a buffer: + weight bytes / cpu_dequant_gbps (0: no such path).
+    double cpu_dequant_gbps = 0, cpu_dequant_min_tokens = 0;
   } npu;
 
   struct Gpu {
@@ -36,6 +48,8 @@ struct SocProfile {
     // Extra roofline parameters the GPU timing model needs ([gpu.params] in the file).
     std::map<std::string, double, std::less<>> params;
     double param(std::string_view key) const;  // throws Errc::not_found naming the key
+    // Optional parameters (a host profile's: gpu_timing.h, timeline.h): `fallback` when absent.
+    double param_or(std::string_view key, double fallback) const;
   } gpu;
 
   struct Memory {

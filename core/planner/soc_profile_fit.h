@@ -13,10 +13,12 @@
 // positive and monotone in each parameter; a coarse scan of the rates first, since another
 // machine can be 100x off the start). The structure is the starting profile's except the NPU's
 // array size and core count, chosen among a few (32x32 down to 1x1, 1 to 16 cores) by the same
-// error. Host-side costs the profile
-// measured go in directly: fast_sync_us (a flag hand-off between the device processes) and the
-// contention between the two devices (memory.dual_gbps: both draw no more together than
-// (2 - contention) x one alone).
+// error, or the NPU as a processor that reads its weights and then computes ([npu] cpu_gflops,
+// cpu_weight_gbps, cpu_call_us, cpu_dequant_gbps: npu_timing.h; this host's emulator), when that
+// fits better. Host-side costs the profile measured go in directly: fast_sync_us (a flag hand-off
+// between the device processes) and the contention between the two devices (memory.dual_gbps: both
+// draw no more together than (2 - contention) x one alone).
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/planner/profiler.h"
@@ -35,6 +37,10 @@ struct SocFitReport {
 // start's. Throws invalid_argument when the profile has no GPU or no NPU matmul entries.
 SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
                              const std::string& name, double fast_sync_us);
+
+// The fit's figures as JSON (points, rms log error and worst ratio per device, and the measured
+// profile's contention and handoff_us), as host_check fit and duet profile --report-json write.
+nlohmann::json soc_fit_report_json(const SocFitReport& r, const Profile& measured);
 
 // The profile as deploy/soc/<name>.toml text (load_soc_profile reads it back unchanged);
 // `comment` becomes the file's leading comment lines.

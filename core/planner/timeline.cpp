@@ -396,6 +396,11 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
   OpCoster coster(soc, o, t);
   const bool contend = t.contention && soc.mem.dual_gbps > 0;
   const double sync_us = handoff_us(soc, o, t);
+  // A host profile's idle time between two ops of a device's stream (0 on the SoC files).
+  const double beyond_first = static_cast<double>(t.n_tokens - 1);
+  const double gap_us[2] = {soc.gpu.param_or("op_gap_us", 0.0) +
+                                soc.gpu.param_or("op_gap_us_per_token", 0.0) * beyond_first,
+                            soc.npu.op_gap_us + soc.npu.op_gap_us_per_token * beyond_first};
   // Blocking sync: the host waits in clFinish after a GPU op the NPU needs, and submits nothing
   // meanwhile, so the GPU's next op waits for that too.
   std::set<uint32_t> gpu_published;
@@ -474,7 +479,8 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
     timed.waited_cross = cross;
     timed.pred = pred;
     timed.start_us = start;
-    double dur = c.compute_us + c.copy_us + c.compile_us;
+    timed.gap_us = c.tokens > 0 ? gap_us[static_cast<int>(pick)] : 0.0;
+    double dur = c.compute_us + c.copy_us + c.compile_us + timed.gap_us;
     if (contend && timed.demand_gbps > 0) {
       // Where the other device's ops overlap this one and the two draw more than dual_gbps,
       // both run at dual / (sum of demands); this op absorbs the time lost.
@@ -492,6 +498,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
     if (cross) tl.sync_us += sync_us;
     tl.copy_us += c.copy_us;
     tl.compile_us += c.compile_us;
+    tl.gap_us += timed.gap_us;
     tl.contention_us += timed.contention_us;
     (pick == Device::gpu ? tl.gpu_busy_us : tl.npu_busy_us) += dur;
     tl.step_us = std::max(tl.step_us, timed.end_us);
@@ -548,6 +555,7 @@ nlohmann::json timeline_summary_json(const Timeline& t) {
           {"sync_us", t.sync_us},
           {"copy_us", t.copy_us},
           {"compile_us", t.compile_us},
+          {"gap_us", t.gap_us},
           {"contention_us", t.contention_us},
           {"cross_edges", t.cross_edges},
           {"gpu_ops", t.gpu.size()},

@@ -22,6 +22,13 @@
 // On sd8gen3 it bites in a split decode (Memory-1: the pipelined GPU GEMV draws 43 GB/s, the
 // NPU's decode graphs up to 40, the two together get 60): 7.8 of Llama-8B's 86 ms a token.
 //
+// A host profile (fitted from `duet trace` steps: core/planner/trace_profile.h) also charges
+// each op with work its device's idle time before it, [gpu.params] op_gap_us (+
+// op_gap_us_per_token x the step's tokens beyond the first) and [npu] op_gap_us (+
+// op_gap_us_per_token x the same): what a device's span holds beyond its ops and its flag waits (on
+// PoCL the dependent kernel's start after the previous one's end; on the emulator, the step loop
+// between two ops). The SoC files have none (0).
+//
 // Schedules come from built programs (schedule_from_programs) or straight from a model shape
 // (schedule_from_shape: the same op sequence and hazards as core/program/program_builder.cpp
 // without a GGUF, for shapes like llama3-8b that are too big to write out). tests/timeline checks
@@ -126,6 +133,7 @@ struct TimedOp {
   double copy_us = 0;         // zero-fill of padded NPU rows
   double compile_us = 0;      // online-prepare graph compile
   double contention_us = 0;   // the shared-bandwidth penalty
+  double gap_us = 0;          // the device's idle time before it (a host profile's op_gap_us)
   double demand_gbps = 0;     // DRAM bandwidth it draws while running (bytes / compute time)
   bool waited_cross = false;  // its start was set by another device's op (+ a sync)
   OpRef pred;                 // what set its start (itself when nothing did)
@@ -136,7 +144,8 @@ struct Timeline {
   double gpu_busy_us = 0, npu_busy_us = 0;
   double sync_us = 0;  // fast syncs on cross-device edges that set an op's start
   double copy_us = 0, compile_us = 0, contention_us = 0;
-  int cross_edges = 0;               // cross-device waits in the schedule
+  double gap_us = 0;    // idle time between a device's ops: [gpu.params] op_gap_us, [npu] op_gap_us
+  int cross_edges = 0;  // cross-device waits in the schedule
   std::vector<TimedOp> gpu, npu;     // in schedule order
   std::vector<OpRef> critical_path;  // first op to last: each one's start was set by the one before
   const TimedOp& at(OpRef r) const { return r.device == Device::gpu ? gpu[r.index] : npu[r.index]; }

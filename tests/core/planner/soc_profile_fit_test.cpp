@@ -43,6 +43,18 @@ Profile profile_of(const SocProfile& machine) {
   return p;
 }
 
+// The same shapes timed inside steps (core/planner/trace_profile.h): each what the machine's
+// pipelined models say.
+Profile in_steps_profile_of(const SocProfile& machine) {
+  Profile steps = profile_of(machine);
+  steps.timing = "steps";
+  for (ProfileEntry& e : steps.entries) {
+    const OpShape s{e.kind, e.wtype, e.m, e.k, e.n, true};
+    e.us = e.device == Device::gpu ? gpu_pipelined_us(machine, s) : npu_pipelined_us(machine, s);
+  }
+  return steps;
+}
+
 TEST(SocProfileFit, RecoversTheTimesOfTheMachineItWasMeasuredOn) {
   const SocProfile machine = other_machine();
   const Profile measured = profile_of(machine);
@@ -72,13 +84,7 @@ TEST(SocProfileFit, OpsTimedInsideStepsAreFittedWithThePipelinedModels) {
   // A profile of in-step times (core/planner/trace_profile.h): the same shapes, each costing
   // what the other machine's pipelined models say. Fitted as such it comes back close; read as
   // isolated times (the old profile's kind) it would not.
-  const SocProfile machine = other_machine();
-  Profile steps = profile_of(machine);
-  steps.timing = "steps";
-  for (ProfileEntry& e : steps.entries) {
-    const OpShape s{e.kind, e.wtype, e.m, e.k, e.n, true};
-    e.us = e.device == Device::gpu ? gpu_pipelined_us(machine, s) : npu_pipelined_us(machine, s);
-  }
+  const Profile steps = in_steps_profile_of(other_machine());
   const SocFitReport r = fit_soc_profile(steps, sd8gen3(), "steps", 0);
   EXPECT_LT(r.gpu_rms_log, 0.1);
   EXPECT_LT(r.npu_rms_log, 0.1);
@@ -87,6 +93,26 @@ TEST(SocProfileFit, OpsTimedInsideStepsAreFittedWithThePipelinedModels) {
     EXPECT_NEAR(gpu_pipelined_us(r.soc, {e.kind, e.wtype, e.m, e.k, e.n, true}) / e.us, 1.0, 0.3)
         << e.m << "x" << e.k;
   }
+}
+
+TEST(SocProfileFit, AnNpuThatReadsItsWeightsThenComputesIsFittedInThatForm) {
+  // This host's "NPU" is a CPU GEMM (npu_timing.h): a call, the weights read, then the products,
+  // one after the other. Points measured on such a machine come back in the processor form (no
+  // systolic array size fits them as closely), and its TOML reads back the same.
+  SocProfile machine = other_machine();
+  machine.npu.cpu_gflops = 25;
+  machine.npu.cpu_weight_gbps = 12;
+  machine.npu.cpu_call_us = 9;
+  const SocFitReport r = fit_soc_profile(in_steps_profile_of(machine), sd8gen3(), "cpu-npu", 0);
+  EXPECT_GT(r.soc.npu.cpu_gflops, 0);
+  EXPECT_LT(r.npu_rms_log, 0.02);
+  EXPECT_NEAR(r.soc.npu.cpu_gflops / 25, 1.0, 0.05);
+  EXPECT_NEAR(r.soc.npu.cpu_call_us / 9, 1.0, 0.05);
+  const SocProfile back = parse_soc_profile(soc_profile_toml(r.soc, "fitted"), "test");
+  EXPECT_NEAR(back.npu.cpu_weight_gbps, r.soc.npu.cpu_weight_gbps,
+              1e-6 * r.soc.npu.cpu_weight_gbps);
+  // The SoC files have no such key: their NPU stays the systolic model.
+  EXPECT_EQ(sd8gen3().npu.cpu_gflops, 0);
 }
 
 TEST(SocProfileFit, TheTomlReadsBackAsTheSameProfile) {

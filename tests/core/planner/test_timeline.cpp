@@ -135,6 +135,27 @@ TEST(Timeline, GpuOnlyStepIsTheSumOfItsOps) {
   EXPECT_LT(t.step_us, layer_matmuls * shape.n_layer * 1.3);  // the rest is norms, attention, ...
 }
 
+TEST(Timeline, AHostProfilesGapBetweenOpsIsChargedOncePerOpWithWork) {
+  // [gpu.params] op_gap_us (+ op_gap_us_per_token x the step's tokens beyond the first) /
+  // [npu] op_gap_us (a
+  // profile fitted from traced steps): each op that
+  // computes something is followed by that much of its device's idle time; the SoC files have
+  // none, so their steps do not move.
+  const ModelShape& shape = model_shape("tiny-fortune");
+  const Schedule s = schedule_from_shape(shape, {}, Plan::gpu_only());
+  const Timeline base = compose_timeline(s, sd8gen3(), solver_options_for(sd8gen3()), prefill(16));
+  EXPECT_EQ(base.gap_us, 0.0);
+  SocProfile host = sd8gen3();
+  host.gpu.params["op_gap_us"] = 5;
+  host.gpu.params["op_gap_us_per_token"] = 0.5;  // 16 tokens: 12.5 us an op
+  const Timeline gapped = compose_timeline(s, host, solver_options_for(host), prefill(16));
+  size_t with_work = 0;
+  for (const TimedOp& op : gapped.gpu) with_work += op.tokens > 0;
+  EXPECT_GT(with_work, 20u);
+  EXPECT_NEAR(gapped.gap_us, 12.5 * with_work, 1e-9);
+  EXPECT_NEAR(gapped.step_us - base.step_us, 12.5 * with_work, 1e-6);
+}
+
 TEST(Timeline, BalancedSplitMatmulBeatsEitherDeviceAlone) {
   const SocProfile& soc = sd8gen3();
   const SolverOptions o = solver_options_for(soc);
