@@ -19,6 +19,7 @@
 #      next one's start), as measured in the traces;
 # then prints modelled / measured per plan. Writes bench/modeled/results/host_check-<model>.jsonl,
 # host-<model>.toml and the profile it was fitted to (host_measured_profile-<model>.json).
+# Plans: auto, gpu-only, npu-only, tensor (the SoC's plan executed here), layer.
 # env: DUET_BIN_DIR (build/bin), MODEL (tiny-fortune Q8_0), ROUNDS (3), PROMPT (64), SHORT (16),
 #      GEN (9), FAST_SYNC_US (0: the cross-device hand-off measured in the traced steps),
 #      REPS (9: the plan's per-op profile), STACK_PREFIX (hc<pid>), KEEP_TRACES (a folder to keep
@@ -47,7 +48,12 @@ cache=$(mktemp -d /tmp/duet-hostcheck-XXXXXX)
 cp "${DUET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/duet}"/opencl-*.bin "$cache"/ 2>/dev/null || true
 export DUET_CACHE_DIR=$cache
 base=${STACK_PREFIX:-hc$$}  # stack ids: $base-auto, -gpu, -npu
-declare -A stack=([auto]="$base-auto" [gpu-only]="$base-gpu" [npu-only]="$base-npu")
+# auto runs this host's measured plan (all GPU here); tensor executes the solver's plan for the
+# modelled SoC (matmuls split between gpu_svc and npu_svc) and layer duet's layer-level plan: the
+# two that make the devices work at once and hand off inside a step.
+plans=(auto gpu-only npu-only tensor layer)
+declare -A stack=([auto]="$base-auto" [gpu-only]="$base-gpu" [npu-only]="$base-npu"
+  [tensor]="$base-tensor" [layer]="$base-layer")
 cleanup() {
   for s in "${stack[@]}"; do "$bin/duet" stack down --stack "$s" >/dev/null 2>&1 || true; done
   if [ -n "${KEEP_TRACES:-}" ]; then mkdir -p "$KEEP_TRACES" && cp "$cache"/trace-*.json "$KEEP_TRACES"/ 2>/dev/null || true; fi
@@ -57,8 +63,10 @@ trap cleanup EXIT
 : > "$out"
 tag() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(json.loads(sys.argv[2])); print(json.dumps(d))' "$1" "$2"; }
 
-for plan in auto gpu-only npu-only; do
-  "$bin/duet" stack up --stack "${stack[$plan]}" --model "$model" --plan "$plan" --timing measured \
+for plan in "${plans[@]}"; do
+  timing=measured
+  [ "$plan" = tensor ] && timing=modeled  # the SoC's plan, executed here
+  "$bin/duet" stack up --stack "${stack[$plan]}" --model "$model" --plan "$plan" --timing "$timing" \
     --timeout 600 >/dev/null  # a fresh cache: gpu_svc compiles its kernels first
 done
 t0=$SECONDS
@@ -66,6 +74,11 @@ t0=$SECONDS
   --profile-lengths 1,16,64 --reps "$reps" --phase prefill --tokens "$prompt" --json > "$cache/plan-prefill.json"
 "$bin/duet" plan --model "$model" --timing measured --stack "${stack[auto]}" \
   --profile-lengths 1,16,64 --reps "$reps" --phase decode --tokens 1 --json > "$cache/plan-decode.json"
+for ph in prefill decode; do
+  if [ "$ph" = prefill ]; then n=$prompt; else n=1; fi
+  "$bin/duet" plan --model "$model" --timing modeled --phase "$ph" --tokens "$n" --json \
+    > "$cache/plan-tensor-$ph.json"
+done
 echo "profiled and planned in $((SECONDS - t0)) s" >&2
 cp "$cache/plan-prefill.json" "bench/modeled/results/host_plan_prefill-$name.json"
 cp "$cache/plan-decode.json" "bench/modeled/results/host_plan_decode-$name.json"
@@ -75,13 +88,13 @@ for ph in prefill decode; do
 done
 
 # Warm-up: each engine builds its programs (and NPU graphs) on first use.
-for plan in auto gpu-only npu-only; do
+for plan in "${plans[@]}"; do
   "$bin/stack_bench" --stack "${stack[$plan]}" --plan "$plan" --model "$model" --prompt "$prompt" \
     --gen 2 --ignore-eos >/dev/null
 done
 traces=()
 for round in $(seq "$rounds"); do
-  for plan in auto gpu-only npu-only; do
+  for plan in "${plans[@]}"; do
     r=$("$bin/stack_bench" --stack "${stack[$plan]}" --plan "$plan" --model "$model" \
       --prompt "$prompt" --gen "$gen" --ignore-eos)
     tag "$r" "{\"kind\":\"run\",\"plan\":\"$plan\",\"round\":$round,\"load\":$(cut -d' ' -f1 /proc/loadavg)}" >> "$out"
@@ -95,7 +108,7 @@ p=max(pre, key=lambda a: a["measured_us"]) if pre else {}
 print(json.dumps({"step_prefill_ms": p.get("measured_us", 0)/1e3, "prefill_tokens": p.get("tokens", 0), "prefill_context": p.get("context", 0),
                   "step_decode_ms": statistics.mean(dec)/1e3 if dec else 0}))' "$cache/trace-$plan-$round.json")" \
       "{\"kind\":\"steps\",\"plan\":\"$plan\",\"round\":$round}" >> "$out"
-    [ "$plan" = auto ] && continue
+    case "$plan" in auto | tensor | layer) continue ;; esac  # the fit takes unsplit plans' ops
     traces+=("$cache/trace-$plan-$round.json")
     "$bin/stack_bench" --stack "${stack[$plan]}" --plan "$plan" --model "$model" \
       --prompt "$short" --gen 2 --ignore-eos >/dev/null
@@ -121,10 +134,14 @@ between=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["between_st
 # The same steps, modelled on this machine's profile: prefill of PROMPT tokens from an empty
 # cache, decode at the middle of the generated context.
 ctx=$((prompt + gen / 2))
-for plan in auto gpu-only npu-only; do
+for plan in "${plans[@]}"; do
   for ph in prefill decode; do
     if [ "$ph" = prefill ]; then n=$prompt; c=0; else n=1; c=$ctx; fi
-    if [ "$plan" = auto ]; then sel=(--plan-json "$cache/plan-$ph.json"); else sel=(--plan "$plan"); fi
+    case "$plan" in
+      auto) sel=(--plan-json "$cache/plan-$ph.json") ;;
+      tensor) sel=(--plan-json "$cache/plan-tensor-$ph.json") ;;
+      *) sel=(--plan "$plan") ;;
+    esac
     m=$("$bin/host_check" model --soc "$soc_out" --model "$model" "${sel[@]}" --tokens "$n" \
       --context "$c" --max-tokens 64 --max-ctx 512 --step-overhead-us "$handoff" \
       --between-steps-us "$between" --frontend-json "$cache/fit.json" \

@@ -40,7 +40,8 @@ print("| plan | phase | measured ms (median, min-max) | traced step ms | modelle
       "ratio to measured | ratio to traced step | host stalls ms (median) | "
       "ratio to measured less stalls | timeline on the step-measured op times ms |")
 print("|---|---|---|---|---|---|---|---|---|---|")
-for plan in ("gpu-only", "npu-only", "auto"):
+for plan in [p for p in ("gpu-only", "npu-only", "auto", "tensor", "layer")
+             if any(r["kind"] == "model" and r["plan"] == p for r in rows)]:
     for phase, key in (("prefill", "ttft_ms"), ("decode", "tpot_ms")):
         meas = [r[key] for r in runs if r["plan"] == plan]
         m = next(r for r in rows if r["kind"] == "model" and r["plan"] == plan and r["phase"] == phase)
@@ -55,7 +56,7 @@ for plan in ("gpu-only", "npu-only", "auto"):
         less = [r[key] - stall_of.get(r["round"], 0) for r in runs if r["plan"] == plan]
         smed = statistics.median(stall_of.values()) if stall_of else 0
         lmed = statistics.median(less)
-        name = "tensor (auto)" if plan == "auto" else plan
+        name = {"auto": "auto (this host's plan)", "tensor": "tensor (the SoC's plan)"}.get(plan, plan)
         print(f"| {name} | {phase} | {med:.2f} ({min(meas):.2f}-{max(meas):.2f}) | {tmed:.2f} | "
               f"{pipe:.2f} | {pipe / med:.2f} | {step_only / tmed if tmed else 0:.2f} | "
               f"{smed:.2f} | {pipe / lmed:.2f} | {prof:.2f} |")
