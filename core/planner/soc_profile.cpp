@@ -175,7 +175,10 @@ SocProfile parse_soc_profile(std::string_view toml_text, std::string_view origin
   p.mem.peak_gbps = mem.number("peak_gbps");
   p.mem.single_gbps = mem.number("single_gbps");
   p.mem.dual_gbps = mem.number("dual_gbps");
+  p.mem.shared_cores = mem.optional_number("shared_cores", 0);
   mem.reject_unknown();
+  if (!(p.mem.shared_cores >= 0 && p.mem.shared_cores <= 1))
+    throw Error(Errc::bad_format, origin + ": [memory] shared_cores must be in [0, 1]");
   if (p.mem.single_gbps > p.mem.peak_gbps || p.mem.dual_gbps > p.mem.peak_gbps)
     throw Error(Errc::bad_format,
                 origin + ": [memory] single_gbps and dual_gbps cannot exceed peak_gbps");

@@ -56,6 +56,10 @@ struct SocProfile {
     double peak_gbps = 0;    // theoretical DRAM bandwidth
     double single_gbps = 0;  // what one processor reaches alone
     double dual_gbps = 0;    // what GPU + NPU reach together
+    // A host whose "GPU" and "NPU" are processes on the same CPU cores (0 on a SoC): an op that
+    // overlaps the other device's ops is lengthened by shared_cores x the overlap (1: the two take
+    // turns on the cores), or by the bandwidth rule's penalty where that is larger (timeline.h).
+    double shared_cores = 0;
   } mem;
 };
 

@@ -199,6 +199,10 @@ SocFitReport fit_soc_profile(const Profile& measured, const SocProfile& start,
   soc.mem.single_gbps = soc.gpu.bandwidth_gbps;
   soc.mem.dual_gbps = soc.gpu.bandwidth_gbps * (2.0 - std::clamp(measured.contention, 0.0, 1.0));
   soc.mem.peak_gbps = std::max(soc.mem.peak_gbps, soc.mem.dual_gbps);
+  // Fitted from traced steps, the profile is this host's, whose two device processes share its
+  // cores: where their ops overlap they take turns (the split plans' steps check it: the host
+  // check runs the SoC's tensor plan, which the fit never sees).
+  if (in_steps) soc.mem.shared_cores = 1;
   soc.gpu.peak_gflops = std::max(soc.gpu.peak_gflops, soc.gpu.achievable_gflops);
   if (fast_sync_us > 0) soc.gpu.params["fast_sync_us"] = fast_sync_us;
   return r;
@@ -242,6 +246,7 @@ std::string soc_profile_toml(const SocProfile& soc, const std::string& comment) 
   for (const auto& [k, v] : soc.gpu.params) t << k << " = " << v << "\n";
   t << "\n[memory]\npeak_gbps = " << soc.mem.peak_gbps << "\nsingle_gbps = " << soc.mem.single_gbps
     << "\ndual_gbps = " << soc.mem.dual_gbps << "\n";
+  if (soc.mem.shared_cores > 0) t << "shared_cores = " << soc.mem.shared_cores << "\n";
   return t.str();
 }
 

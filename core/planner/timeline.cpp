@@ -394,7 +394,7 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
                 "timeline: n_tokens and logits_rows must be >= 1 and context >= 0");
   Timeline tl;
   OpCoster coster(soc, o, t);
-  const bool contend = t.contention && soc.mem.dual_gbps > 0;
+  const bool contend = t.contention && (soc.mem.dual_gbps > 0 || soc.mem.shared_cores > 0);
   const double sync_us = handoff_us(soc, o, t);
   // A host profile's idle time between two ops of a device's stream (0 on the SoC files).
   const double beyond_first = static_cast<double>(t.n_tokens - 1);
@@ -481,16 +481,20 @@ Timeline compose_timeline(const Schedule& s, const SocProfile& soc, const Solver
     timed.start_us = start;
     timed.gap_us = c.tokens > 0 ? gap_us[static_cast<int>(pick)] : 0.0;
     double dur = c.compute_us + c.copy_us + c.compile_us + timed.gap_us;
-    if (contend && timed.demand_gbps > 0) {
+    if (contend && (timed.demand_gbps > 0 || soc.mem.shared_cores > 0)) {
       // Where the other device's ops overlap this one and the two draw more than dual_gbps,
-      // both run at dual / (sum of demands); this op absorbs the time lost.
+      // both run at dual / (sum of demands); on a host whose devices share the CPU cores they
+      // take turns on them (mem.shared_cores); this op absorbs the time lost.
       const std::vector<TimedOp>& other = placed(pick == Device::gpu ? Device::npu : Device::gpu);
       for (size_t i = other.size(); i-- > 0 && other[i].end_us > start;) {
         const double demand = timed.demand_gbps + other[i].demand_gbps;
-        if (demand <= soc.mem.dual_gbps) continue;
+        const double bandwidth = soc.mem.dual_gbps > 0 && demand > soc.mem.dual_gbps
+                                     ? 1.0 - soc.mem.dual_gbps / demand
+                                     : 0.0;
+        const double lost = std::max(bandwidth, soc.mem.shared_cores);
         const double overlap =
             std::min(other[i].end_us, start + dur) - std::max(other[i].start_us, start);
-        if (overlap > 0) timed.contention_us += overlap * (1.0 - soc.mem.dual_gbps / demand);
+        if (overlap > 0 && lost > 0) timed.contention_us += overlap * lost;
       }
       dur += timed.contention_us;
     }

@@ -111,6 +111,14 @@ TEST(SocProfileFit, AnNpuThatReadsItsWeightsThenComputesIsFittedInThatForm) {
   const SocProfile back = parse_soc_profile(soc_profile_toml(r.soc, "fitted"), "test");
   EXPECT_NEAR(back.npu.cpu_weight_gbps, r.soc.npu.cpu_weight_gbps,
               1e-6 * r.soc.npu.cpu_weight_gbps);
+  // Fitted from steps it is a host's profile, whose two devices take turns on the same cores
+  // where their ops overlap; the file says so, and a value outside [0, 1] is refused.
+  EXPECT_EQ(r.soc.mem.shared_cores, 1.0);
+  EXPECT_EQ(back.mem.shared_cores, 1.0);
+  EXPECT_EQ(sd8gen3().mem.shared_cores, 0.0);
+  std::string bad = soc_profile_toml(r.soc, "fitted");
+  bad.replace(bad.find("shared_cores = 1"), 16, "shared_cores = 2");
+  EXPECT_THROW(parse_soc_profile(bad, "test"), Error);
   // The SoC files have no such key: their NPU stays the systolic model.
   EXPECT_EQ(sd8gen3().npu.cpu_gflops, 0);
 }

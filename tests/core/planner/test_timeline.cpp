@@ -156,6 +156,49 @@ TEST(Timeline, AHostProfilesGapBetweenOpsIsChargedOncePerOpWithWork) {
   EXPECT_NEAR(gapped.step_us - base.step_us, 12.5 * with_work, 1e-6);
 }
 
+TEST(Timeline, OnAHostWhoseDevicesShareTheCoresOverlappingOpsTakeTurns) {
+  // [memory] shared_cores (a host profile fitted from traced steps: its "GPU" and "NPU" are
+  // processes on the same CPU cores): an op overlapping the other device's ops is lengthened by
+  // shared_cores x the overlap. A split down projection's two parts run at once, so at 1 the
+  // later part waits out the earlier one; the SoC files have none.
+  const ModelShape& shape = model_shape("llama3-8b");
+  SocProfile soc = sd8gen3();
+  soc.mem.dual_gbps = 0;  // the bandwidth rule off, so only the cores' rule is seen
+  const auto schedule = [&](int64_t gpu_rows) {
+    Plan plan = Plan::gpu_only();
+    plan.at(MatmulRole::down) = {Strategy::weight_split, gpu_rows, 0};
+    return schedule_from_shape(shape, {}, plan);
+  };
+  // The split whose parts take about as long (the shortest step): there the later part's wait
+  // lands on the critical path.
+  int64_t rows = 0;
+  double best = 1e300;
+  for (int64_t r = 256; r < shape.n_embd; r += 256) {
+    const double us =
+        compose_timeline(schedule(r), soc, solver_options_for(soc), prefill(64)).step_us;
+    if (us < best) best = us, rows = r;
+  }
+  const Schedule s = schedule(rows);
+  const Timeline apart = compose_timeline(s, soc, solver_options_for(soc), prefill(64));
+  EXPECT_EQ(apart.contention_us, 0.0);
+  soc.mem.shared_cores = 1;
+  const Timeline shared = compose_timeline(s, soc, solver_options_for(soc), prefill(64));
+  double overlap = 0;  // of the ops that were placed later, with the other device's ops
+  for (const TimedOp& op : shared.gpu) overlap += op.contention_us;
+  for (const TimedOp& op : shared.npu) overlap += op.contention_us;
+  EXPECT_GT(shared.contention_us, 0.0);
+  EXPECT_NEAR(shared.contention_us, overlap, 1e-6);
+  EXPECT_GT(shared.step_us, apart.step_us);
+  // Taking turns never makes the step longer than running the two devices' work one after the
+  // other.
+  EXPECT_LE(shared.step_us, apart.gpu_busy_us + apart.npu_busy_us + apart.sync_us + 1e-6);
+  // Half a turn lies between.
+  soc.mem.shared_cores = 0.5;
+  const Timeline half = compose_timeline(s, soc, solver_options_for(soc), prefill(64));
+  EXPECT_GT(half.step_us, apart.step_us);
+  EXPECT_LT(half.step_us, shared.step_us);
+}
+
 TEST(Timeline, BalancedSplitMatmulBeatsEitherDeviceAlone) {
   const SocProfile& soc = sd8gen3();
   const SolverOptions o = solver_options_for(soc);
