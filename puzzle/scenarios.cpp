@@ -211,14 +211,21 @@ MethodResult timed_method(ScenarioModel& sm, std::string name, Search&& search) 
   return r;
 }
 
-// Every model of the scenario as one subgraph on the processor proc(m) says.
+// Every model of the scenario as one subgraph: its prefill on the processor prefill(m) says, its
+// decode steps on decode(m)'s.
+template <class PrefillOf, class DecodeOf>
+std::vector<SimModel> whole_models(ScenarioModel& sm, PrefillOf&& prefill, DecodeOf&& decode) {
+  std::vector<SimModel> sol;
+  for (size_t m = 0; m < sm.scenario().models.size(); ++m) {
+    const int last = sm.coster(m).units() - 1;
+    sol.push_back({sm.scenario().models[m].group, 0,
+                   sm.steps(m, {{0, last, prefill(m)}}, {{0, last, decode(m)}})});
+  }
+  return sol;
+}
 template <class ProcOf>
 std::vector<SimModel> whole_models(ScenarioModel& sm, ProcOf&& proc) {
-  std::vector<SimModel> sol;
-  for (size_t m = 0; m < sm.scenario().models.size(); ++m)
-    sol.push_back(
-        {sm.scenario().models[m].group, 0, sm.steps(m, {{0, sm.coster(m).units() - 1, proc(m)}})});
-  return sol;
+  return whole_models(sm, proc, proc);
 }
 
 // A method's one solution.
@@ -235,41 +242,35 @@ MethodResult run_npu_only(ScenarioModel& sm) {
   });
 }
 
+namespace {
+// Best Mapping's candidates: every whole-model mapping (per_phase: each model's prefill and its
+// decode steps each on either processor), the Pareto set kept.
+void best_mappings(ScenarioModel& sm, MethodResult& r, bool per_phase) {
+  r.detail = nlohmann::json::array();
+  const size_t n = sm.scenario().models.size();
+  for (uint32_t mask = 0; mask < (1u << (per_phase ? 2 * n : n)); ++mask) {
+    // bit m: model m (its prefill) on the NPU; per phase, bit n + m: its decode steps.
+    const auto prefill = [mask](size_t m) { return (mask >> m) & 1 ? Proc::npu : Proc::gpu; };
+    const auto decode = [&](size_t m) { return prefill(per_phase ? n + m : m); };
+    nlohmann::json map = nlohmann::json::array();
+    for (size_t m = 0; m < n; ++m)
+      map.push_back(per_phase ? nlohmann::json{{"prefill", proc_name(prefill(m))},
+                                               {"decode", proc_name(decode(m))}}
+                              : nlohmann::json(proc_name(prefill(m))));
+    add_solution(sm, r, whole_models(sm, prefill, decode));
+    r.detail.push_back(map);
+  }
+  keep_pareto(r);
+}
+}  // namespace
+
 MethodResult run_best_mapping(ScenarioModel& sm) {
-  return timed_method(sm, "best-mapping", [&](MethodResult& r) {
-    r.detail = nlohmann::json::array();
-    const size_t n = sm.scenario().models.size();
-    for (uint32_t mask = 0; mask < (1u << n); ++mask) {
-      const auto proc = [mask](size_t m) { return (mask >> m) & 1 ? Proc::npu : Proc::gpu; };
-      nlohmann::json map = nlohmann::json::array();
-      for (size_t m = 0; m < n; ++m) map.push_back(proc_name(proc(m)));
-      add_solution(sm, r, whole_models(sm, proc));
-      r.detail.push_back(map);
-    }
-    keep_pareto(r);
-  });
+  return timed_method(sm, "best-mapping", [&](MethodResult& r) { best_mappings(sm, r, false); });
 }
 
 MethodResult run_best_mapping_per_phase(ScenarioModel& sm) {
-  return timed_method(sm, "best-mapping+phases", [&](MethodResult& r) {
-    r.detail = nlohmann::json::array();
-    const size_t n = sm.scenario().models.size();
-    for (uint32_t mask = 0; mask < (1u << (2 * n)); ++mask) {
-      // bit m: model m's prefill on the NPU; bit n + m: its decode steps.
-      const auto proc = [mask](size_t bit) { return (mask >> bit) & 1 ? Proc::npu : Proc::gpu; };
-      std::vector<SimModel> sol;
-      nlohmann::json map = nlohmann::json::array();
-      for (size_t m = 0; m < n; ++m) {
-        const int last = sm.coster(m).units() - 1;
-        sol.push_back({sm.scenario().models[m].group, 0,
-                       sm.steps(m, {{0, last, proc(m)}}, {{0, last, proc(n + m)}})});
-        map.push_back({{"prefill", proc_name(proc(m))}, {"decode", proc_name(proc(n + m))}});
-      }
-      add_solution(sm, r, std::move(sol));
-      r.detail.push_back(map);
-    }
-    keep_pareto(r);
-  });
+  return timed_method(sm, "best-mapping+phases",
+                      [&](MethodResult& r) { best_mappings(sm, r, true); });
 }
 
 MethodResult run_per_op_solver(ScenarioModel& sm) {
