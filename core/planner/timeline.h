@@ -21,6 +21,9 @@
 // absorbs the time lost, overlap * (1 - dual / sum) (one pass: the earlier op is not moved).
 // On sd8gen3 it bites in a split decode (Memory-1: the pipelined GPU GEMV draws 43 GB/s, the
 // NPU's decode graphs up to 40, the two together get 60): 7.8 of Llama-8B's 86 ms a token.
+// A host profile whose two devices are processes on the same CPU cores (mem.shared_cores, set
+// by the fit from traced steps) charges the later op shared_cores x the overlap instead, where
+// that is more: they take turns on the cores.
 //
 // A host profile (fitted from `duet trace` steps: core/planner/trace_profile.h) also charges
 // each op with work its device's idle time before it, [gpu.params] op_gap_us (+
