@@ -15,6 +15,7 @@
 //                       [--work-dir /tmp/puzzle-check] [--out results.json]
 // The stack runs every model's remaining plan gpu-only (DUET_PLAN). The whole-model mappings are
 // ranked as Best Mapping's genomes are (fortune 0, qwen 1).
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,40 +42,6 @@ struct Args {
   int requests = 8, repeats = 3;
   uint64_t seed = 1;
 };
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) throw Error(Errc::invalid_argument, k + " needs a value");
-    const std::string v = argv[++i];
-    if (k == "--fortune")
-      a.fortune = v;
-    else if (k == "--qwen")
-      a.qwen = v;
-    else if (k == "--duet")
-      a.duet = v;
-    else if (k == "--soc")
-      a.soc = v;
-    else if (k == "--stack")
-      a.stack = v;
-    else if (k == "--work-dir")
-      a.work_dir = v;
-    else if (k == "--out")
-      a.out = v;
-    else if (k == "--requests")
-      a.requests = std::stoi(v);
-    else if (k == "--repeats")
-      a.repeats = std::stoi(v);
-    else if (k == "--seed")
-      a.seed = std::stoull(v);
-    else
-      throw Error(Errc::invalid_argument, "unknown option " + k);
-  }
-  if (a.fortune.empty() || a.qwen.empty())
-    throw Error(Errc::invalid_argument, "give --fortune and --qwen (model files)");
-  return a;
-}
 
 // Mean and p90 (nearest rank, as puzzle/simulator.h's objectives) of makespans in ms.
 std::pair<double, double> mean_p90(std::vector<double> ms) {
@@ -143,7 +110,19 @@ Measured measure(const Args& a, const Scenario& sc, const std::vector<std::strin
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const Args a = parse(argc, argv);
+  Args a;
+  CLI::App app{"puzzle_device_check: the GA's solutions re-run through a two-model stack"};
+  app.add_option("--fortune", a.fortune, "tiny-fortune model file")->required();
+  app.add_option("--qwen", a.qwen, "mkmodel's tiny qwen2 model file")->required();
+  app.add_option("--duet", a.duet, "the duet CLI");
+  app.add_option("--soc", a.soc, "SoC profile");
+  app.add_option("--stack", a.stack, "stack id");
+  app.add_option("--work-dir", a.work_dir, "where the candidates' plans are written");
+  app.add_option("--out", a.out, "write every result as JSON here");
+  app.add_option("--requests", a.requests, "requests per model");
+  app.add_option("--repeats", a.repeats, "measured runs per candidate (the best counts)");
+  app.add_option("--seed", a.seed, "the GA's seed");
+  CLI11_PARSE(app, argc, argv);
   const SocProfile soc = load_soc_profile(a.soc);
   Scenario sc;
   sc.groups = 1;
