@@ -204,6 +204,38 @@ inline float16 attn_hsum16x16(const float16* d) {
   return ATTN_PAIR(g[0], g[1], ATTN_H4A, ATTN_H4B);
 }
 
+// A KV head's slice of a row is 1/n_kv_heads of it (128 of 1024 bytes at f16 on the 1B), the
+// rows 16 to a page and the pages scattered: a work-item's reads are short strided runs that the
+// hardware prefetcher does not follow past a page, so at contexts past the caches (and in a
+// decode step, where the weights have just evicted the KV) the split ran at a few GB/s. So both
+// CPU kernels ask, before their first block, for the whole chunk's K and V slices into L2
+// (prefetcht2: up to 256 keys x 2 x 128 bytes, more than L1 holds): the chunk's DRAM reads are
+// in flight together instead of one block's at a time. The shared kernel also lifts the next
+// block from L2 into L1 while it computes this one (prefetcht0). In a llama3.2-1b decode step at
+// 544 keys (the KV cold after the weights) the chunk prefetch took attention from 3.9-5.0 to
+// 2.6-3.6 ms a token; prefetching every KV head's rows of the chunk from the group's first
+// work-item instead, or dropping the per-block prefetch, was slower (bench/longctx/RESULTS.md,
+// 2026-11-27 18:20). x86 only: prefetches never fault; elsewhere a no-op.
+inline void attn_prefetch(global const uchar* p, uint bytes) {
+#if defined(__x86_64__)
+  for (uint i = 0; i < bytes; i += 64) __asm__ volatile("prefetcht0 (%0)" : : "r"(p + i));
+#endif
+}
+inline void attn_prefetch_l2(global const uchar* p, uint bytes) {
+#if defined(__x86_64__)
+  for (uint i = 0; i < bytes; i += 64) __asm__ volatile("prefetcht2 (%0)" : : "r"(p + i));
+#endif
+}
+#define ATTN_PREFETCH_CHUNK(T, bytes)                                       \
+  for (int pb = k_begin; pb < k_end; pb += ATTN_KEYS) {                     \
+    global const uchar* p0 = ATTN_KEY_ROW(T, pb);                           \
+    for (int j = 0; j < min(ATTN_KEYS, k_end - pb); ++j) {                  \
+      global const uchar* pr = ATTN_BLOCK_ROW(T, pb, j, p0);                \
+      attn_prefetch_l2(pr, (bytes));                                        \
+      attn_prefetch_l2(pr + v_rows, (bytes));                               \
+    }                                                                       \
+  }
+
 #define DEFINE_ATTENTION_SPLIT_CPU(T)                                                            \
   kernel void attention_split_cpu_##T(ATTN_SPLIT_ARGS) {                                         \
     ATTN_SPLIT_PROLOGUE(T)                                                                       \
@@ -215,6 +247,7 @@ inline float16 attn_hsum16x16(const float16* d) {
     }                                                                                            \
     float running_max = -INFINITY;                                                               \
     float running_sum = 0.0f;                                                                    \
+    ATTN_PREFETCH_CHUNK(T, head_dim / KV_UNIT_VALUES_##T * KV_UNIT_BYTES_##T)                     \
     for (int b = k_begin; b < k_end; b += ATTN_KEYS) {                                           \
       const int n = min(ATTN_KEYS, k_end - b);                                                   \
       global const uchar* k[ATTN_KEYS];                                                          \
@@ -260,18 +293,6 @@ DEFINE_ATTENTION_SPLIT_CPU(f32)
 DEFINE_ATTENTION_SPLIT_CPU(f16)
 DEFINE_ATTENTION_SPLIT_CPU(q8_0)
 
-// A KV head's slice of a row is 1/n_kv_heads of it (128 of 1024 bytes at f16 on the 1B), the
-// rows 16 to a page and the pages scattered: a work-item's reads are short strided runs that the
-// hardware prefetcher does not follow past a page, so at contexts past the caches (and in a
-// decode step, where the weights have just evicted the KV) the split ran at a few GB/s. The
-// shared kernel prefetches the next 16 keys' K and V slices while it computes these (x86 only:
-// prefetches never fault; elsewhere a no-op).
-inline void attn_prefetch(global const uchar* p, uint bytes) {
-#if defined(__x86_64__)
-  for (uint i = 0; i < bytes; i += 64) __asm__ volatile("prefetcht0 (%0)" : : "r"(p + i));
-#endif
-}
-
 // GQA-shared split for CPU devices: one work-item per (KV head, token, chunk) serves GQ of the
 // query heads that share the KV head (llama3.2-1b: 4 of 32 on 8), so each K and V row of a
 // chunk is loaded and converted to float once per token instead of once per query head (the
@@ -314,6 +335,7 @@ inline void attn_prefetch(global const uchar* p, uint bytes) {
       running_sum[g] = 0.0f;                                                                     \
     }                                                                                            \
     const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);            \
+    ATTN_PREFETCH_CHUNK(T, slice_bytes)                                                          \
     for (int b = k_begin; b < k_end; b += ATTN_KEYS) {                                           \
       const int n = min(ATTN_KEYS, k_end - b);                                                   \
       if (b + ATTN_KEYS < k_end) {                                                               \
