@@ -6,7 +6,10 @@
 # One JSON line per run into bench/kquant/results.jsonl.
 # The model has Llama 3's real 128256-token vocabulary (tests/data/vocab/llama3.gguf), so the
 # output projection is the real one (a quarter of the 1B's weights); VOCAB=0 for the small one.
-# env: TYPES ("q4_k_m q4_0 q8_0"), ROUNDS (1), GEN (32), THREADS (nproc), BIN (build/bin), VOCAB
+# env: TYPES ("q4_k_m q4_0 q8_0"), ROUNDS (1), GEN (32), THREADS (nproc), BIN (build/bin), VOCAB,
+#      PAIRS (1): duet / llama.cpp pairs per prompt, run alternately (each line carries its
+#      "pair"); summarize.py takes the median of the pairs' ratios, so that one slow minute of
+#      this shared host's memory bandwidth moves one pair, not the row.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${BIN:-build/bin}
@@ -38,14 +41,16 @@ for type in ${TYPES:-q4_k_m q4_0 q8_0}; do
     done
     for prompt in 54 296 64 512; do
       emit() {  # engine, result JSON
-        echo "{\"type\":\"$type\",\"vocab\":\"$vocab_tag\",\"round\":$round,\"prompt\":$prompt,\"gen\":$gen,\"engine\":\"$1\",\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"result\":$2}" | tee -a "$out"
+        echo "{\"type\":\"$type\",\"vocab\":\"$vocab_tag\",\"round\":$round,\"pair\":$pair,\"prompt\":$prompt,\"gen\":$gen,\"engine\":\"$1\",\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"result\":$2}" | tee -a "$out"
       }
-      # A salt per prompt: no timed prompt is a prefix of another.
-      r=$("$bin/stack_bench" --stack $stack --plan gpu-only --model "$model" --prompt $prompt \
-            --prompt-salt $((prompt + 1)) --gen "$gen" --ignore-eos 2>/dev/null | tail -n 1) &&
-        emit duet "$r"
-      r=$(node bench/llamacpp/llamacpp_bench.mjs "$model" $prompt "$gen" "$threads" 1024 \
-            2>/dev/null | tail -n 1) && emit llama.cpp "$r"
+      for pair in $(seq "${PAIRS:-1}"); do
+        # A salt per prompt and pair: no timed prompt is a prefix of another.
+        r=$("$bin/stack_bench" --stack $stack --plan gpu-only --model "$model" --prompt $prompt \
+              --prompt-salt $((prompt + 1 + 1000 * pair)) --gen "$gen" --ignore-eos 2>/dev/null |
+              tail -n 1) && emit duet "$r"
+        r=$(node bench/llamacpp/llamacpp_bench.mjs "$model" $prompt "$gen" "$threads" 1024 \
+              2>/dev/null | tail -n 1) && emit llama.cpp "$r"
+      done
     done
     "$bin/duet" stack down --stack $stack >&2
   done
