@@ -44,6 +44,9 @@ for type in ${TYPES:-q4_k_m q4_0 q8_0}; do
         echo "{\"type\":\"$type\",\"vocab\":\"$vocab_tag\",\"round\":$round,\"pair\":$pair,\"prompt\":$prompt,\"gen\":$gen,\"engine\":\"$1\",\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"result\":$2}" | tee -a "$out"
       }
       for pair in $(seq "${PAIRS:-1}"); do
+        # The read limit again right before the pair (it moves by 2x within minutes here), so
+        # that the pair's decode share compares with its own minute's bandwidth.
+        r=$("$bin/read_bandwidth_bench" --threads "$threads" --model "$model") && emit bandwidth "$r"
         # A salt per prompt and pair: no timed prompt is a prefix of another.
         r=$("$bin/stack_bench" --stack $stack --plan gpu-only --model "$model" --prompt $prompt \
               --prompt-salt $((prompt + 1 + 1000 * pair)) --gen "$gen" --ignore-eos 2>/dev/null |

@@ -12,9 +12,10 @@ rows = [json.loads(line) for line in open(path)]
 by, limit = {}, {}
 for r in rows:
     key = (r["type"], r.get("vocab", "small"), r["round"])
-    if r["engine"] == "bandwidth":
+    if r["engine"] == "bandwidth":  # per round, and (since PAIRS) per prompt and pair too
         b = r["result"]
-        limit[key] = b["read_gbps"] * 1e9 / b["weight_bytes_per_token"]
+        at = key + ((r["prompt"], r["pair"]) if "pair" in r else ())
+        limit[at] = b["read_gbps"] * 1e9 / b["weight_bytes_per_token"]
         continue
     pairs = by.setdefault(key + (r["prompt"],), {})
     pairs.setdefault(r.get("pair", 1), {})[r["engine"]] = r["result"]
@@ -38,8 +39,15 @@ for (t, vocab, rnd, p), by_pair in sorted(by.items()):
         continue
     prefill, _, _ = cell(pairs, "prefill_tok_s")
     decode, d, l = cell(pairs, "decode_tok_s")
-    lim = limit.get((t, vocab, rnd))
-    share = f"{d / lim:.0%} / {l / lim:.0%} of {lim:.1f} tok/s" if lim else "not measured"
+    # Each pair against its own probe where it has one, else the round's.
+    lims = [limit.get((t, vocab, rnd, p, k), limit.get((t, vocab, rnd))) for k in sorted(by_pair)
+            if "duet" in by_pair[k] and "llama.cpp" in by_pair[k]]
+    if all(lims):
+        sd = statistics.median(v["duet"]["decode_tok_s"] / x for v, x in zip(pairs, lims))
+        sl = statistics.median(v["llama.cpp"]["decode_tok_s"] / x for v, x in zip(pairs, lims))
+        share = f"{sd:.0%} / {sl:.0%} of {statistics.median(lims):.1f} tok/s"
+    else:
+        share = "not measured"
     loads = sorted(float(r["loadavg"]) for r in rows if r["engine"] == "duet" and r["type"] == t
                    and r.get("vocab", "small") == vocab and r["round"] == rnd and r["prompt"] == p)
     load = f"{loads[0]:.2f}" + (f"-{loads[-1]:.2f}" if loads[-1] != loads[0] else "")
