@@ -23,11 +23,12 @@
 //
 // Which steps are which phase (the stack's rule, services/frontend/program_engine.h): a step is a
 // decode step when every entry in it is a request's sampled token (SeqStep::decode, set by the
-// scheduler); a step holding any prompt token, a chunked prefill, a short prompt of one token or
-// a prefill batched with decodes, is a prefill step. So the phase goes by the step's content,
-// never by its size: a 1-token prompt runs the prefill placement, 16 batched decodes the decode
-// one. Both placements are registered once per engine (programs are per distinct placement, not
-// per phase), the weights are read from the one mapped model file by both (no second copy).
+// scheduler); a step holding any prompt token, a chunked prefill, a short prompt of one token,
+// a prefill batched with decodes or an eval's per-position entries, is a prefill step. So the phase
+// goes by the step's content, never by its size: a 1-token prompt runs the prefill placement, 16
+// batched decodes the decode one. Both placements are registered once per engine (programs are per
+// distinct placement, not per phase), the weights are read from the one mapped model file by both
+// (no second copy).
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
