@@ -334,16 +334,15 @@ MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double 
 nlohmann::json solution_to_json(const ScenarioModel& sm, const Genome& g) {
   nlohmann::json models = nlohmann::json::array();
   const std::vector<int> units = sm.units();
-  const auto plan = [&](size_t m, size_t entry) {
-    SubgraphPlan p{sm.scenario().models[m].shape, units[m], decode_subgraphs(g, entry)};
-    validate_subgraph_plan(p, units[m]);
-    return subgraph_plan_to_json(p);
-  };
+  // A per-phase genome's model: one version 2 plan (its prefill and its decode placement), the
+  // file `stack up --model-plan NAME=subgraph:FILE` runs.
   const bool per_phase = g.cuts.size() == 2 * units.size();
-  for (size_t m = 0; m < units.size(); ++m)
-    models.push_back(
-        per_phase ? nlohmann::json{{"prefill", plan(m, m)}, {"decode", plan(m, units.size() + m)}}
-                  : plan(m, m));
+  for (size_t m = 0; m < units.size(); ++m) {
+    SubgraphPlan p{sm.scenario().models[m].shape, units[m], decode_subgraphs(g, m)};
+    if (per_phase) p.decode_subgraphs = decode_subgraphs(g, units.size() + m);
+    validate_subgraph_plan(p, units[m]);
+    models.push_back(subgraph_plan_to_json(p));
+  }
   return {{"priority", g.priority}, {"models", models}};
 }
 

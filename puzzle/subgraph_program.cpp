@@ -2,10 +2,11 @@
 
 namespace duet::puzzle {
 
-std::vector<Plan> subgraph_layer_plans(const SubgraphPlan& plan, int n_layer, const Plan& tensor) {
+std::vector<Plan> subgraph_layer_plans(const SubgraphPlan& plan, int n_layer, const Plan& tensor,
+                                       Phase phase) {
   validate_subgraph_plan(plan, 2 * n_layer + 1);
   std::vector<Proc> unit(static_cast<size_t>(plan.units));
-  for (const Subgraph& s : plan.subgraphs)
+  for (const Subgraph& s : plan.of(phase))
     for (int u = s.first; u <= s.last; ++u) unit[static_cast<size_t>(u)] = s.device;
   auto place = [&](Plan& p, MatmulRole role, Proc proc) {
     p.at(role) = proc == Proc::gpu   ? Plan::gpu_only().at(role)

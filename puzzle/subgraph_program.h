@@ -12,9 +12,10 @@
 
 namespace duet::puzzle {
 
-// n_layer + 1 plans (the last for the logits). Validates the plan against 2 * n_layer + 1 units
-// (Error(bad_format)).
+// n_layer + 1 plans (the last for the logits) for the steps of `phase` (a plan of one placement
+// gives the same for both). Validates the plan against 2 * n_layer + 1 units (Error(bad_format)).
 std::vector<Plan> subgraph_layer_plans(const SubgraphPlan& plan, int n_layer,
-                                       const Plan& tensor = Plan::gpu_only());
+                                       const Plan& tensor = Plan::gpu_only(),
+                                       Phase phase = Phase::prefill);
 
 }  // namespace duet::puzzle

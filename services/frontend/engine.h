@@ -27,6 +27,10 @@ struct SeqStep {
   std::vector<int32_t> tokens;
   int32_t pos0 = 0;
   bool want_logits = true;  // logits of the last token of this entry
+  // A decode entry: the request's sampled token (the scheduler sets it). A step whose entries
+  // are all decode entries is a decode step, any other a prefill step; an engine with a
+  // placement per phase runs each step's phase's (ProgramEngineOptions::decode_layer_plans_for).
+  bool decode = false;
 };
 
 // What one step did, for `duet trace` (issue 23): filled by engines that run programs on the
@@ -39,6 +43,7 @@ struct StepDetail {
   uint32_t gpu_program = 0, npu_program = 0;
   bool on_gpu = false, on_npu = false;
   uint32_t bucket_tokens = 0;  // the programs' max tokens
+  bool decode = false;         // it ran the decode placement (SeqStep::decode)
   uint32_t n_tokens = 0, n_seqs = 0, logits_rows = 0;
   int64_t context = 0;  // the longest sequence's positions before the step
   int64_t begin_ns = 0, prepared_ns = 0, rung_ns = 0, flags_ns = 0, reports_ns = 0, end_ns = 0;

@@ -216,6 +216,8 @@ nlohmann::json Frontend::build_trace(uint64_t number) const {
                                 {"modeled_us", s.modeled_us}};
     if (!info.empty()) {
       step_args["plan"] = info["plan"];
+      // Which placement it ran: prefill or decode (a plan per phase), any (one placement).
+      step_args["phase"] = info["phase"];
       step_args["gpu_ops"] = d.on_gpu ? info["gpu_ops"].size() : 0;
       step_args["npu_ops"] = d.on_npu ? info["npu_ops"].size() : 0;
     }

@@ -162,12 +162,18 @@ ProgramMemory ProgramEngine::memory() const {
           kv_->segment.size(), model_->file().data(), model_->file().size()};
 }
 
-const ProgramEngine::Bucket& ProgramEngine::bucket_for(uint32_t n_tokens) const {
+const ProgramEngine::Bucket& ProgramEngine::bucket_for(uint32_t n_tokens, bool decode) const {
+  // Decode buckets exist only with a decode placement; without, decode steps run the others.
+  const bool phase = decode && buckets_.back().decode;
   for (const Bucket& b : buckets_)
-    if (n_tokens <= b.max_tokens) return b;
+    if (b.decode == phase && n_tokens <= b.max_tokens) return b;
   throw Error(Errc::invalid_argument, "a step of " + std::to_string(n_tokens) +
                                           " tokens exceeds the largest bucket (" +
                                           std::to_string(buckets_.back().max_tokens) + ")");
+}
+
+const char* ProgramEngine::phase_of(const Bucket& b) const {
+  return b.decode ? "decode" : buckets_.back().decode ? "prefill" : "any";
 }
 
 void ProgramEngine::check_not_parked(const char* what) const {
@@ -180,6 +186,7 @@ nlohmann::json ProgramEngine::status() const {
   nlohmann::json buckets = nlohmann::json::array();
   for (const Bucket& b : buckets_)
     buckets.push_back({{"max_tokens", b.max_tokens},
+                       {"phase", phase_of(b)},
                        {"plan", b.plan.name},
                        {"soc_plan", b.soc_plan.name},
                        {"program", b.program},

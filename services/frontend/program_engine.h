@@ -77,6 +77,16 @@ struct ProgramEngineOptions {
   // Per-layer plans for a bucket (a subgraph placement, issue 25: ProgramSpec::layer_plans);
   // when set they place the matmuls and plan_for / plan_name only name the plan.
   std::function<std::vector<Plan>(uint32_t bucket_tokens)> layer_plans_for;
+  // A placement per phase (a version 2 subgraph plan): the per-layer plans of decode steps,
+  // steps whose every entry is a decode entry (SeqStep::decode); layer_plans_for then places the
+  // prefill steps, every other step (a prompt of any length, a chunk, a prefill batched with
+  // decodes). The phase goes by the step's content, not its size. Each phase has its buckets;
+  // buckets whose placements are equal share one program whatever their phase, and every
+  // program reads the weights in place from the one mapped model file (the device services map
+  // it once and wrap each host range once: gpu_svc's buffers and packed weights are keyed by
+  // range, npu_svc reads the mapping), so a second placement costs programs, not weights.
+  // Null: every step runs layer_plans_for's.
+  std::function<std::vector<Plan>(uint32_t bucket_tokens)> decode_layer_plans_for;
   // The SoC the steps are modelled on (a profile name or .toml path; empty: no model, modelled
   // times 0) and the plan modelled there per bucket (null: the plan executed). Each step's
   // modelled time is that plan's timeline on the SoC (core/planner/timeline.h) for the step's
@@ -189,6 +199,7 @@ class ProgramEngine : public Engine {
  private:
   struct Bucket {
     uint32_t max_tokens;
+    bool decode;  // a decode-phase bucket (only with decode_layer_plans_for)
     Plan plan;
     size_t program = 0;     // programs_[program] runs its steps
     Plan soc_plan;          // what the SoC is modelled running (= plan unless soc_plan_for)
@@ -228,7 +239,11 @@ class ProgramEngine : public Engine {
   Prepared prepare(const std::vector<SeqStep>& batch);
   std::optional<std::vector<float>> execute(Parked work, bool preemptible, bool resuming,
                                             StepStats* stats);
-  const Bucket& bucket_for(uint32_t n_tokens) const;
+  // The bucket of a step of n_tokens in its phase (decode: every entry a decode entry; engines
+  // without decode buckets run decode steps in the prefill ones).
+  const Bucket& bucket_for(uint32_t n_tokens, bool decode = false) const;
+  // The steps a bucket runs: "prefill" or "decode" (a placement per phase), "any" (one).
+  const char* phase_of(const Bucket& b) const;
   const BuiltPrograms& programs_of(size_t bucket_index) const {
     return programs_[buckets_[bucket_index].program];
   }

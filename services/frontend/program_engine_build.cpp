@@ -29,18 +29,26 @@ void ProgramEngine::build_programs_and_buckets(uint32_t max_ctx, uint32_t n_page
     uint32_t max_tokens = 0;
   };
   std::vector<Choice> choices;
-  for (uint32_t b : options_.buckets) {
-    Plan plan = options_.plan_for ? options_.plan_for(b) : Plan::fixed(options_.plan_name);
-    std::vector<Plan> layers;
-    if (options_.layer_plans_for) layers = options_.layer_plans_for(b);
-    size_t k = choices.size();
-    if (!options_.per_bucket_programs)
-      for (size_t j = 0; j < choices.size() && k == choices.size(); ++j)
-        if (choices[j].plan.same_placements(plan) && same_layer_plans(choices[j].layers, layers))
-          k = j;
-    if (k == choices.size()) choices.push_back({plan, layers, b});
-    choices[k].max_tokens = std::max(choices[k].max_tokens, b);
-    buckets_.push_back(Bucket{b, plan, k, plan, {}});
+  // The prefill buckets (every step's, without a decode placement), then the decode ones. A
+  // program serves buckets of either phase when they place alike.
+  for (const bool decode : {false, true}) {
+    if (decode && !options_.decode_layer_plans_for) break;
+    for (uint32_t b : options_.buckets) {
+      Plan plan = options_.plan_for ? options_.plan_for(b) : Plan::fixed(options_.plan_name);
+      std::vector<Plan> layers;
+      if (decode)
+        layers = options_.decode_layer_plans_for(b);
+      else if (options_.layer_plans_for)
+        layers = options_.layer_plans_for(b);
+      size_t k = choices.size();
+      if (!options_.per_bucket_programs)
+        for (size_t j = 0; j < choices.size() && k == choices.size(); ++j)
+          if (choices[j].plan.same_placements(plan) && same_layer_plans(choices[j].layers, layers))
+            k = j;
+      if (k == choices.size()) choices.push_back({plan, layers, b});
+      choices[k].max_tokens = std::max(choices[k].max_tokens, b);
+      buckets_.push_back(Bucket{b, decode, plan, k, plan, {}});
+    }
   }
 
   auto spec_for = [&](const Plan& plan, const std::vector<Plan>& layers, uint32_t max_tokens) {

@@ -100,7 +100,9 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
   // Several consecutive entries of one sequence are applied in order (eval asks for every
   // position's logits that way): each may start at most where the previous one ended.
   std::map<uint64_t, int> n_past_in_step;
+  bool decode = true;  // every entry a decode entry: the step runs the decode placement
   for (const SeqStep& s : batch) {
+    decode = decode && s.decode;
     auto it = kv_->seqs.find(s.seq_id);
     if (it == kv_->seqs.end())
       throw Error(Errc::not_found, "sequence " + std::to_string(s.seq_id) + " is not open");
@@ -118,7 +120,7 @@ ProgramEngine::Prepared ProgramEngine::prepare(const std::vector<SeqStep>& batch
     n_tokens += static_cast<uint32_t>(s.tokens.size());
     context = std::max<int64_t>(context, s.pos0);
   }
-  const Bucket& bucket = bucket_for(n_tokens);
+  const Bucket& bucket = bucket_for(n_tokens, decode);
   const size_t bucket_index = static_cast<size_t>(&bucket - buckets_.data());
   const BuiltPrograms& built = programs_[bucket.program];
   const int32_t n_vocab = model_->hp().n_vocab;
@@ -239,6 +241,7 @@ std::optional<std::vector<float>> ProgramEngine::execute(Parked work, bool preem
     d.on_gpu = attempt.on_gpu;
     d.on_npu = attempt.on_npu;
     d.bucket_tokens = buckets_[bucket_index].max_tokens;
+    d.decode = buckets_[bucket_index].decode;
     d.n_tokens = n_tokens;
     d.n_seqs = args.n_seqs;
     d.logits_rows = static_cast<uint32_t>(n_logits);

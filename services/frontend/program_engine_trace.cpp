@@ -62,12 +62,13 @@ nlohmann::json ProgramEngine::trace_step(const StepDetail& step) const {
   if (step.engine != instance_) return {};
   const Bucket* bucket = nullptr;
   for (const Bucket& b : buckets_)
-    if (b.max_tokens == step.bucket_tokens) bucket = &b;
+    if (b.max_tokens == step.bucket_tokens && b.decode == step.decode) bucket = &b;
   if (!bucket) return {};
   nlohmann::json gpu_ops = nlohmann::json::array(), npu_ops = nlohmann::json::array();
   for (const auto& op : programs_[bucket->program].gpu.ops) gpu_ops.push_back(op_name(*op));
   for (const auto& op : programs_[bucket->program].npu.ops) npu_ops.push_back(op_name(*op));
   nlohmann::json j = {{"plan", bucket->plan.name},
+                      {"phase", phase_of(*bucket)},
                       {"gpu_ops", std::move(gpu_ops)},
                       {"npu_ops", std::move(npu_ops)}};
   if (soc_) {

@@ -58,7 +58,7 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   auto add = [&](Request* r, size_t n, bool decode) {
     StepPart part{r, n, decode, b.n_logit_rows, 0};
     if (decode) {
-      b.entries.push_back({r->seq_id, {*r->next_token}, r->pos, true});
+      b.entries.push_back({r->seq_id, {*r->next_token}, r->pos, true, true});
       part.n_logit_rows = 1;
     } else if (r->kind == RequestKind::eval) {
       // Every position's logits: one entry per token (an engine fuses consecutive entries).

@@ -265,9 +265,9 @@ Plan ask_solver_once(const StackEngineConfig& c, uint32_t bucket, const std::str
 std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::string& plan,
                                      uint32_t instance);
 
-// The per-layer plans of the subgraph plan in `path`. A subgraph on `both` would need the
+// The subgraph plan in `path`, validated for the stack. A subgraph on `both` would need the
 // solver's tensor plan per bucket, which this path does not ask for: refused.
-std::vector<Plan> subgraph_stack_layer_plans(const std::string& path, int n_layer) {
+puzzle::SubgraphPlan read_stack_subgraph_plan(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw Error(Errc::not_found, "subgraph plan '" + path + "': cannot open it");
   nlohmann::json j;
@@ -277,12 +277,13 @@ std::vector<Plan> subgraph_stack_layer_plans(const std::string& path, int n_laye
     throw Error(Errc::bad_format, "subgraph plan '" + path + "': " + e.what());
   }
   const puzzle::SubgraphPlan p = puzzle::subgraph_plan_from_json(j);
-  for (const puzzle::Subgraph& s : p.subgraphs)
-    if (s.device == puzzle::Proc::both)
-      throw Error(Errc::unsupported, "subgraph plan '" + path +
-                                         "': a subgraph on \"both\" is not served yet (gpu "
-                                         "and npu are)");
-  return puzzle::subgraph_layer_plans(p, n_layer);
+  for (const Phase phase : {Phase::prefill, Phase::decode})
+    for (const puzzle::Subgraph& s : p.of(phase))
+      if (s.device == puzzle::Proc::both)
+        throw Error(Errc::unsupported, "subgraph plan '" + path +
+                                           "': a subgraph on \"both\" is not served yet (gpu "
+                                           "and npu are)");
+  return p;
 }
 
 std::string tag_of(const std::string& plan, uint32_t instance) {
@@ -377,15 +378,22 @@ std::unique_ptr<Engine> build_engine(const StackEngineConfig& c, const std::stri
   const std::string soc = load_soc_profile(c.soc).name;
   if (plan.starts_with(kSubgraphPlanPrefix)) {
     // A subgraph placement (puzzle/subgraph_plan.h) from a file: every bucket's programs place
-    // each layer's matmuls as the plan's units say.
-    const std::vector<Plan> layers =
-        subgraph_stack_layer_plans(plan.substr(kSubgraphPlanPrefix.size()), n_layer);
+    // each layer's matmuls as the plan's units say; a plan per phase has the decode steps run
+    // its decode placement (ProgramEngineOptions::decode_layer_plans_for).
+    const puzzle::SubgraphPlan sp =
+        read_stack_subgraph_plan(plan.substr(kSubgraphPlanPrefix.size()));
+    const std::vector<Plan> layers = puzzle::subgraph_layer_plans(sp, n_layer);
     o.plan_for = [plan](uint32_t) {
       Plan p = Plan::gpu_only();
       p.name = plan;
       return p;
     };
     o.layer_plans_for = [layers](uint32_t) { return layers; };
+    if (sp.per_phase()) {
+      const std::vector<Plan> decode =
+          puzzle::subgraph_layer_plans(sp, n_layer, Plan::gpu_only(), Phase::decode);
+      o.decode_layer_plans_for = [decode](uint32_t) { return decode; };
+    }
     sources->modeled = plan + " on " + soc;
   } else if (plan == "tensor" || plan == "auto") {
     const std::string timing = !c.timing.empty() ? c.timing

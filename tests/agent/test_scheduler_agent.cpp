@@ -87,6 +87,30 @@ TEST(AgentScheduler, AgedProactiveDecoderBypassesTheCap) {
   EXPECT_EQ(seqs(s.build(64, 6000)), (std::vector<uint64_t>{1, 4, 2}));
 }
 
+// SeqStep::decode marks a request's sampled token: an engine with a placement per phase runs a
+// step of decode entries only in its decode placement, any step holding a prompt in its prefill
+// one (puzzle/subgraph_plan.h).
+TEST(AgentScheduler, DecodeEntriesAreMarkedSoAStepsPhaseIsKnown) {
+  std::vector<std::unique_ptr<Request>> rs;
+  rs.push_back(decoding(1, Priority::reactive, 10, 1000));
+  rs.push_back(decoding(2, Priority::reactive, 20, 1000));
+  Scheduler s(8, 8);
+  admit_all(s, rs);
+  const StepBatch decode_only = s.build(64, 1001);
+  ASSERT_EQ(decode_only.entries.size(), 2u);
+  for (const SeqStep& e : decode_only.entries) EXPECT_TRUE(e.decode);
+  // A one-token prompt is still a prefill entry, beside the decoders.
+  auto one = prefilling(3, Priority::reactive, 1000);
+  one->prompt = {7};
+  s.enqueue(one.get());
+  s.admit([](Request*) {});
+  const StepBatch mixed = s.build(64, 1002);
+  ASSERT_EQ(seqs(mixed), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_TRUE(mixed.entries[0].decode && mixed.entries[1].decode);
+  EXPECT_FALSE(mixed.entries[2].decode);
+  EXPECT_EQ(mixed.entries[2].tokens.size(), 1u);
+}
+
 TEST(AgentScheduler, ReactivePrefillIsFifoAndAgedProactiveJoinsByArrival) {
   std::vector<std::unique_ptr<Request>> rs;
   rs.push_back(prefilling(1, Priority::proactive, 0));

@@ -131,10 +131,11 @@ TEST(PuzzleScenarios, APerPhaseGenomePlacesThePrefillAndTheDecodeStepsApart) {
     EXPECT_EQ(models[m].steps.back()[0].proc, Proc::gpu);
   }
   const nlohmann::json j = solution_to_json(sm, g);
-  const SubgraphPlan prefill{"internlm-1.8b", units[1], {{0, units[1] - 1, Proc::npu}}};
-  const SubgraphPlan decode{"internlm-1.8b", units[1], {{0, units[1] - 1, Proc::gpu}}};
-  EXPECT_EQ(j["models"][1]["prefill"], subgraph_plan_to_json(prefill));
-  EXPECT_EQ(j["models"][1]["decode"], subgraph_plan_to_json(decode));
+  // One version 2 plan per model: the stack's plan file.
+  SubgraphPlan plan{"internlm-1.8b", units[1], {{0, units[1] - 1, Proc::npu}}};
+  plan.decode_subgraphs = {{0, units[1] - 1, Proc::gpu}};
+  EXPECT_EQ(j["models"][1], subgraph_plan_to_json(plan));
+  EXPECT_EQ(subgraph_plan_from_json(j["models"][1]), plan);
 }
 
 TEST(PuzzleScenarios, ThePerPhaseGaIsSeededByEveryPairOfProcessors) {
@@ -146,10 +147,7 @@ TEST(PuzzleScenarios, ThePerPhaseGaIsSeededByEveryPairOfProcessors) {
   const MethodResult ga = run_puzzle(sm, o, 1.0, true);
   EXPECT_EQ(ga.method, "puzzle-ga+phases");
   for (const auto& sol : ga.detail["solutions"])
-    for (const auto& plan : sol["models"]) {
-      EXPECT_NO_THROW(subgraph_plan_from_json(plan["prefill"]));
-      EXPECT_NO_THROW(subgraph_plan_from_json(plan["decode"]));
-    }
+    for (const auto& plan : sol["models"]) EXPECT_TRUE(subgraph_plan_from_json(plan).per_phase());
   // Its seeds, every model's prefill on one processor and its decode steps on one, never
   // dominate its front.
   const std::vector<int> units = sm.units();

@@ -44,6 +44,21 @@ TEST(SubgraphProgram, UnitsPlaceTheirLayersRoles) {
   EXPECT_THROW(subgraph_layer_plans(bad, 6), Error);
 }
 
+TEST(SubgraphProgram, APlanPerPhasePlacesEachPhasesRoles) {
+  SubgraphPlan p{"tiny-fortune", 13, {{0, 12, Proc::npu}}};
+  p.decode_subgraphs = {{0, 1, Proc::gpu}, {2, 12, Proc::npu}};
+  const std::vector<Plan> prefill = subgraph_layer_plans(p, 6, Plan::gpu_only(), Phase::prefill);
+  const std::vector<Plan> decode = subgraph_layer_plans(p, 6, Plan::gpu_only(), Phase::decode);
+  EXPECT_EQ(prefill[0].at(MatmulRole::q).strategy, Strategy::npu_only);
+  EXPECT_EQ(decode[0].at(MatmulRole::q).strategy, Strategy::gpu_only);
+  EXPECT_EQ(decode[0].at(MatmulRole::down).strategy, Strategy::gpu_only);
+  EXPECT_EQ(decode[1].at(MatmulRole::q).strategy, Strategy::npu_only);
+  // One placement: both phases alike.
+  p.decode_subgraphs.clear();
+  const std::vector<Plan> both = subgraph_layer_plans(p, 6, Plan::gpu_only(), Phase::decode);
+  EXPECT_EQ(both[0].at(MatmulRole::q).strategy, Strategy::npu_only);
+}
+
 TEST(SubgraphProgram, AMixedPlacementGivesTheReferenceLogits) {
   auto m = LlamaModel::load(test_support::tiny_fortune_path("q8_0"));
   ProgramSpec spec = test_support::program_spec(*m, Plan::gpu_only(), 16, 128, "subgraph");
