@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -299,13 +298,7 @@ TEST(SiblingMatmuls, OneLaunchWritesTheBitsOfTheMatmulsApartOnOddRowCounts) {
   ClDevice& dev = shared_device();
   GpuKernels kernels(dev);
   if (!testing::int8_path_available(kernels)) GTEST_SKIP() << "no integer path here";
-  std::vector<bool> isas{false};
-  try {
-    kernels.set_int8_vnni(true);
-    isas.push_back(true);
-  } catch (const Error&) {
-    std::printf("note: no AVX-512 VNNI here, portable kernels only\n");
-  }
+  const std::vector<bool> isas = testing::integer_isas(kernels);
   struct Case {
     std::vector<DType> types;
     std::vector<uint32_t> rows;
