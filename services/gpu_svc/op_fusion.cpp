@@ -35,8 +35,8 @@ bool norm_feeding_matmul(const fb::OpT& norm, const fb::OpT& mm) {
          matmul_of(mm, norm.out.get());
 }
 
-// A matmul of a whole tensor the integer path can run with siblings: a type of
-// matmul_siblings_cpu.cl's, all its rows, every token, no flag published before the group's end.
+// A matmul the integer path can run with siblings: a type of matmul_siblings_cpu.cl's, all of
+// its tensor's rows (never a tensor plan's split), every token.
 bool whole_matmul(const fb::OpT& op) {
   if (op.kind != fb::OpKind::MatMul || !op.weight || !op.in0 || !op.out) return false;
   const auto t = static_cast<DType>(op.weight->dtype());
@@ -53,7 +53,8 @@ bool same_input_quantisation(const fb::OpT& a, const fb::OpT& b) {
   return ta == tb || (dtype_is_k_quant(ta) && dtype_is_k_quant(tb));
 }
 
-// How many matmuls from ops[i] form a sibling group (0 or 1: none).
+// How many matmuls from ops[i] form a sibling group (0 or 1: none): whole matmuls of the same
+// input, none but the last publishing a flag, none after the first waiting for one.
 uint32_t siblings_at(const std::vector<std::unique_ptr<fb::OpT>>& ops, size_t i) {
   const fb::OpT& first = *ops[i];
   if (!whole_matmul(first)) return 0;
