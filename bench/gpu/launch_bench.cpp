@@ -10,6 +10,12 @@
 //           16-row Q8_0 matmul standing in for each real one, op by op (add, rmsnorm, quantise +
 //           matmul; swiglu, quantise + matmul; rope, rope) and through the fused launches
 //           (op_fusion.h): wall and CPU per layer, alternated --reps times.
+//   siblings: a llama3.2-1b decode layer's six projections of the same two inputs (q 2048, k
+//           512, v 512 rows; gate, up 8192; all of 2048 columns; --sibling-type q4_0: Q4_0,
+//           q4_k_m: Q4_K with a Q6_K v, as Q4_K_M's mix does in some layers), tiled, apart (5
+//           matmul launches) and as sibling launches (GpuKernels::matmul_siblings: 2), each
+//           input quantised once either way: wall and CPU per layer, alternated --layer-reps
+//           times. The layer's 26 MB (Q4_K) of weights mostly outgrow the cache, as in decode.
 //   --queue narrow: the same on PoCL's single-threaded narrow queue.
 #include <CL/cl.h>
 #include <time.h>
@@ -17,14 +23,21 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "core/base/error.h"
 #include "core/model/dtype.h"
+#include "core/model/quant.h"
 #include "services/gpu_svc/cl_device.h"
 #include "services/gpu_svc/gpu_kernels.h"
+#include "services/gpu_svc/tiled_weights.h"
 
 namespace {
 
@@ -66,13 +79,115 @@ nlohmann::json summary(std::vector<Sample> v, double per) {
           {"cpu_us_at_median", med.cpu_us / per}};
 }
 
+// Alternates `a` and `b` (each returning its last event) reps times after two warm-up rounds.
+std::pair<nlohmann::json, nlohmann::json> alternate(duet::gpu::ClDevice& dev, int reps,
+                                                    const std::function<cl_event()>& a,
+                                                    const std::function<cl_event()>& b) {
+  std::vector<Sample> sa, sb;
+  for (int r = 0; r < reps + 2; ++r) {
+    for (int which = 0; which < 2; ++which) {
+      const auto t0 = Clock::now();
+      const double c0 = cpu_us();
+      wait(dev, which == 0 ? a() : b());
+      const Sample s{std::chrono::duration<double, std::micro>(Clock::now() - t0).count(),
+                     cpu_us() - c0};
+      if (r >= 2) (which == 0 ? sa : sb).push_back(s);
+    }
+  }
+  return {summary(sa, 1), summary(sb, 1)};
+}
+
+// The siblings section (see the top): null where the device has no integer path.
+nlohmann::json siblings(duet::gpu::ClDevice& dev, duet::gpu::GpuKernels& k, bool k_quants,
+                        int reps) {
+  using duet::DType;
+  using duet::gpu::MatmulArgs;
+  const uint32_t dim = 2048, ffn = 8192;
+  struct Proj {
+    DType type;
+    uint32_t rows;
+  };
+  const DType main_type = k_quants ? DType::Q4_K : DType::Q4_0;
+  const Proj projs[5] = {{main_type, dim},
+                         {main_type, 512},
+                         {k_quants ? DType::Q6_K : DType::Q4_0, 512},
+                         {main_type, ffn},
+                         {main_type, ffn}};
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<float> row(dim);
+  std::vector<std::unique_ptr<duet::gpu::TiledTensor>> tiled;
+  // Arena: x (the norm's output, one token), then each projection's output row.
+  const uint64_t x = 4096;
+  uint64_t y = x + dim * 4;
+  cl_mem arena = buffer(dev, y + (3 * dim + 2 * ffn) * 4);
+  std::vector<float> xs(dim);
+  for (float& v : xs) v = uni(rng);
+  check_cl(
+      clEnqueueWriteBuffer(dev.queue(), arena, CL_TRUE, x, dim * 4, xs.data(), 0, nullptr, nullptr),
+      "write");
+  std::vector<MatmulArgs> args;
+  for (const Proj& p : projs) {
+    std::vector<uint8_t> bytes(duet::dtype_row_bytes(p.type, dim) * p.rows);
+    for (uint32_t r = 0; r < p.rows; ++r) {
+      for (float& v : row) v = uni(rng);
+      duet::quantize_row(p.type, row.data(), bytes.data() + r * duet::dtype_row_bytes(p.type, dim),
+                         dim);
+    }
+    tiled.push_back(
+        std::make_unique<duet::gpu::TiledTensor>(dev, p.type, p.rows, dim, bytes.data()));
+    MatmulArgs a;
+    a.wtype = p.type;
+    a.w = tiled.back()->mem();
+    a.k = dim;
+    a.x_off = x;
+    a.x_stride = dim;
+    a.y_off = y;
+    a.y_stride = p.rows;
+    a.row_end = p.rows;
+    a.tokens = {0, 1};
+    a.tiled = tiled.back()->mem();
+    args.push_back(a);
+    y += p.rows * 4;
+  }
+  const std::span<const MatmulArgs> qkv(args.data(), 3), gate_up(args.data() + 3, 2);
+  if (!k.int8_matmul() || !k.siblings_fuse(qkv) || !k.siblings_fuse(gate_up)) {
+    clReleaseMemObject(arena);
+    return nullptr;
+  }
+  // Each input quantised once either way: the quantisation is forgotten before each set (in a
+  // real layer they read two norms' outputs).
+  k.reuse_quantized_inputs();
+  auto apart = [&] {
+    for (size_t i = 0; i < 4; ++i) {
+      if (i == 0 || i == 3) k.forget_quantized_input();
+      clReleaseEvent(k.matmul(arena, args[i]));
+    }
+    return k.matmul(arena, args[4]);
+  };
+  auto fused = [&] {
+    k.forget_quantized_input();
+    clReleaseEvent(k.matmul_siblings(arena, qkv));
+    k.forget_quantized_input();
+    return k.matmul_siblings(arena, gate_up);
+  };
+  const auto [a, f] = alternate(dev, reps, apart, fused);
+  clReleaseMemObject(arena);
+  nlohmann::json out = {
+      {"type", k_quants ? "q4_k_m (q4_k, v q6_k)" : "q4_0"}, {"apart", a}, {"siblings", f}};
+  out["apart"]["launches"] = 7;
+  out["siblings"]["launches"] = 4;
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"gpu_svc's kernel launch cost"};
   int reps = 200, burst = 340, layer_reps = 30;
-  std::string queue = "wide";
+  std::string queue = "wide", sibling_type = "q4_k_m";
   app.add_option("--reps", reps);
+  app.add_option("--sibling-type", sibling_type)->check(CLI::IsMember({"q4_0", "q4_k_m"}));
   app.add_option("--burst", burst);
   app.add_option("--layer-reps", layer_reps);
   app.add_option("--queue", queue)->check(CLI::IsMember({"wide", "narrow"}));
@@ -159,21 +274,12 @@ int main(int argc, char** argv) {
                          one);
     };
     if (k.int8_matmul() && k.quantizes_input(mm(xn, dim, duet::MatmulRole::gate))) {
-      std::vector<Sample> a, f;
-      for (int r = 0; r < layer_reps + 2; ++r) {
-        for (int which = 0; which < 2; ++which) {
-          const auto t0 = Clock::now();
-          const double c0 = cpu_us();
-          wait(dev, which == 0 ? apart() : fused());
-          const Sample s{std::chrono::duration<double, std::micro>(Clock::now() - t0).count(),
-                         cpu_us() - c0};
-          if (r >= 2) (which == 0 ? a : f).push_back(s);  // two warm-up rounds
-        }
-      }
-      out["layer_apart"] = summary(a, 1);
+      const auto [a, f] = alternate(dev, layer_reps, apart, fused);
+      out["layer_apart"] = a;
       out["layer_apart"]["launches"] = 9;
-      out["layer_fused"] = summary(f, 1);
+      out["layer_fused"] = f;
       out["layer_fused"]["launches"] = 5;
+      out["siblings"] = siblings(dev, k, sibling_type == "q4_k_m", layer_reps);
     }
     dev.use_narrow(false);
     clReleaseMemObject(arena);

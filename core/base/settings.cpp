@@ -94,7 +94,8 @@ const std::array kSettings = {
             "the int8 matmuls' AVX512-VNNI kernels on hosts that have it; 0: off"},
     Setting{"DUET_GPU_FUSE", "gpu.fuse", T::choice, "1", 0, 0, "0|1",
             "fused launches of a decode step's small ops on the CPU integer path (add + rmsnorm + "
-            "quantise, swiglu + quantise, the q/k ropes); the same bits either way; 0: off"},
+            "quantise, swiglu + quantise, the q/k ropes, the q/k/v and gate/up matmuls); the same "
+            "bits either way; 0: off"},
     Setting{"DUET_GPU_ATTENTION", "gpu.attention", T::choice, "shared", 0, 0,
             "shared|per_head|portable",
             "attention kernels on CPU devices: shared (a KV head's query heads read its K/V once), "

@@ -183,6 +183,9 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
       if (g.waiting_ops + n.waiting_ops > 0 && unsplit_plan(s.plan)) unsplit_waiting.push_back(&s);
     }
     r.steps += steps.size();
+    // A matmul span followed by matmuls without time of their own (gpu_svc's sibling matmuls,
+    // op_fusion.h: one launch, its time on the first) measured them all: not the first's shape.
+    std::vector<double>* last_sample = nullptr;
     for (const auto& e : events) {
       const int tid = e.value("tid", 0);
       if (e.value("ph", "") != "X" || e.value("pid", 0) != kMeasuredPid ||
@@ -190,6 +193,12 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
         continue;
       OpKind kind = OpKind::MatMul;
       const ops::Matrix* w = weight_named(model, e.at("name").get<std::string>(), &kind);
+      const bool folded = !(e.at("args").value("measured_us", 0.0) > 0);
+      if (w && folded && last_sample) {
+        last_sample->pop_back();
+        --r.op_spans;
+      }
+      last_sample = nullptr;
       if (!w) continue;
       const auto& a = e.at("args");
       const auto step = steps.find(a.at("step").get<int64_t>());
@@ -201,12 +210,14 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
       const double us = a.value("measured_us", 0.0);
       if (n <= 0 || !(us > 0)) continue;
       const Device device = tid == kGpuTid ? Device::gpu : Device::npu;
-      samples[{static_cast<int>(device), static_cast<int>(kind), static_cast<int>(w->type),
-               static_cast<int64_t>(w->rows), static_cast<int64_t>(w->cols), n}]
-          .push_back(us);
+      last_sample =
+          &samples[{static_cast<int>(device), static_cast<int>(kind), static_cast<int>(w->type),
+                    static_cast<int64_t>(w->rows), static_cast<int64_t>(w->cols), n}];
+      last_sample->push_back(us);
       ++r.op_spans;
     }
   }
+  std::erase_if(samples, [](const auto& s) { return s.second.empty(); });
   if (samples.empty())
     throw Error(Errc::invalid_argument,
                 "the traces hold no matmul of a gpu-only, npu-only or layer step");

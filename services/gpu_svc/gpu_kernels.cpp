@@ -228,6 +228,7 @@ cl_event GpuKernels::launch(const char* name, cl_kernel k, cl_uint dims, const s
   if (err != CL_SUCCESS)
     throw Error(Errc::internal,
                 std::string("enqueue of kernel ") + name + " failed: " + cl_error_name(err));
+  ++launches_;
   return e;
 }
 

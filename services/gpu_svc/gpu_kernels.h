@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -165,6 +166,16 @@ class GpuKernels {
   // Whether matmul(a) runs on the integer path (and so quantises its input): what the fused
   // *_quantize launches can feed.
   bool quantizes_input(const MatmulArgs& a) const;
+  // Up to kMaxSiblings matmuls of the same input rows as one launch (matmul_siblings_cpu.cl):
+  // one token, each on the integer path from its tiled copy, whole tensors (row_begin 0), the
+  // same activation bits and weight zero point (Q4_0, Q8_0, or K types, which may mix), outputs
+  // apart from the input and from each other. Writes exactly what matmul() of each writes, with
+  // the same bits; null (nothing enqueued) where siblings_fuse(mm) is false.
+  static constexpr size_t kMaxSiblings = 3;
+  bool siblings_fuse(std::span<const MatmulArgs> mm) const;
+  cl_event matmul_siblings(cl_mem arena, std::span<const MatmulArgs> mm);
+  // Kernels enqueued so far (empty ranges not counted): launches per step for tests and traces.
+  uint64_t launches() const { return launches_; }
 
   // packed_rows: as MatmulArgs::packed_rows (a tied table the runner packed for Logits).
   cl_event embed(cl_mem arena, DType wtype, cl_mem w, uint64_t w_off, uint32_t cols,
@@ -289,6 +300,7 @@ class GpuKernels {
     bool operator==(const QuantizedInput&) const = default;
   } quantized_;
   bool reuse_quantized_ = false;
+  uint64_t launches_ = 0;
 };
 
 // A kernel-name suffix per weight type ("q4_0", ...); throws unsupported for others.

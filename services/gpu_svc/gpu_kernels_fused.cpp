@@ -1,11 +1,13 @@
 // Fused launches of the CPU integer path (gpu_kernels.h; the runner's op_fusion.h decides where):
 // a decode step of a 1B model is ~340 kernels, and on PoCL every one wakes the worker threads and
 // waits for the slowest; these do the work of two or three of them in one, with the same bits.
+#include <algorithm>
 #include <string>
 
 #include "core/base/error.h"
 #include "services/gpu_svc/gpu_kernels.h"
 #include "services/gpu_svc/kernel_args.h"
+#include "services/gpu_svc/tiled_weights.h"
 
 namespace duet::gpu {
 
@@ -16,6 +18,87 @@ bool GpuKernels::quantizes_input(const MatmulArgs& a) const {
   if (a.wtype != DType::Q4_0 && a.wtype != DType::Q8_0) return false;
   // matmul(): the cooperative GEMV (a GPU's, or a test's choice) takes few tokens first.
   return !(coop_gemv_ && a.tokens.count() <= 4) && dev_.info().type == "cpu";
+}
+
+namespace {
+
+// The segment type codes of matmul_siblings_cpu.cl (SIB_*), -1 for types it does not take.
+int sibling_type_code(DType t) {
+  switch (t) {
+    case DType::Q4_0:
+      return 0;
+    case DType::Q8_0:
+      return 1;
+    case DType::Q4_K:
+      return 2;
+    case DType::Q5_K:
+      return 3;
+    case DType::Q6_K:
+      return 4;
+    default:
+      return -1;
+  }
+}
+
+// The arena bytes of a [tokens][stride] f32 tensor's rows t.
+struct ByteRange {
+  uint64_t begin, end;
+  bool overlaps(const ByteRange& o) const { return begin < o.end && o.begin < end; }
+};
+ByteRange token_rows(uint64_t off, uint32_t stride, TokenRange t) {
+  return {off + uint64_t{t.begin} * stride * 4, off + uint64_t{t.end} * stride * 4};
+}
+
+}  // namespace
+
+bool GpuKernels::siblings_fuse(std::span<const MatmulArgs> mm) const {
+  if (mm.size() < 2 || mm.size() > kMaxSiblings) return false;
+  const MatmulArgs& a = mm[0];
+  if (a.tokens.count() != 1) return false;  // the T = 1 kernels only (decode)
+  const auto bits_zp = int8_bits_zp(a);
+  const ByteRange input = token_rows(a.x_off, a.x_stride, a.tokens);
+  for (size_t s = 0; s < mm.size(); ++s) {
+    const MatmulArgs& m = mm[s];
+    if (!quantizes_input(m) || !m.tiled || sibling_type_code(m.wtype) < 0 || m.rows_from_table ||
+        m.row_begin != 0 || m.x_off != a.x_off || m.x_stride != a.x_stride || m.k != a.k ||
+        m.tokens.begin != a.tokens.begin || m.tokens.end != a.tokens.end ||
+        int8_bits_zp(m) != bits_zp)
+      return false;
+    // Apart, a matmul writing its siblings' input (or outputs) would change what they compute.
+    const ByteRange out = token_rows(m.y_off, m.y_stride, m.tokens);
+    if (out.overlaps(input)) return false;
+    for (size_t o = 0; o < s; ++o)
+      if (out.overlaps(token_rows(mm[o].y_off, mm[o].y_stride, mm[o].tokens))) return false;
+  }
+  return true;
+}
+
+cl_event GpuKernels::matmul_siblings(cl_mem arena, std::span<const MatmulArgs> mm) {
+  if (!siblings_fuse(mm)) return nullptr;
+  const MatmulArgs& a = mm[0];
+  const auto [bits, zp_shift] = int8_bits_zp(a);
+  quantize_int8_input(arena, a, bits, zp_shift);  // once, as the first of them apart
+  const std::string name = std::string("matmul_i8_siblings_t1_") +
+                           (int8_vnni_ ? "vnni" : "portable") + "_a" + std::to_string(bits);
+  cl_kernel k = dev_.kernel(name);
+  set_args(k, cl_uint{a.k}, arena, cl_uint{a.tokens.begin}, int8_tiles_);
+  size_t items = 0;
+  for (size_t s = 0; s < kMaxSiblings; ++s) {
+    const bool used = s < mm.size();
+    const MatmulArgs& m = mm[std::min(s, mm.size() - 1)];  // unused: any buffer, 0 rows
+    const cl_uint at = static_cast<cl_uint>(4 + 5 * s);
+    set_arg(k, at, m.tiled);
+    set_arg(k, at + 1, cl_uint{static_cast<uint32_t>(sibling_type_code(m.wtype))});
+    set_arg(k, at + 2, cl_uint{used ? m.row_end : 0u});
+    set_arg(k, at + 3, cl_ulong{m.y_off});
+    set_arg(k, at + 4, cl_uint{m.y_stride});
+    if (used) items += (m.row_end + kTiledRows - 1) / kTiledRows;
+  }
+  // matmul_int8's work-groups of 4 16-row items (a group may hold two segments' items).
+  constexpr size_t kGroup = 4;
+  const size_t global[2] = {round_up(items, kGroup), 1};
+  const size_t local[2] = {kGroup, 1};
+  return launch(name.c_str(), k, 2, global, local);
 }
 
 cl_event GpuKernels::add_rmsnorm_quantize(cl_mem arena, const std::optional<ResidualAdd>& add,

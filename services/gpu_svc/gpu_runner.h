@@ -52,6 +52,7 @@ struct StepReport {
   uint32_t next_op = 0;
   uint32_t ops_run = 0;
   bool preempted = false;
+  uint32_t launches = 0;  // kernels enqueued (fused launches count once)
 };
 
 class GpuRunner {

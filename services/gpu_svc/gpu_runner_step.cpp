@@ -1,6 +1,8 @@
 // GpuRunner's op dispatch: a step's token rows, flags and KV pieces, each op's kernel launch in
 // order, the copies-mode read-back, the preemption check and the step's timing report.
 #include <algorithm>
+#include <array>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -279,6 +281,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   const uint64_t tok = step.tokens_offset;
   const TokenRange all{0, n};
   kernels_.reuse_quantized_inputs();  // only this step's own ops write the arena, until a wait
+  const uint64_t launches_before = kernels_.launches();
   Clock::time_point done_at = enqueued;
   report.next_op = static_cast<uint32_t>(prog.ops.size());
   try {
@@ -347,11 +350,15 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       size_t covered = 1;
       if (fuse_ && !p.fusion.empty() && p.fusion[i].kind != Fusion::none) {
         const FusedGroup g = p.fusion[i];
-        const bool feeds = g.kind != Fusion::rope_pair;
-        std::optional<MatmulArgs> next;
-        if (feeds) next = matmul_args(p, at, *prog.ops[i + g.ops], n, tok);
+        // The matmuls it launches (sibling_matmuls) or feeds (*_quantize: the op after it).
+        std::array<MatmulArgs, GpuKernels::kMaxSiblings> mm;
+        size_t n_mm = 0;
+        if (g.kind == Fusion::sibling_matmuls)
+          for (; n_mm < g.ops; ++n_mm) mm[n_mm] = matmul_args(p, at, *prog.ops[i + n_mm], n, tok);
+        else if (g.kind != Fusion::rope_pair)
+          mm[n_mm++] = matmul_args(p, at, *prog.ops[i + g.ops], n, tok);
         last = launch_fused(kernels_, prog, i, g, p.arena, at, p.weights, tok, all,
-                            next ? &*next : nullptr);
+                            std::span<const MatmulArgs>(mm.data(), n_mm));
         if (last) covered = g.ops;
       }
       if (!last) switch (op.kind) {
@@ -474,6 +481,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     throw;
   }
   report.ops_run = static_cast<uint32_t>(op_events.size());
+  report.launches = static_cast<uint32_t>(kernels_.launches() - launches_before);
   // Device time onto the host clock: the last kernel ended when the host saw the step done (a
   // little before, by the wake-up), so every span is shifted by that one offset and kept inside
   // [enqueued, done_at].

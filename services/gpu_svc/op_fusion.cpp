@@ -6,6 +6,7 @@
 
 #include "core/base/error.h"
 #include "core/base/settings.h"
+#include "core/model/dtype.h"
 #include "core/model/ops.h"
 
 namespace duet::gpu {
@@ -32,6 +33,42 @@ bool norm_feeding_matmul(const fb::OpT& norm, const fb::OpT& mm) {
   return norm.kind == fb::OpKind::RmsNorm && norm.publish_flag < 0 && norm.in0 && norm.out &&
          norm.weight && norm.in0->cols() == norm.out->cols() && norm.out->cols() % 32 == 0 &&
          matmul_of(mm, norm.out.get());
+}
+
+// A matmul the integer path can run with siblings: a type of matmul_siblings_cpu.cl's, all of
+// its tensor's rows (never a tensor plan's split), every token.
+bool whole_matmul(const fb::OpT& op) {
+  if (op.kind != fb::OpKind::MatMul || !op.weight || !op.in0 || !op.out) return false;
+  const auto t = static_cast<DType>(op.weight->dtype());
+  const bool typed = t == DType::Q4_0 || t == DType::Q8_0 || dtype_is_k_quant(t);
+  return typed && op.seq_begin == 0 && op.seq_end == 0 && op.row_begin == 0 &&
+         (op.row_end == 0 || op.row_end == op.weight->rows()) &&
+         op.weight->cols() == op.in0->cols();
+}
+
+// The quantised input one launch can share: Q4_0 and Q8_0 weights have zero points of their own
+// (matmul_int8.cl's zp_shift), the K types none.
+bool same_input_quantisation(const fb::OpT& a, const fb::OpT& b) {
+  const auto ta = static_cast<DType>(a.weight->dtype()), tb = static_cast<DType>(b.weight->dtype());
+  return ta == tb || (dtype_is_k_quant(ta) && dtype_is_k_quant(tb));
+}
+
+// How many matmuls from ops[i] form a sibling group (0 or 1: none): whole matmuls of the same
+// input, none but the last publishing a flag, none after the first waiting for one.
+uint32_t siblings_at(const std::vector<std::unique_ptr<fb::OpT>>& ops, size_t i) {
+  const fb::OpT& first = *ops[i];
+  if (!whole_matmul(first)) return 0;
+  uint32_t n = 1;
+  while (n < GpuKernels::kMaxSiblings && i + n < ops.size()) {
+    const fb::OpT& prev = *ops[i + n - 1];
+    const fb::OpT& op = *ops[i + n];
+    if (prev.publish_flag >= 0 || !whole_matmul(op) || !op.wait_flags.empty() ||
+        !same_tensor(op.in0.get(), first.in0.get()) || !same_input_quantisation(first, op) ||
+        same_tensor(op.out.get(), first.in0.get()))
+      break;
+    ++n;
+  }
+  return n;
 }
 
 bool same_rope(const fb::OpT& a, const fb::OpT& b) {
@@ -63,21 +100,24 @@ std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog) {
                op.out && op.out->cols() % 32 == 0 && op.in0->cols() == op.out->cols() &&
                op.in1->cols() == op.out->cols() && next && matmul_of(*next, op.out.get())) {
       g = {Fusion::swiglu_quantize, 1};
+    } else if (const uint32_t n = siblings_at(ops, i); n >= 2) {
+      g = {Fusion::sibling_matmuls, n};
     } else if (op.kind == fb::OpKind::Rope && op.publish_flag < 0 && op.in0 && next &&
                next->kind == fb::OpKind::Rope && joinable(*next) && next->in0 &&
                same_rope(op, *next) && !same_tensor(op.in0.get(), next->in0.get())) {
       g = {Fusion::rope_pair, 2};
     }
     plan[i] = g;
-    i += g.ops;  // a *_quantize group's matmul opens no group: planning goes on from it
+    i += g.ops;  // a *_quantize group's matmul may open a sibling group: planning goes on there
   }
   return plan;
 }
 
 cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, FusedGroup g,
                       cl_mem arena, const ArenaOffsets& at, cl_mem weights, uint64_t tok_off,
-                      TokenRange all, const MatmulArgs* next) {
+                      TokenRange all, std::span<const MatmulArgs> matmuls) {
   const fb::OpT& op = *prog.ops[i];
+  const MatmulArgs* next = matmuls.size() == 1 ? matmuls.data() : nullptr;
   switch (g.kind) {
     case Fusion::add_norm_quantize:
     case Fusion::norm_quantize: {
@@ -108,6 +148,9 @@ cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, F
       return kernels.rope_pair(arena, at(*op.in0), op.in0->cols(), op.n_heads, at(*k.in0),
                                k.in0->cols(), k.n_heads, op.head_dim, r, tok_off, all);
     }
+    case Fusion::sibling_matmuls:
+      if (matmuls.size() != g.ops) return nullptr;
+      return kernels.matmul_siblings(arena, matmuls);
     case Fusion::none:
       break;
   }

@@ -2,17 +2,23 @@
 // Which consecutive ops of a program gpu_svc launches as one kernel on the CPU integer path
 // (GpuKernels' fused launches, gpu_kernels_fused.cpp). A llama decode step is ~20 launches per
 // layer; on PoCL each one wakes the worker threads and waits for the slowest, which costs more
-// than the per-token ops' own work. Four groups per layer are fused:
+// than the per-token ops' own work. Six groups per layer are fused:
 //   add_norm_quantize: Add (the residual), RmsNorm of its output, the matmul reading the norm
 //                      (its input quantisation rides along; the matmul itself still launches)
 //   norm_quantize:     RmsNorm, the matmul reading it (the first layer's, after Embed)
 //   swiglu_quantize:   SwiGlu (silu), the down matmul reading it
 //   rope_pair:         Rope of Q, Rope of K (same parameters): one launch
+//   sibling_matmuls:   2 or 3 consecutive MatMuls of the same input (Q, K, V; gate, up), each
+//                      of a whole tensor: one launch for decode steps (GpuKernels::
+//                      matmul_siblings; the same input quantisation, types Q4_0, Q8_0 or the K
+//                      types, which may mix), the matmuls apart for more tokens
 // Fused ops give the same bits as the ops apart (the tests check it), so whether a step fused
 // never changes its tokens. A group never spans a cross-device wait or a published flag (the
-// other device must see each op's output when its flag says so), nor a token sub-range.
+// other device must see each op's output when its flag says so), nor a token sub-range, nor a
+// matmul's row range (a tensor plan's split).
 // DUET_GPU_FUSE=0 turns fusion off (fusion_from_env).
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/program/program.h"
@@ -20,13 +26,20 @@
 
 namespace duet::gpu {
 
-enum class Fusion : uint8_t { none, add_norm_quantize, norm_quantize, swiglu_quantize, rope_pair };
+enum class Fusion : uint8_t {
+  none,
+  add_norm_quantize,
+  norm_quantize,
+  swiglu_quantize,
+  rope_pair,
+  sibling_matmuls
+};
 
 struct FusedGroup {
   Fusion kind = Fusion::none;
   // The ops the one launch replaces, from this one (1: the op alone). For the *_quantize kinds
   // the op right after them is the matmul whose input quantisation rides along: it is still
-  // launched on its own, then skipping its quantisation.
+  // launched on its own (or with its siblings), then skipping its quantisation.
   uint32_t ops = 1;
 };
 
@@ -36,12 +49,14 @@ struct FusedGroup {
 std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog);
 
 // Enqueues group g at prog.ops[i] through `kernels`: its event, or null when the ops must run
-// apart after all (`next`, the args of the matmul after a *_quantize group, is not on the integer
-// path). arena/weights/tok_off as the runner passes them to the kernels, `at` the step's arena
+// apart after all. `matmuls`: the args of the matmul after a *_quantize group (null when it is
+// not on the integer path), of the group's matmuls for sibling_matmuls (null when
+// GpuKernels::siblings_fuse says no: more than one token, no tiled copy, ...).
+// arena/weights/tok_off as the runner passes them to the kernels, `at` the step's arena
 // offsets; `all`: the step's tokens.
 cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, FusedGroup g,
                       cl_mem arena, const ArenaOffsets& at, cl_mem weights, uint64_t tok_off,
-                      TokenRange all, const MatmulArgs* next);
+                      TokenRange all, std::span<const MatmulArgs> matmuls);
 
 // DUET_GPU_FUSE: unset or "1" on, "0" off; anything else throws invalid_argument.
 bool fusion_from_env();

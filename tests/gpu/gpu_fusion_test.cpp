@@ -2,13 +2,20 @@
 // that no group spans a wait on the other device or hides a published flag, and that a step run
 // with fused launches gives the very bits of the same step run op by op (DUET_GPU_FUSE=0), for
 // prefill and decode, Q8_0, Q4_0 and a K-quant mix, gpu-only and with the reference interpreter
-// as the NPU taking half of every matmul.
+// as the NPU taking half of every matmul, with one kernel launch fewer per op folded. And
+// GpuKernels::matmul_siblings alone: sibling matmuls of odd row counts (31, 33, 257), every type
+// and type mix it takes, both ISAs and activation widths, write the bits of the matmuls apart,
+// and nothing else; what it must refuse, it refuses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/base/error.h"
 #include "core/model/model.h"
@@ -16,7 +23,9 @@
 #include "core/program/program.h"
 #include "services/gpu_svc/gpu_runner.h"
 #include "services/gpu_svc/op_fusion.h"
+#include "services/gpu_svc/tiled_weights.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/kquant_test_util.h"
 #include "tests/support/local_flags.h"
 #include "tests/support/program_setup.h"
 
@@ -67,6 +76,13 @@ TEST(OpFusion, ALlamaLayerFusesItsNormsSwigluAndRopes) {
         EXPECT_EQ(kind(i), fb::OpKind::Rope);
         EXPECT_EQ(kind(i + 1), fb::OpKind::Rope);
         break;
+      case Fusion::sibling_matmuls:  // Q, K, V or gate, up: matmuls of the same input
+        for (size_t j = i; j < i + plan[i].ops; ++j) {
+          EXPECT_EQ(kind(j), fb::OpKind::MatMul);
+          EXPECT_EQ(b.gpu.ops[j]->in0->offset(), b.gpu.ops[i]->in0->offset());
+        }
+        EXPECT_TRUE(plan[i].ops == 3 || plan[i].ops == 2) << plan[i].ops;
+        break;
       case Fusion::none:
         break;
     }
@@ -78,6 +94,7 @@ TEST(OpFusion, ALlamaLayerFusesItsNormsSwigluAndRopes) {
   EXPECT_EQ(count[Fusion::add_norm_quantize], 2 * layers);
   EXPECT_EQ(count[Fusion::swiglu_quantize], layers);
   EXPECT_EQ(count[Fusion::rope_pair], layers);
+  EXPECT_EQ(count[Fusion::sibling_matmuls], 2 * layers);  // q k v, gate up
 }
 
 TEST(OpFusion, NoGroupSpansAWaitOrHidesAFlag) {
@@ -88,7 +105,16 @@ TEST(OpFusion, NoGroupSpansAWaitOrHidesAFlag) {
   for (size_t i = 0; i < plan.size(); ++i) {
     if (plan[i].kind == Fusion::none) continue;
     ++groups;
-    const bool quantize = plan[i].kind != Fusion::rope_pair;
+    const bool quantize =
+        plan[i].kind != Fusion::rope_pair && plan[i].kind != Fusion::sibling_matmuls;
+    // A tensor plan's split matmuls (row ranges) are never siblings; the matmuls it leaves
+    // wholly on the GPU (here K and V: fewer rows than the split's) may be.
+    if (plan[i].kind == Fusion::sibling_matmuls)
+      for (size_t j = i; j < i + plan[i].ops; ++j) {
+        const fb::OpT& mm = *b.gpu.ops[j];
+        EXPECT_TRUE(mm.row_begin == 0 && (mm.row_end == 0 || mm.row_end == mm.weight->rows()))
+            << "op " << j << " is a row range of its tensor";
+      }
     const size_t end = i + plan[i].ops + (quantize ? 1 : 0);  // the matmul fed, included
     ASSERT_LE(end, b.gpu.ops.size());
     for (size_t j = i + 1; j < end; ++j)
@@ -123,6 +149,10 @@ TEST(OpFusion, TheSwitchIsZeroOrOne) {
 struct Run {
   std::vector<float> logits;
   size_t ops_folded = 0;
+  size_t matmuls_folded = 0;   // of them matmuls (into a sibling's launch)
+  size_t sibling_ops = 0;      // the program's sibling groups' ops past their first
+  uint32_t launches = 0;       // kernels the last step enqueued
+  size_t quantize_groups = 0;  // the program's *_quantize groups (each also saves a launch)
 };
 
 Run run_steps(const LlamaModel& m, const Plan& plan, bool fuse) {
@@ -151,9 +181,20 @@ Run run_steps(const LlamaModel& m, const Plan& plan, bool fuse) {
         [&] { report = runner.run_step(1, args, std::chrono::seconds(60), &flags); });
     const float* l = reinterpret_cast<const float*>(mem.arena + built.arena.logits);
     out.logits.insert(out.logits.end(), l, l + tokens.size() * m.hp().n_vocab);
-    out.ops_folded = 0;
-    for (const OpTiming& op : report.ops) out.ops_folded += op.start_ns == 0 && op.end_ns == 0;
+    out.ops_folded = out.matmuls_folded = 0;
+    for (const OpTiming& op : report.ops) {
+      const bool folded = op.start_ns == 0 && op.end_ns == 0;
+      out.ops_folded += folded;
+      out.matmuls_folded += folded && built.gpu.ops[op.op_index]->kind == fb::OpKind::MatMul;
+    }
+    out.launches = report.launches;
   };
+  for (const FusedGroup& g : plan_fusion(built.gpu)) {
+    out.quantize_groups +=
+        fuse && (g.kind == Fusion::add_norm_quantize || g.kind == Fusion::norm_quantize ||
+                 g.kind == Fusion::swiglu_quantize);
+    if (g.kind == Fusion::sibling_matmuls) out.sibling_ops += g.ops - 1;
+  }
   step({1, 703, 1975, 310, 263, 1243, 322, 42, 17, 5, 900}, 0);
   int pos = 11;
   for (int32_t tok : {100, 7, 1500}) step({tok}, pos++);
@@ -167,6 +208,12 @@ void expect_same_bits(const LlamaModel& m, const Plan& plan) {
   EXPECT_EQ(apart.ops_folded, 0u);
   if (GpuKernels(shared_device()).int8_matmul()) {
     EXPECT_GT(fused.ops_folded, 0u);
+    // A decode step: every op folded into another's launch, and every input quantisation folded
+    // into its producer, is one kernel launch fewer.
+    EXPECT_EQ(apart.launches - fused.launches, fused.ops_folded + fused.quantize_groups);
+    // Every sibling group of the decode step ran as one launch.
+    EXPECT_EQ(fused.matmuls_folded, fused.sibling_ops);
+    EXPECT_GT(fused.sibling_ops, 0u);
   }
   ASSERT_EQ(apart.logits.size(), fused.logits.size());
   size_t differ = 0;
@@ -202,6 +249,128 @@ TEST(OpFusion, FusedStepsGiveTheBitsOfTheOpsApartForAKQuantMix) {
     expect_same_bits(*m, Plan::gpu_only());
   }
   std::filesystem::remove_all(dir);
+}
+
+// Sibling matmuls of one token: each weight tensor in the file's layout and its tiled copy, an
+// arena with the input row at x_off and each matmul's outputs (rows floats) at its own y_off.
+struct Siblings {
+  static constexpr uint32_t kToken = 2;  // the launch's token (rows 0..1 unused)
+  Siblings(ClDevice& dev, const std::vector<DType>& types, const std::vector<uint32_t>& rows,
+           uint32_t cols)
+      : x(testing::random_floats(size_t{kToken + 1} * cols, 11 + cols, 2.0f)) {
+    uint64_t y = 4096 + uint64_t{kToken + 1} * cols * 4;
+    for (size_t s = 0; s < types.size(); ++s) {
+      const auto bytes = dtype_is_k_quant(types[s])
+                             ? testing::random_kq_weights(types[s], rows[s], cols, 3 + rows[s])
+                             : testing::random_weights(types[s], rows[s], cols, 3 + rows[s]);
+      weights.push_back(std::make_unique<testing::HostBuffer>(dev, bytes));
+      tiled.push_back(std::make_unique<TiledTensor>(dev, types[s], rows[s], cols, bytes.data()));
+      MatmulArgs a = testing::matmul_args(types[s], weights.back()->mem(), 0, rows[s], cols, 4096,
+                                          y, {kToken, kToken + 1});
+      a.tiled = tiled.back()->mem();
+      args.push_back(a);
+      y += uint64_t{kToken + 1} * rows[s] * 4 + 64;  // a gap: writes past a tensor show there
+    }
+    arena = std::make_unique<testing::HostBuffer>(dev, y);
+  }
+  // Every byte past the input after run(launch): the outputs and the gaps.
+  std::vector<uint8_t> outputs(const std::function<void()>& launch) {
+    std::memset(arena->at(0), 0, arena->bytes());
+    std::memcpy(arena->at(4096), x.data(), x.size() * 4);
+    for (const MatmulArgs& a : args) {
+      float* y = arena->at<float>(a.y_off);
+      std::fill(y, y + size_t{kToken + 1} * a.y_stride, -7.0f);
+    }
+    arena->upload();
+    launch();
+    arena->download();
+    const uint64_t from = args.front().y_off;
+    return {arena->at(from), arena->at(0) + arena->bytes()};
+  }
+  std::vector<float> x;
+  std::vector<std::unique_ptr<testing::HostBuffer>> weights;
+  std::vector<std::unique_ptr<TiledTensor>> tiled;
+  std::vector<MatmulArgs> args;
+  std::unique_ptr<testing::HostBuffer> arena;
+};
+
+TEST(SiblingMatmuls, OneLaunchWritesTheBitsOfTheMatmulsApartOnOddRowCounts) {
+  ClDevice& dev = shared_device();
+  GpuKernels kernels(dev);
+  if (!testing::int8_path_available(kernels)) GTEST_SKIP() << "no integer path here";
+  const std::vector<bool> isas = testing::integer_isas(kernels);
+  struct Case {
+    std::vector<DType> types;
+    std::vector<uint32_t> rows;
+    uint32_t cols;
+  };
+  const Case cases[] = {
+      {{DType::Q4_0, DType::Q4_0, DType::Q4_0}, {31, 33, 257}, 96},
+      {{DType::Q8_0, DType::Q8_0, DType::Q8_0}, {257, 31, 33}, 64},
+      {{DType::Q4_K, DType::Q4_K, DType::Q6_K}, {31, 257, 33}, 512},  // Q4_K_M's q, k, v
+      {{DType::Q5_K, DType::Q6_K}, {33, 31}, 256},
+      {{DType::Q6_K, DType::Q4_K}, {1, 16}, 256},
+  };
+  for (const Case& c : cases) {
+    Siblings sib(dev, c.types, c.rows, c.cols);
+    for (const bool vnni : isas)
+      for (const int bits : {8, 16}) {
+        SCOPED_TRACE(std::string(dtype_name(c.types.front())) + " then " +
+                     std::string(dtype_name(c.types.back())) + (vnni ? " vnni" : " portable") +
+                     " a" + std::to_string(bits));
+        kernels.set_int8_vnni(vnni);
+        kernels.set_int8_act_bits(bits);
+        ASSERT_TRUE(kernels.siblings_fuse(sib.args));
+        const auto apart = sib.outputs([&] {
+          for (const MatmulArgs& a : sib.args) testing::run(kernels.matmul(sib.arena->mem(), a));
+        });
+        const uint64_t before = kernels.launches();
+        const auto fused =
+            sib.outputs([&] { testing::run(kernels.matmul_siblings(sib.arena->mem(), sib.args)); });
+        EXPECT_EQ(kernels.launches() - before, 2u);  // the quantisation, then the one matmul
+        ASSERT_EQ(apart.size(), fused.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < apart.size(); i += 4)
+          differ += std::memcmp(&apart[i], &fused[i], 4) != 0;
+        EXPECT_EQ(differ, 0u) << "of " << apart.size() / 4 << " floats";
+        const float* y0 = reinterpret_cast<const float*>(fused.data());
+        EXPECT_NE(y0[size_t{Siblings::kToken} * sib.args[0].y_stride], -7.0f);  // it wrote
+      }
+  }
+}
+
+TEST(SiblingMatmuls, WhatOneLaunchCannotDoIsLeftToTheMatmulsApart) {
+  ClDevice& dev = shared_device();
+  GpuKernels kernels(dev);
+  if (!testing::int8_path_available(kernels)) GTEST_SKIP() << "no integer path here";
+  Siblings sib(dev, {DType::Q4_K, DType::Q6_K, DType::Q4_K}, {31, 33, 16}, 256);
+  ASSERT_TRUE(kernels.siblings_fuse(sib.args));
+  const auto refused = [&](const char* why, auto change) {
+    std::vector<MatmulArgs> a = sib.args;
+    change(a);
+    EXPECT_FALSE(kernels.siblings_fuse(a)) << why;
+    const uint64_t before = kernels.launches();
+    EXPECT_EQ(kernels.matmul_siblings(sib.arena->mem(), a), nullptr) << why;
+    EXPECT_EQ(kernels.launches(), before) << why << ": something was enqueued";
+  };
+  using Args = std::vector<MatmulArgs>;
+  refused("one matmul", [](Args& a) { a.resize(1); });
+  refused("four matmuls", [](Args& a) { a.push_back(a[0]); });
+  refused("two tokens (a prefill)", [](Args& a) {
+    for (MatmulArgs& m : a) m.tokens = {1, 3};
+  });
+  refused("a row range", [](Args& a) { a[1].row_begin = 16; });
+  refused("no tiled copy", [](Args& a) { a[2].tiled = nullptr; });
+  refused("another input", [](Args& a) { a[1].x_off += 4 * a[1].k; });
+  refused("an output over the input", [](Args& a) {  // the token's output row at its input row
+    a[2].y_off = a[2].x_off + uint64_t{Siblings::kToken} * (a[2].k - a[2].y_stride) * 4;
+  });
+  refused("two outputs over each other", [](Args& a) { a[1].y_off = a[0].y_off + 8; });
+  refused("Logits rows", [](Args& a) { a[0].rows_from_table = true; });
+  kernels.set_int8_act_bits(MatmulRole::o, 8);  // the others keep 16
+  refused("another activation width", [](Args& a) { a[1].role = MatmulRole::o; });
+  Siblings mixed(dev, {DType::Q4_0, DType::Q8_0}, {31, 33}, 64);
+  EXPECT_FALSE(kernels.siblings_fuse(mixed.args)) << "Q4_0 and Q8_0 quantise their input apart";
 }
 
 }  // namespace

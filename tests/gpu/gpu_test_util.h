@@ -137,6 +137,19 @@ inline bool int8_path_available(GpuKernels& k) {
   }
 }
 
+// The ISAs of the integer kernels k's device runs: portable (false), and VNNI (true) where the
+// CPU has AVX-512 VNNI (k is left on VNNI then).
+inline std::vector<bool> integer_isas(GpuKernels& k) {
+  std::vector<bool> out{false};
+  try {
+    k.set_int8_vnni(true);
+    out.push_back(true);
+  } catch (const Error&) {
+    std::printf("note: no AVX-512 VNNI here, portable kernels only\n");
+  }
+  return out;
+}
+
 // (weight type, activation bits): kernels on the integer path at those bits (skipped on devices
 // without it).
 class Int8MatmulTest : public ::testing::TestWithParam<std::tuple<DType, int>> {
@@ -145,18 +158,7 @@ class Int8MatmulTest : public ::testing::TestWithParam<std::tuple<DType, int>> {
     if (!int8_path_available(kernels)) GTEST_SKIP() << "no integer path on " << dev.info().name;
     kernels.set_int8_act_bits(bits);
   }
-  // The ISAs of the integer kernels this device runs: portable (false), and VNNI (true) where
-  // the CPU has AVX-512 VNNI.
-  std::vector<bool> integer_isas() {
-    std::vector<bool> out{false};
-    try {
-      kernels.set_int8_vnni(true);
-      out.push_back(true);
-    } catch (const Error&) {
-      std::printf("note: no AVX-512 VNNI here, portable kernels only\n");
-    }
-    return out;
-  }
+  std::vector<bool> integer_isas() { return testing::integer_isas(kernels); }
 
   const DType type = std::get<0>(GetParam());
   const int bits = std::get<1>(GetParam());

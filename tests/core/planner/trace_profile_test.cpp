@@ -87,6 +87,27 @@ TEST(TraceProfile, MatmulSpansOfUnsplitStepsBecomeProfilePoints) {
   EXPECT_EQ(r.handoff_sync_us, 0);  // no op waited on the other device
 }
 
+TEST(TraceProfile, AMatmulSpanThatAlsoTimedItsSiblingsIsNoProfilePoint) {
+  // gpu_svc's sibling matmuls (op_fusion.h): q, k and v as one launch, its time on q's span, k
+  // and v without time of their own. That span is not q's shape: it is left out.
+  nlohmann::json events = nlohmann::json::array();
+  add_step(events, 1, "gpu-only", 1, 500, 400,
+           {{"MatMul q L0", 30}, {"MatMul k L0", 0}, {"MatMul v L0", 0}, {"MatMul o L0", 12}});
+  add_step(events, 2, "gpu-only", 1, 500, 400, {{"MatMul q L1", 14}, {"MatMul o L1", 12}});
+  const TraceProfileReport r =
+      profile_from_traces({nlohmann::json{{"traceEvents", events}}}, fortune(), "fortune");
+  EXPECT_EQ(r.op_spans, 3u);  // q L1, o L0, o L1
+  const LlamaLayer& l0 = fortune().layers[0];
+  ASSERT_EQ(l0.wo.rows, l0.wq.rows);  // q and o have one shape here: one profile point
+  bool q = false;
+  for (const ProfileEntry& e : r.profile.entries)
+    if (e.m == l0.wq.rows && e.k == l0.wq.cols && e.n == 1) {
+      q = true;
+      EXPECT_NEAR(e.us, (14.0 + 12 + 12) / 3, 1e-9);  // without the 30 of q, k and v together
+    }
+  EXPECT_TRUE(q);
+}
+
 TEST(TraceProfile, TheHandOffIsTheDeviceSpanLeftOverPerFlagWait) {
   // An npu-only step: the GPU's norm, then two NPU matmuls that each waited on the GPU's flag,
   // 600 us of ops in an 1000 us span: 200 us per hand-off.
