@@ -35,6 +35,15 @@ struct TokenRange {
   uint32_t count() const { return end - begin; }
 };
 
+// The arena bytes [begin, end) of rows t of a [tokens][stride] f32 tensor at byte `off`: what a
+// matmul reads or writes, for the checks that an output leaves an input (or another output) alone.
+struct ArenaRows {
+  uint64_t begin = 0, end = 0;
+  ArenaRows(uint64_t off, uint32_t stride, TokenRange t)
+      : begin(off + uint64_t{t.begin} * stride * 4), end(off + uint64_t{t.end} * stride * 4) {}
+  bool overlaps(const ArenaRows& o) const { return begin < o.end && o.begin < end; }
+};
+
 struct MatmulArgs {
   DType wtype = DType::F32;
   cl_mem w = nullptr;

@@ -40,15 +40,6 @@ int sibling_type_code(DType t) {
   }
 }
 
-// The arena bytes of a [tokens][stride] f32 tensor's rows t.
-struct ByteRange {
-  uint64_t begin, end;
-  bool overlaps(const ByteRange& o) const { return begin < o.end && o.begin < end; }
-};
-ByteRange token_rows(uint64_t off, uint32_t stride, TokenRange t) {
-  return {off + uint64_t{t.begin} * stride * 4, off + uint64_t{t.end} * stride * 4};
-}
-
 }  // namespace
 
 bool GpuKernels::siblings_fuse(std::span<const MatmulArgs> mm) const {
@@ -56,7 +47,7 @@ bool GpuKernels::siblings_fuse(std::span<const MatmulArgs> mm) const {
   const MatmulArgs& a = mm[0];
   if (a.tokens.count() != 1) return false;  // the T = 1 kernels only (decode)
   const auto bits_zp = int8_bits_zp(a);
-  const ByteRange input = token_rows(a.x_off, a.x_stride, a.tokens);
+  const ArenaRows input(a.x_off, a.x_stride, a.tokens);
   for (size_t s = 0; s < mm.size(); ++s) {
     const MatmulArgs& m = mm[s];
     if (!quantizes_input(m) || !m.tiled || sibling_type_code(m.wtype) < 0 || m.rows_from_table ||
@@ -65,10 +56,10 @@ bool GpuKernels::siblings_fuse(std::span<const MatmulArgs> mm) const {
         int8_bits_zp(m) != bits_zp)
       return false;
     // Apart, a matmul writing its siblings' input (or outputs) would change what they compute.
-    const ByteRange out = token_rows(m.y_off, m.y_stride, m.tokens);
+    const ArenaRows out(m.y_off, m.y_stride, m.tokens);
     if (out.overlaps(input)) return false;
     for (size_t o = 0; o < s; ++o)
-      if (out.overlaps(token_rows(mm[o].y_off, mm[o].y_stride, mm[o].tokens))) return false;
+      if (out.overlaps(ArenaRows(mm[o].y_off, mm[o].y_stride, mm[o].tokens))) return false;
   }
   return true;
 }

@@ -111,11 +111,9 @@ void GpuKernels::quantize_int8_input(cl_mem arena, const MatmulArgs& a, int bits
     quantized_ = input;
   }
   // The output may overwrite the input rows (or, for Logits, rows we do not bound here).
-  const uint64_t x_begin = a.x_off + uint64_t{a.tokens.begin} * a.x_stride * 4,
-                 x_end = a.x_off + uint64_t{a.tokens.end} * a.x_stride * 4,
-                 y_begin = a.y_off + uint64_t{a.tokens.begin} * a.y_stride * 4,
-                 y_end = a.y_off + uint64_t{a.tokens.end} * a.y_stride * 4;
-  if (a.rows_from_table || (y_begin < x_end && x_begin < y_end)) forget_quantized_input();
+  if (a.rows_from_table ||
+      ArenaRows(a.y_off, a.y_stride, a.tokens).overlaps(ArenaRows(a.x_off, a.x_stride, a.tokens)))
+    forget_quantized_input();
 }
 
 void GpuKernels::reuse_quantized_inputs() {
