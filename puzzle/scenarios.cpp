@@ -140,12 +140,10 @@ std::vector<SimModel> ScenarioModel::sim_models(const Genome& g) {
   std::vector<SimModel> out;
   const size_t n = scenario_.models.size();
   if (g.cuts.size() == 2 * n) {
-    for (size_t m = 0; m < n; ++m) {
-      int rank = 0;  // entry m's rank among the first n entries
-      for (size_t o = 0; o < n; ++o) rank += g.priority[o] < g.priority[m];
-      out.push_back({scenario_.models[m].group, rank,
+    const std::vector<int> rank = model_ranks(g.priority, n);
+    for (size_t m = 0; m < n; ++m)
+      out.push_back({scenario_.models[m].group, rank[m],
                      steps(m, decode_subgraphs(g, m), decode_subgraphs(g, n + m))});
-    }
     return out;
   }
   for (size_t m = 0; m < n; ++m)
@@ -329,6 +327,13 @@ MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double 
               {"evaluations", s.evaluations},
               {"mean_objective", s.mean_objective}};
   return r;
+}
+
+std::vector<int> model_ranks(const std::vector<int>& priority, size_t n_models) {
+  std::vector<int> rank(n_models, 0);
+  for (size_t m = 0; m < n_models; ++m)
+    for (size_t o = 0; o < n_models; ++o) rank[m] += priority.at(o) < priority.at(m);
+  return rank;
 }
 
 nlohmann::json solution_to_json(const ScenarioModel& sm, const Genome& g) {

@@ -120,4 +120,9 @@ MethodResult run_best_mapping_per_phase(ScenarioModel& sm);
 // A genome's placements and priorities: {"priority": [...], "models": [subgraph plan...]}.
 nlohmann::json solution_to_json(const ScenarioModel& sm, const Genome& g);
 
+// Each model's rank (0 runs first), as the simulator and `stack up --model-priority` take it:
+// the order of priority[m] among the first n_models entries. A genome's priority is a
+// permutation; a per-phase genome's ranks 2M entries, and a model's rank is its prefill entry's.
+std::vector<int> model_ranks(const std::vector<int>& priority, size_t n_models);
+
 }  // namespace duet::puzzle

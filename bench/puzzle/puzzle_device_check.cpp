@@ -199,16 +199,11 @@ int main(int argc, char** argv) try {
   };
   auto add_pareto = [&](const MethodResult& r, const std::string& source) {
     for (size_t i = 0; i < r.solutions.size(); ++i) {
-      Candidate c{source + " " + std::to_string(i),
-                  {},
-                  r.detail["solutions"][i]["priority"].get<std::vector<int>>()};
       // A per-phase genome ranks 2M entries; a model's rank is its prefill entry's order.
-      c.priority.resize(names.size());
-      std::vector<int> order(names.size());
-      for (size_t m = 0; m < names.size(); ++m) order[m] = static_cast<int>(m);
-      std::sort(order.begin(), order.end(),
-                [&](int x, int y) { return c.priority[x] < c.priority[y]; });
-      for (size_t k = 0; k < order.size(); ++k) c.priority[order[k]] = static_cast<int>(k);
+      Candidate c{
+          source + " " + std::to_string(i),
+          {},
+          model_ranks(r.detail["solutions"][i]["priority"].get<std::vector<int>>(), names.size())};
       for (size_t m = 0; m < names.size(); ++m)
         c.plans.push_back(subgraph_plan_from_json(r.detail["solutions"][i]["models"][m]));
       add(std::move(c));

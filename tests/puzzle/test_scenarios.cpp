@@ -120,6 +120,8 @@ TEST(PuzzleScenarios, APerPhaseGenomePlacesThePrefillAndTheDecodeStepsApart) {
   EXPECT_EQ(models[0].priority, 2);
   EXPECT_EQ(models[1].priority, 0);
   EXPECT_EQ(models[2].priority, 1);
+  // The ranks the device check passes to `stack up --model-priority`: the same.
+  EXPECT_EQ(model_ranks(g.priority, 3), (std::vector<int>{2, 0, 1}));
   for (size_t m = 0; m < 3; ++m) {
     ASSERT_EQ(models[m].steps.size(), static_cast<size_t>(small().models[m].output));
     const auto whole = [&](Proc d) { return std::vector<Subgraph>{{0, units[m] - 1, d}}; };
