@@ -215,7 +215,7 @@ inline float16 attn_hsum16x16(const float16* d) {
 // 544 keys (the KV cold after the weights) the chunk prefetch took attention from 3.9-5.0 to
 // 2.6-3.6 ms a token; prefetching every KV head's rows of the chunk from the group's first
 // work-item instead, or dropping the per-block prefetch, was slower (bench/longctx/RESULTS.md,
-// 2026-11-27 18:20). x86 only: prefetches never fault; elsewhere a no-op.
+// 2026-11-27 18:10). x86 only: prefetches never fault; elsewhere a no-op.
 inline void attn_prefetch(global const uchar* p, uint bytes) {
 #if defined(__x86_64__)
   for (uint i = 0; i < bytes; i += 64) __asm__ volatile("prefetcht0 (%0)" : : "r"(p + i));
