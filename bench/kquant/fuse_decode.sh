@@ -42,7 +42,7 @@ for round in $(seq "${ROUNDS:-1}"); do
       rm -f "$trace"
       echo "{\"model\":\"$(basename "$model")\",\"round\":$round,\"fuse\":$fuse,\"bin\":\"$bin\"," \
         "\"loadavg\":\"$(cut -d' ' -f1 /proc/loadavg)\",\"time\":\"$(date -u +%H:%M:%S)\"," \
-        "\"gpu_svc_cpu_ms_per_token\":$(echo "($c2 - $c1 - ($c1 - $c0)) / 64" | bc -l)," \
+        "\"gpu_svc_cpu_ms_per_token\":$(awk -v a="$c0" -v b="$c1" -v c="$c2" 'BEGIN { print (c - b - (b - a)) / 64 }')," \
         "\"stack_bench\":$r,\"trace\":$t}"
       "$bin/duet" stack down --stack $stack >&2
     done
