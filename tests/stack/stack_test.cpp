@@ -290,9 +290,14 @@ TEST_F(StackTest, NextUpReclaimsWhatAKilledStackLeft) {
                              4096);  // persists: a killed stack's data plane
   ASSERT_EQ(kill(supervisor_pid, SIGKILL), 0);
   for (const auto& svc : s["services"]) kill(svc["pid"].get<int>(), SIGKILL);
+  // SIGKILL is not instant: until the supervisor is gone too, `status` still finds it alive
+  // and asks its socket, which no longer answers (a 2 s timeout instead of "died").
+  std::vector<int> killed = {supervisor_pid};
+  for (const auto& svc : s["services"]) killed.push_back(svc["pid"]);
   const auto t0 = Clock::now();
-  for (const auto& svc : s["services"])
-    while (process_alive(svc["pid"]) && Clock::now() - t0 < 5s) std::this_thread::sleep_for(10ms);
+  for (const int pid : killed)
+    while (process_alive(pid) && Clock::now() - t0 < 5s) std::this_thread::sleep_for(10ms);
+  ASSERT_FALSE(process_alive(supervisor_pid));
   ASSERT_TRUE(shm_exists(id_));
   ASSERT_TRUE(std::filesystem::exists(pid_file_path(run_dir_)));
 
