@@ -98,6 +98,7 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
     if (op.freq_factors && op.freq_factors->offset() % 4 != 0)
       fail("rope freq_factors offset is not 4-byte aligned");
     if (!op.wait_flags.empty() || op.publish_flag >= 0) p->uses_flags = true;
+    if (!op.wait_flags.empty()) p->waits = true;
     switch (op.kind) {
       case fb::OpKind::Embed:
         if (op.out->cols() != op.weight->cols()) fail("output width != embedding width");

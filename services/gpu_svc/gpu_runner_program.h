@@ -18,6 +18,7 @@ struct GpuRunner::Program {
   fb::ProgramT prog;
   ProgramMemory mem;
   bool uses_flags = false;
+  bool waits = false;  // some op waits on the other device's flags (reads what it wrote)
   cl_mem weights = nullptr, arena = nullptr;
   KvPieces kv;  // the KV segment, one buffer per group of layers (kv_pieces.h)
   bool uses_kv = false;

@@ -152,6 +152,34 @@ cl_event GpuRunner::read_back_output(const Program& p, const ArenaOffsets& at, c
   return e;
 }
 
+void GpuRunner::upload_kv_pages(const Program& p, const StepArgs& step, const int32_t* page_tables,
+                                uint32_t layer_first, uint32_t layer_last) {
+  const fb::KvLayoutT& kvl = *p.prog.kv;
+  std::vector<uint32_t> pages;
+  for (uint64_t i = 0; i < uint64_t{step.n_seqs} * step.page_table_cols; ++i)
+    if (page_tables[i] >= 0 && static_cast<uint32_t>(page_tables[i]) < kvl.n_pages)
+      pages.push_back(static_cast<uint32_t>(page_tables[i]));
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  const uint64_t stride = kv_layer_stride(kvl), page_bytes = kv_layer_page_bytes(kvl);
+  for (uint32_t l0 = layer_first; l0 <= layer_last;) {
+    // The run of layers from l0 that one buffer holds.
+    const uint32_t piece_index = p.kv.piece_of_layer.at(l0);
+    uint32_t l1 = l0;
+    while (l1 + 1 <= layer_last && p.kv.piece_of_layer.at(l1 + 1) == piece_index) ++l1;
+    const KvPiece& piece = p.kv.pieces[piece_index];
+    for (const uint32_t page : pages) {
+      const size_t origin[3] = {kv_row_offset(kvl, l0, 0, page, 0) - piece.base, 0, 0};
+      const size_t region[3] = {page_bytes, l1 - l0 + 1, 1};
+      check_cl(clEnqueueWriteBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin, region,
+                                        stride, 0, stride, 0, p.mem.kv + piece.base, 0, nullptr,
+                                        nullptr),
+               "clEnqueueWriteBufferRect(kv)");
+    }
+    l0 = l1 + 1;
+  }
+}
+
 void GpuRunner::wait_callbacks(Clock::time_point deadline) {
   while (pending_callbacks_.load(std::memory_order_acquire) > 0) {
     if (Clock::now() >= deadline)
@@ -253,13 +281,25 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   const auto enqueued = Clock::now();
   cl_command_queue q = dev_.queue();
   if (copies()) {
-    check_cl(clEnqueueWriteBuffer(q, p.arena, CL_FALSE, 0, p.mem.arena_bytes, p.mem.arena, 0,
-                                  nullptr, nullptr),
-             "clEnqueueWriteBuffer(arena)");
-    for (const KvPiece& piece : p.kv.pieces)
-      check_cl(clEnqueueWriteBuffer(q, piece.mem, CL_FALSE, 0, piece.bytes, p.mem.kv + piece.base,
-                                    0, nullptr, nullptr),
-               "clEnqueueWriteBuffer(kv)");
+    // What the host wrote for this step. A program that never waits on the other device reads
+    // nothing of the arena but its own outputs and the tables, so its activations stay on the
+    // device (read-backs below); one that waits gets the whole arena, as the other device left
+    // it (its uploads at a wait send whole tensors, whose other parts must be current there).
+    auto upload = [&](uint64_t offset, uint64_t bytes) {
+      check_cl(clEnqueueWriteBuffer(q, p.arena, CL_FALSE, offset, bytes, p.mem.arena + offset, 0,
+                                    nullptr, nullptr),
+               "clEnqueueWriteBuffer(arena)");
+    };
+    if (p.waits) {
+      upload(0, p.mem.arena_bytes);
+    } else {
+      upload(step.tokens_offset, uint64_t{n} * sizeof(TokenRow));
+      if (page_tables)
+        upload(step.page_tables_offset, uint64_t{step.n_seqs} * step.page_table_cols * 4);
+    }
+    // The other device (or this one before a restart) may have written the sequences' KV rows:
+    // their pages, never the whole pool (O(context) a step, not O(pool)).
+    if (page_tables && kvl.n_layers > 0) upload_kv_pages(p, step, page_tables, 0, kvl.n_layers - 1);
   }
 
   StepReport report;
@@ -331,11 +371,10 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
                   clEnqueueWriteBuffer(q, p.arena, CL_FALSE, at(*r), uint64_t{n} * r->cols() * 4,
                                        p.mem.arena + at(*r), 0, nullptr, nullptr),
                   "clEnqueueWriteBuffer(input)");
-          if (p.mem.kv && (op.kind == fb::OpKind::Attention))
-            for (const KvPiece& piece : p.kv.pieces)
-              check_cl(clEnqueueWriteBuffer(q, piece.mem, CL_FALSE, 0, piece.bytes,
-                                            p.mem.kv + piece.base, 0, nullptr, nullptr),
-                       "clEnqueueWriteBuffer(kv)");
+          if (page_tables && op.kind == fb::OpKind::Attention) {
+            const auto layer = static_cast<uint32_t>(std::max<int16_t>(op.layer, 0));
+            upload_kv_pages(p, step, page_tables, layer, layer);
+          }
         }
       }
       const uint32_t t0 = std::min(op.seq_begin, n);
@@ -438,8 +477,15 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       if (preemptible) check_cl(clFlush(q), "clFlush");  // start it before the host checks again
       // Copies mode: host memory is where the other device and the frontend look, so bring back
       // exactly what this op wrote (never more: the other device may be writing the rest).
+      // Host memory is where the frontend (logits), later steps (KV rows: their pages are
+      // uploaded from there) and the other device (an op's output it waits for: the builder
+      // flags every cross-device producer) look. A program that waits brings back every op's
+      // output: its whole-tensor uploads at a wait must not overwrite this device's part.
+      const bool read_back =
+          copies() && (p.waits || done.publish_flag >= 0 || op.kind == fb::OpKind::Logits ||
+                       op.kind == fb::OpKind::KvWrite);
       cl_event readback =
-          copies() ? read_back_output(p, at, op, rows, page_tables, step, t0, t1) : nullptr;
+          read_back ? read_back_output(p, at, op, rows, page_tables, step, t0, t1) : nullptr;
       if (done.publish_flag >= 0) {
         pending_callbacks_.fetch_add(1, std::memory_order_acq_rel);
         auto* ctx = new PublishContext{flags, static_cast<uint32_t>(done.publish_flag), step.seq,

@@ -176,6 +176,61 @@ TEST(GpuRunner, CopiesModeMatchesTheReferenceGpuOnlyAndWeightSplit) {
   expect_matches_reference(*m4, weight_split_plan(*m4), *dev);
 }
 
+// Copies mode moves only what someone reads: a program that never waits on the NPU brings back
+// the logits (the frontend's), the KV rows (later steps upload their pages from host memory) and
+// what the NPU waits for, and keeps its other activations on the device; one that waits brings
+// back every op's output.
+TEST(GpuRunner, CopiesModeBringsBackOnlyWhatTheFrontendOrTheOtherDeviceReads) {
+  DeviceOptions o;
+  o.force_copies = true;
+  auto dev = ClDevice::open(o);
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
+  const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263};
+  for (const bool split : {false, true}) {
+    SCOPED_TRACE(split ? "weight split" : "gpu-only");
+    GpuProgramRun run(*m, split ? weight_split_plan(*m) : Plan::gpu_only(), 16,
+                      std::chrono::seconds(30), *dev);
+    const ProgramMemory& mem = run.mem();
+    const std::vector<uint8_t> before(mem.arena, mem.arena + mem.arena_bytes);
+    run.step(prompt, 0);
+    const uint64_t tokens = run.built().arena.tokens, logits = run.built().arena.logits;
+    const uint64_t n_logits = prompt.size() * m->hp().n_vocab * sizeof(float);
+    uint64_t changed_elsewhere = 0;
+    for (uint64_t i = 0; i < mem.arena_bytes; ++i) {
+      const bool interface = (i >= tokens && i < tokens + prompt.size() * 16) ||
+                             (i >= logits && i < logits + n_logits);
+      if (!interface && mem.arena[i] != before[i]) ++changed_elsewhere;
+    }
+    if (split)
+      EXPECT_GT(changed_elsewhere, 0u);  // the activations the NPU may read came back
+    else
+      EXPECT_EQ(changed_elsewhere, 0u);  // nothing but the logits came back
+  }
+}
+
+// A step uploads the KV pages its sequences hold: a fresh device (another process's, or this one
+// after a restart) continues a sequence whose earlier rows only host memory holds.
+TEST(GpuRunner, CopiesModeUploadsTheKvPagesTheStepsSequencesHold) {
+  DeviceOptions o;
+  o.force_copies = true;
+  auto dev = ClDevice::open(o);
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
+  const testing::ScopedEnv wide_activations("DUET_GPU_INT8_ACT_BITS", "16");
+  const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263, 1243, 322, 42, 17,
+                                       5, 900, 1200, 7,   100, 31,   64,  99, 3};  // two pages
+  GpuProgramRun first(*m, Plan::gpu_only(), 32, std::chrono::seconds(30), *dev);
+  first.step(prompt, 0);
+  GpuProgramRun fresh(*m, Plan::gpu_only(), 32, std::chrono::seconds(30), *dev);
+  ASSERT_EQ(fresh.mem().kv_bytes, first.mem().kv_bytes);
+  std::copy(first.mem().kv, first.mem().kv + first.mem().kv_bytes, fresh.mem().kv);
+  ReferenceForward ref(*m, 128);
+  ref.forward(prompt, true);
+  const int32_t next = 1500;
+  const std::vector<float> want = ref.forward(std::vector<int32_t>{next}, false);
+  EXPECT_LT(max_abs_diff(fresh.step({next}, static_cast<int>(prompt.size())), want),
+            GpuKernels(*dev).int8_matmul() ? 5e-3f : 1e-3f);
+}
+
 // The narrow queue (PoCL's single-threaded driver, queue_picker.h) runs the same kernels with the
 // same work-group sizes as the all-cores one: a step gives the same bits on either, so the
 // picker's choice (made by timing) never changes a token. Prefill and decode, gpu-only and
