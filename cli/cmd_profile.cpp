@@ -27,7 +27,8 @@ struct ProfileArgs {
   double fast_sync_us = 0;
   std::vector<std::string> traces;  // --from-trace: real steps instead of ops timed alone
   std::string profile_out;
-  std::string report_json;  // the fit's figures as one JSON object
+  std::string report_json;   // the fit's figures as one JSON object
+  double shared_cores = -1;  // < 0: the fit's own choice (1 for traced steps)
 };
 
 // The measured profile from `duet trace` files of real steps (core/planner/trace_profile.h).
@@ -86,6 +87,9 @@ void run_profile_cmd(ProfileArgs& args) {
   if (!args.profile_out.empty()) duet::save_profile(measured, args.profile_out);
   duet::SocFitReport r =
       duet::fit_soc_profile(measured, duet::load_soc_profile(q.soc), args.name, args.fast_sync_us);
+  // A host whose gpu_svc drives a discrete GPU does not share its cores with npu_svc, which the
+  // traces cannot tell: the caller says so.
+  if (args.shared_cores >= 0) r.soc.mem.shared_cores = args.shared_cores;
   duet::StepCostFit steps;  // the op gaps and the non-matmul kernels, from the traced steps
   if (from_traces.model)
     steps = duet::fit_step_costs(from_traces.report, *from_traces.model, r.soc);
@@ -157,6 +161,11 @@ duet::cli::RegisterCommand register_profile([](CLI::App& app) {
                   "`duet trace` files of gpu-only/npu-only requests: fit the ops' times inside "
                   "real steps instead of timing ops one by one (needs --model)")
       ->delimiter(',');
+  cmd->add_option("--shared-cores", args->shared_cores,
+                  "Whether the two device processes take turns on the same CPU cores, 0-1 "
+                  "([memory] shared_cores; default: 1 with --from-trace, where gpu_svc runs on "
+                  "PoCL; 0 where it drives a discrete GPU)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--profile-out", args->profile_out, "Also write the measured profile (JSON)");
   cmd->add_option("--report-json", args->report_json,
                   "Also write the fit's figures (errors, hand-off, gaps) as JSON");

@@ -23,7 +23,9 @@
 # env: DUET_BIN_DIR (build/bin), MODEL (tiny-fortune Q8_0), ROUNDS (3), PROMPT (64), SHORT (16),
 #      GEN (9), FAST_SYNC_US (0: the cross-device hand-off measured in the traced steps),
 #      REPS (9: the plan's per-op profile), STACK_PREFIX (hc<pid>), KEEP_TRACES (a folder to keep
-#      the `duet trace` files in; default: removed with the rest).
+#      the `duet trace` files in; default: removed with the rest), SHARED_CORES (`duet profile
+#      --shared-cores`: unset = the fit's 1, the two device processes on the same cores; 0 on a
+#      machine whose gpu_svc drives a discrete GPU).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${DUET_BIN_DIR:-build/bin}
@@ -125,7 +127,7 @@ python3 bench/modeled/host_stalls.py "$cache"/trace-*.json >> "$out"
 profile="bench/modeled/results/host_measured_profile-$name.json"
 "$bin/duet" profile --from-trace "$(IFS=,; echo "${traces[*]}")" --model "$model" \
   --profile-out "$profile" --out "$soc_out" --fast-sync-us "$fast_sync" \
-  --report-json "$cache/fit.json" >&2
+  --report-json "$cache/fit.json" ${SHARED_CORES:+--shared-cores "$SHARED_CORES"} >&2
 fit=$(cat "$cache/fit.json")
 tag "$fit" '{"kind":"fit"}' >> "$out"
 handoff=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["handoff_us"])' "$fit")
