@@ -8,7 +8,9 @@
 #      cores), and the timeline model is checked against every plan's measured steps;
 #   2. puzzle_device_check on that profile (the GA searches for this machine) and on sd8gen3.
 # Writes to $OUT: env.txt, host_check.jsonl, host.toml, check-host.json, check-sd8gen3.json,
-# log.txt. Local side (see bench/puzzle/RESULTS.md for the call):
+# log.txt. env: ROUNDS (run_host_check's, 3), HOST_PROFILE (a profile fitted before, e.g.
+# bench/puzzle/results/host-h100-fortune-q8_0.toml: step 1 is skipped), SOCS ("host sd8gen3"),
+# REPEATS (puzzle_device_check's measured runs per candidate, 3). Local side (see bench/puzzle/RESULTS.md for the call):
 #   cmake --build build --target duet duet-supervisor frontend gpu_svc npu_svc http_svc \
 #     solver_svc stack_bench host_check puzzle_device_check
 #   BINS="duet duet-supervisor frontend gpu_svc npu_svc http_svc solver_svc stack_bench \
@@ -24,15 +26,20 @@ qwen=/tmp/tiny-qwen2.gguf
   --type q8_0 --std 0.08 --out "$qwen" >>"$log" 2>&1 || exit 3
 (time "$bin/gpu_svc" --prepare) >>"$log" 2>&1  # NVIDIA's compile of the program, into the cache
 status=0
-DUET_BIN_DIR=$bin MODEL=$fortune SHARED_CORES=0 ROUNDS=${ROUNDS:-3} \
-  bash bench/modeled/run_host_check.sh >>"$log" 2>&1 || status=1
-cp bench/modeled/results/host_check-fortune-q8_0.jsonl "$out/host_check.jsonl" 2>/dev/null
-cp bench/modeled/results/host-fortune-q8_0.toml "$out/host.toml" 2>/dev/null || exit 4
-for soc in host sd8gen3; do
+if [ -n "${HOST_PROFILE:-}" ]; then
+  cp "$HOST_PROFILE" "$out/host.toml" || exit 4
+else
+  DUET_BIN_DIR=$bin MODEL=$fortune SHARED_CORES=0 ROUNDS=${ROUNDS:-3} \
+    bash bench/modeled/run_host_check.sh >>"$log" 2>&1 || status=1
+  cp bench/modeled/results/host_check-fortune-q8_0.jsonl "$out/host_check.jsonl" 2>/dev/null
+  cp bench/modeled/results/host-fortune-q8_0.toml "$out/host.toml" 2>/dev/null || exit 4
+fi
+for soc in ${SOCS:-host sd8gen3}; do
   s=$soc
   [ "$soc" = host ] && s=$out/host.toml
   "$bin/puzzle_device_check" --fortune "$fortune" --qwen "$qwen" --duet "$bin/duet" --soc "$s" \
-    --stack "pdc$soc" --out "$out/check-$soc.json" >>"$log" 2>&1 || status=1
+    --stack "pdc$soc" --repeats "${REPEATS:-3}" --out "$out/check-$soc${RUN:+-$RUN}.json" \
+    >>"$log" 2>&1 || status=1
 done
 tail -n 60 "$log"
 exit $status
