@@ -2,6 +2,7 @@
 // simulator makes of random placements, and no method of puzzle_bench under it.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <limits>
 
 #include "core/base/error.h"
@@ -51,6 +52,104 @@ TEST(PuzzleBound, ALatencyIsNoMoreThanAnyWholeModelPlacements) {
   EXPECT_GE(b.throughput_saturation, b.throughput_alpha - 1e-9);
   EXPECT_THROW(saturation_bound(sm, {}, 1), Error);
   EXPECT_THROW(saturation_bound(sm, {}, 3, 0), Error);
+}
+
+// The least cost of a model's step over every placement with at most max_cuts cuts (each
+// partition, each range on each choice), by enumeration: what the bound's interval DP must not
+// exceed, and with every cut allowed must equal.
+template <class Cost>
+double least_over_placements(ModelCoster& c, int64_t n, int64_t context, int max_cuts,
+                             Cost&& cost) {
+  const int units = c.units();
+  double best = std::numeric_limits<double>::infinity();
+  // Cut sets in increasing order of their edges: cuts[i] = the unit a range ends at.
+  std::function<void(std::vector<int>&)> each = [&](std::vector<int>& cuts) {
+    std::vector<std::pair<int, int>> ranges;
+    int first = 0;
+    for (int e : cuts) {
+      ranges.push_back({first, e});
+      first = e + 1;
+    }
+    ranges.push_back({first, units - 1});
+    int combos = 1;
+    for (size_t i = 0; i < ranges.size(); ++i) combos *= kProcs;
+    for (int pick = 0; pick < combos; ++pick) {
+      double total = 0;
+      for (int i = 0, p = pick; i < static_cast<int>(ranges.size()); ++i, p /= kProcs)
+        total += cost(c.subgraph(ranges[i].first, ranges[i].second, static_cast<Proc>(p % kProcs),
+                                 n, context));
+      best = std::min(best, total);
+    }
+    if (static_cast<int>(cuts.size()) == max_cuts) return;
+    for (int e = cuts.empty() ? 0 : cuts.back() + 1; e < units - 1; ++e) {
+      cuts.push_back(e);
+      each(cuts);
+      cuts.pop_back();
+    }
+  };
+  std::vector<int> cuts;
+  each(cuts);
+  return best;
+}
+
+// A step's busy time weighted l on the GPU, 1 - l on the NPU (an NPU stage's GPU work counted
+// or not), both for a stage on both.
+auto weighted(double l, bool charges) {
+  return [l, charges](const StageCost& s) {
+    return s.proc == Proc::gpu   ? l * s.span_us
+           : s.proc == Proc::npu ? (1 - l) * s.span_us + (charges ? l * s.gpu_us : 0.0)
+                                 : s.span_us;
+  };
+}
+const auto span = [](const StageCost& s) { return s.span_us; };
+
+TEST(PuzzleBound, TheIntervalDpFindsTheBestOfEveryPlacement) {
+  Scenario sc;
+  sc.models = {{"tiny-qwen2", 64, 4, 0}};
+  ScenarioModel sm(sc, sd8gen3(), 4);
+  ModelCoster& c = sm.coster(0);
+  ASSERT_EQ(c.units(), 5);
+  const SaturationBound b = saturation_bound(sm);
+  // The prefill, then 3 decode steps at contexts 64-66 (one profile bucket).
+  const int64_t ctx = c.bucket(64);
+  const double latency =
+      least_over_placements(c, 64, 0, 4, span) + 3 * least_over_placements(c, 1, ctx, 4, span);
+  EXPECT_NEAR(b.latency_us[0], latency, 1e-9 * latency);
+  // One model, one group: the binding window is one request in one period, and its weighted
+  // busy lies between every step's least with the NPU stages' GPU work all left out and all
+  // counted (the bound counts it where a later stage must wait for it).
+  const double l = b.weight;
+  const double lo = least_over_placements(c, 64, 0, 4, weighted(l, false)) +
+                    3 * least_over_placements(c, 1, ctx, 4, weighted(l, false));
+  const double hi = least_over_placements(c, 64, 0, 4, weighted(l, true)) +
+                    3 * least_over_placements(c, 1, ctx, 4, weighted(l, true));
+  ASSERT_EQ(b.weighted_busy_us.size(), 1u);
+  EXPECT_GE(b.weighted_busy_us[0], lo * (1 - 1e-9));
+  EXPECT_LE(b.weighted_busy_us[0], hi * (1 + 1e-9));
+  EXPECT_NEAR(b.throughput_alpha, b.weighted_busy_us[0] / sm.base_periods_us()[0], 1e-12);
+}
+
+// A real model (llama3.2-1b: its prefill is faster on the NPU, its decode steps on the GPU), at
+// any weight: the bound never costs a request more than its best placement with two cuts.
+TEST(PuzzleBound, NoPlacementWithFewCutsCostsLessThanTheBound) {
+  Scenario sc;
+  sc.models = {{"llama3.2-1b", 256, 3, 0}};
+  ScenarioModel sm(sc, sd8gen3(), 4);
+  ModelCoster& c = sm.coster(0);
+  const SaturationBound b = saturation_bound(sm);
+  // The prefill, then decode steps at contexts 256 and 257 (buckets 256 and 512).
+  auto request = [&](auto cost) {
+    return least_over_placements(c, 256, 0, 2, cost) +
+           least_over_placements(c, 1, c.bucket(256), 2, cost) +
+           least_over_placements(c, 1, c.bucket(257), 2, cost);
+  };
+  EXPECT_LE(b.latency_us[0], request(span) * (1 + 1e-9));
+  EXPECT_LE(b.weighted_busy_us[0], request(weighted(b.weight, true)) * (1 + 1e-9));
+  // Not vacuous: the weight balances the two devices, and one placement is within 5% of the
+  // bound's busy (the prefill on the NPU, the decode steps on the GPU).
+  EXPECT_GT(b.weight, 0.05);
+  EXPECT_LT(b.weight, 0.95);
+  EXPECT_GE(b.weighted_busy_us[0], 0.95 * request(weighted(b.weight, true)));
 }
 
 // Random genomes, per phase with the tensor plan as a third choice (the widest placements any
