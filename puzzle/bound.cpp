@@ -1,6 +1,7 @@
 #include "puzzle/bound.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include "core/base/error.h"
@@ -66,32 +67,100 @@ double weighted_busy(const StageCost& s, double l, bool charges) {
   return s.span_us;
 }
 
+// The least cost of a step over its placements; `placement`, where given, gets one that costs it.
 template <class Cost>
-double cheapest(const RangeStages& r, Cost&& cost) {
+double cheapest(const RangeStages& r, Cost&& cost, std::vector<Subgraph>* placement = nullptr) {
   const size_t units = r.size();
   std::vector<std::vector<double>> range(units, std::vector<double>(units, 0.0));
+  // Each range's cheapest choice (ints: GCC 12 warns falsely on a vector of a byte-sized enum).
+  std::vector<std::vector<int>> proc(units, std::vector<int>(units, 0));
   for (size_t a = 0; a < units; ++a)
     for (size_t b = a; b < units; ++b) {
       double best = kInf;
-      for (const StageCost& s : r[a][b]) best = std::min(best, cost(s));
+      for (size_t p = 0; p < r[a][b].size(); ++p)
+        if (const double v = cost(r[a][b][p]); v < best) {
+          best = v;
+          proc[a][b] = static_cast<int>(p);  // the choice asked for, as a plan names it
+        }
       range[a][b] = best;
     }
-  return cheapest_partition(range);
+  if (!placement) return cheapest_partition(range);
+  std::vector<std::pair<int, int>> ranges;
+  const double least = cheapest_partition(range, &ranges);
+  placement->clear();
+  for (const auto& [a, b] : ranges) placement->push_back({a, b, static_cast<Proc>(proc[a][b])});
+  return least;
 }
 
 }  // namespace
 
-double cheapest_partition(const std::vector<std::vector<double>>& range_cost) {
+double cheapest_partition(const std::vector<std::vector<double>>& range_cost,
+                          std::vector<std::pair<int, int>>* ranges) {
   const size_t units = range_cost.size();
-  // f[b]: the least cost of units [0, b).
+  // f[b]: the least cost of units [0, b); from[b]: where its last range starts.
   std::vector<double> f(units + 1, std::numeric_limits<double>::infinity());
+  std::vector<size_t> from(units + 1, 0);
   f[0] = 0;
   for (size_t b = 0; b < units; ++b) {
     if (range_cost[b].size() != units)
       throw Error(Errc::invalid_argument, "cheapest_partition: range_cost is not square");
-    for (size_t a = 0; a <= b; ++a) f[b + 1] = std::min(f[b + 1], f[a] + range_cost[a][b]);
+    for (size_t a = 0; a <= b; ++a)
+      if (f[a] + range_cost[a][b] < f[b + 1]) {
+        f[b + 1] = f[a] + range_cost[a][b];
+        from[b + 1] = a;
+      }
+  }
+  if (ranges) {
+    ranges->clear();
+    for (size_t b = units; b > 0; b = from[b])
+      ranges->insert(ranges->begin(), {static_cast<int>(from[b]), static_cast<int>(b - 1)});
   }
   return f[units];
+}
+
+std::vector<Genome> relaxation_genomes(ScenarioModel& sm, const std::vector<double>& weights,
+                                       int choices) {
+  if (choices < 2 || choices > kProcs)
+    throw Error(Errc::invalid_argument, "relaxation_genomes: choices must be 2 or 3");
+  const size_t n = sm.scenario().models.size();
+  // costs[k]: the cost a genome's placements minimise: the span, then each weight's busy.
+  std::vector<std::function<double(const StageCost&)>> costs{
+      [](const StageCost& s) { return s.span_us; }};
+  for (double l : weights) {
+    if (!(l >= 0 && l <= 1))
+      throw Error(Errc::invalid_argument, "relaxation_genomes: a weight is outside [0, 1]");
+    costs.push_back([l](const StageCost& s) { return weighted_busy(s, l, true); });
+  }
+  std::vector<Genome> out(costs.size());
+  std::vector<int> units = sm.units();
+  units.insert(units.end(), units.begin(), units.end());
+  for (Genome& g : out) g = whole_model_genome(units, std::vector<uint8_t>(2 * n, 0));
+  for (size_t m = 0; m < n; ++m) {
+    const RequestSteps steps = request_steps(sm, m);
+    // The prefill's kind and the first decode step's (a one-token request has none: its decode
+    // placement is never run, and copies the prefill's).
+    const size_t phase_kind[2] = {steps.order[0], steps.order.size() > 1 ? steps.order[1] : 0};
+    for (size_t phase = 0; phase < 2; ++phase) {
+      const RangeStages r = range_stages(sm.coster(m), steps.kinds[phase_kind[phase]], choices);
+      for (size_t k = 0; k < costs.size(); ++k) {
+        std::vector<Subgraph> placement;
+        cheapest(r, costs[k], &placement);
+        const size_t entry = phase * n + m;
+        Genome& g = out[k];
+        std::fill(g.cuts[entry].begin(), g.cuts[entry].end(), uint8_t{0});
+        for (const Subgraph& sg : placement) {
+          if (sg.last + 1 < units[entry]) g.cuts[entry][static_cast<size_t>(sg.last)] = 1;
+          for (int u = sg.first; u <= sg.last; ++u)
+            g.maps[entry][static_cast<size_t>(u)] = static_cast<uint8_t>(sg.device);
+        }
+      }
+    }
+  }
+  std::vector<Genome> distinct;
+  for (Genome& g : out)
+    if (std::find(distinct.begin(), distinct.end(), g) == distinct.end())
+      distinct.push_back(std::move(g));
+  return distinct;
 }
 
 SaturationBound saturation_bound(ScenarioModel& sm, const SaturationGrid& grid, int choices,

@@ -55,7 +55,18 @@ SaturationBound saturation_bound(ScenarioModel& sm, const SaturationGrid& grid =
                                  int choices = 3, int weight_steps = 200);
 
 // The least total cost of a partition of units [0, units) into contiguous ranges, range [a, b]
-// costing range_cost[a][b] (b >= a): an interval DP, O(units^2).
-double cheapest_partition(const std::vector<std::vector<double>>& range_cost);
+// costing range_cost[a][b] (b >= a): an interval DP, O(units^2). `ranges`, where given, gets
+// the partition's ranges (first, last) in order.
+double cheapest_partition(const std::vector<std::vector<double>>& range_cost,
+                          std::vector<std::pair<int, int>>* ranges = nullptr);
+
+// The relaxations' own placements as per-phase genomes (2M entries, ranked in model order), seeds
+// for the GA: one where every model's prefill and decode steps take their least-latency
+// partition (the critical path's), and one per weight l where they take their least
+// l x GPU + (1 - l) x NPU busy partition (the throughput rule's). The decode placement is the
+// first decode step's. Duplicates dropped. Throws Error(invalid_argument) for a weight outside
+// [0, 1] or choices outside 2-3.
+std::vector<Genome> relaxation_genomes(ScenarioModel& sm, const std::vector<double>& weights,
+                                       int choices = 3);
 
 }  // namespace duet::puzzle

@@ -18,7 +18,9 @@ using test_support::sd8gen3;
 TEST(PuzzleBound, TheCheapestPartitionSumsTheBestRanges) {
   const double x = std::numeric_limits<double>::infinity();  // below the diagonal: unused
   // Three units: [0, 2] whole costs 10, [0, 0] + [1, 2] costs 3 + 4.
-  EXPECT_DOUBLE_EQ(cheapest_partition({{3, 9, 10}, {x, 5, 4}, {x, x, 6}}), 7);
+  std::vector<std::pair<int, int>> ranges;
+  EXPECT_DOUBLE_EQ(cheapest_partition({{3, 9, 10}, {x, 5, 4}, {x, x, 6}}, &ranges), 7);
+  EXPECT_EQ(ranges, (std::vector<std::pair<int, int>>{{0, 0}, {1, 2}}));
   // Whole is cheapest where a range costs less than its parts.
   EXPECT_DOUBLE_EQ(cheapest_partition({{3, 5, 6}, {x, 5, 4}, {x, x, 6}}), 6);
   EXPECT_DOUBLE_EQ(cheapest_partition({}), 0);
@@ -150,6 +152,27 @@ TEST(PuzzleBound, NoPlacementWithFewCutsCostsLessThanTheBound) {
   EXPECT_GT(b.weight, 0.05);
   EXPECT_LT(b.weight, 0.95);
   EXPECT_GE(b.weighted_busy_us[0], 0.95 * request(weighted(b.weight, true)));
+}
+
+TEST(PuzzleBound, TheRelaxationsPlacementsAreGenomesThatRunAtTheirCost) {
+  Scenario sc;
+  sc.models = {{"tiny-qwen2", 64, 4, 0}};
+  ScenarioModel sm(sc, sd8gen3(), 4);
+  const SaturationBound b = saturation_bound(sm);
+  // Without weights: the critical path's placement alone. Alone on the SoC its request takes the
+  // bound's latency plus its hand-offs (every decode step shares one context bucket here).
+  const std::vector<Genome> path = relaxation_genomes(sm, {});
+  ASSERT_EQ(path.size(), 1u);
+  check_genome(path[0], {5, 5}, 3);
+  const SimResult r = sm.run(sm.sim_models(path[0]), 100.0);
+  const double sync = sm.sim_options().sync_us * r.handoffs / sm.sim_options().requests;
+  EXPECT_NEAR(r.latency_us[0][0], b.latency_us[0] + sync, 1e-6 * b.latency_us[0]);
+  // With weights, GPU and NPU only where asked; duplicates dropped.
+  const std::vector<Genome> two = relaxation_genomes(sm, {0.0, 0.5, 1.0}, 2);
+  ASSERT_GE(two.size(), 1u);
+  ASSERT_LE(two.size(), 4u);
+  for (const Genome& g : two) check_genome(g, {5, 5}, 2);
+  EXPECT_THROW(relaxation_genomes(sm, {1.5}), Error);
 }
 
 // Random genomes, per phase with the tensor plan as a third choice (the widest placements any
