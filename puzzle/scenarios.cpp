@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 
 #include "core/base/error.h"
@@ -31,14 +32,17 @@ void keep_pareto(MethodResult& r) {
   const std::vector<size_t> front = nondominated_fronts(r.objectives)[0];
   std::vector<std::vector<SimModel>> sols;
   std::vector<std::vector<double>> objs;
+  std::vector<Genome> genomes;
   nlohmann::json detail = nlohmann::json::array();
   for (size_t i : front) {
     sols.push_back(r.solutions[i]);
     objs.push_back(r.objectives[i]);
+    if (i < r.genomes.size()) genomes.push_back(r.genomes[i]);
     if (r.detail.is_array() && i < r.detail.size()) detail.push_back(r.detail[i]);
   }
   r.solutions = std::move(sols);
   r.objectives = std::move(objs);
+  r.genomes = std::move(genomes);
   if (r.detail.is_array()) r.detail = std::move(detail);
 }
 
@@ -246,6 +250,8 @@ namespace {
 void best_mappings(ScenarioModel& sm, MethodResult& r, bool per_phase) {
   r.detail = nlohmann::json::array();
   const size_t n = sm.scenario().models.size();
+  std::vector<int> units = sm.units();
+  if (per_phase) units.insert(units.end(), units.begin(), units.end());
   for (uint32_t mask = 0; mask < (1u << (per_phase ? 2 * n : n)); ++mask) {
     // bit m: model m (its prefill) on the NPU; per phase, bit n + m: its decode steps.
     const auto prefill = [mask](size_t m) { return (mask >> m) & 1 ? Proc::npu : Proc::gpu; };
@@ -257,6 +263,9 @@ void best_mappings(ScenarioModel& sm, MethodResult& r, bool per_phase) {
                               : nlohmann::json(proc_name(prefill(m))));
     add_solution(sm, r, whole_models(sm, prefill, decode));
     r.detail.push_back(map);
+    std::vector<uint8_t> procs;
+    for (size_t m = 0; m < units.size(); ++m) procs.push_back((mask >> m) & 1);
+    r.genomes.push_back(whole_model_genome(units, procs));
   }
   keep_pareto(r);
 }
@@ -287,12 +296,60 @@ MethodResult run_per_op_solver(ScenarioModel& sm) {
   });
 }
 
+Genome whole_model_genome(const std::vector<int>& units, const std::vector<uint8_t>& procs) {
+  if (procs.size() != units.size())
+    throw Error(Errc::invalid_argument, "whole_model_genome: one processor per model entry");
+  Genome g;
+  for (size_t m = 0; m < units.size(); ++m) {
+    g.cuts.emplace_back(static_cast<size_t>(units[m] - 1), uint8_t{0});
+    g.maps.emplace_back(static_cast<size_t>(units[m]), procs[m]);
+    g.priority.push_back(static_cast<int>(m));
+  }
+  return g;
+}
+
 MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha,
                         bool per_phase) {
+  PuzzleRun run;
+  run.search_alpha = search_alpha;
+  run.per_phase = per_phase;
+  return run_puzzle(sm, options, run);
+}
+
+namespace {
+// One solution's saturation multiplier by bisection on the grid (the score is taken to rise
+// with alpha; the reported saturation is saturation_multiplier's scan) and its groups' mean
+// makespan there as a share of the period: what SearchObjective::saturation minimises.
+std::vector<double> saturation_objectives(const ScenarioModel& sm,
+                                          const std::vector<SimModel>& models) {
+  const SaturationGrid grid;
+  const int steps = static_cast<int>(std::lround((grid.to - grid.from) / grid.step));
+  int lo = 0, hi = steps + 1;  // the first grid index that scores, in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (sm.score(models, grid.from + mid * grid.step) >= grid.threshold)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  // Where two genomes saturate alike, the one with more slack there is closer to the next step.
+  const double alpha = grid.from + std::min(lo, steps) * grid.step;
+  const std::vector<double> at = objectives_ms(sm.run(models, alpha));
+  const std::vector<double>& base = sm.base_periods_us();
+  double share = 0;  // the groups' mean makespan as a share of their period
+  for (size_t g = 0; g < base.size(); ++g) share += at[2 * g] * 1e3 / (alpha * base[g]);
+  return {grid.from + lo * grid.step, share / static_cast<double>(base.size())};
+}
+}  // namespace
+
+MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, const PuzzleRun& run) {
   const auto t0 = std::chrono::steady_clock::now();
+  const bool per_phase = run.per_phase;
+  const double search_alpha = run.search_alpha;
   MethodResult r;
   r.method = std::string(options.choices == 2 ? "puzzle-ga" : "puzzle-ga+tensor") +
-             (per_phase ? "+phases" : "");
+             (per_phase ? "+phases" : "") + (run.extra_seeds.empty() ? "" : "+seeded") +
+             (run.objective == SearchObjective::saturation ? "+saturation" : "");
   std::vector<int> units = sm.units();
   const size_t n = units.size();
   if (per_phase) units.insert(units.end(), units.begin(), units.end());
@@ -302,30 +359,36 @@ MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double 
   for (uint8_t dev = 0; dev < options.choices; ++dev)
     for (uint8_t dec = 0; dec < options.choices; ++dec) {
       if (!per_phase && dec != dev) continue;
-      Genome g;
-      for (size_t m = 0; m < units.size(); ++m) {
-        g.cuts.emplace_back(static_cast<size_t>(units[m] - 1), uint8_t{0});
-        g.maps.emplace_back(static_cast<size_t>(units[m]), m < n ? dev : dec);
-        g.priority.push_back(static_cast<int>(m));
-      }
-      seeds.push_back(std::move(g));
+      std::vector<uint8_t> procs(units.size(), dev);
+      std::fill(procs.begin() + static_cast<std::ptrdiff_t>(n), procs.end(), dec);
+      seeds.push_back(whole_model_genome(units, procs));
     }
+  for (const Genome& g : run.extra_seeds)
+    if (std::find(seeds.begin(), seeds.end(), g) == seeds.end()) seeds.push_back(g);
   const SearchResult s = ga_search(
-      units, [&](const Genome& g) { return objectives_ms(sm.run(sm.sim_models(g), search_alpha)); },
+      units,
+      [&](const Genome& g) {
+        return run.objective == SearchObjective::saturation
+                   ? saturation_objectives(sm, sm.sim_models(g))
+                   : objectives_ms(sm.run(sm.sim_models(g), search_alpha));
+      },
       options, seeds);
   r.search_s = seconds_since(t0);
   r.detail = nlohmann::json::array();
   for (size_t i = 0; i < s.pareto.size(); ++i) {
     r.solutions.push_back(sm.sim_models(s.pareto[i]));
+    r.genomes.push_back(s.pareto[i]);
     r.objectives.push_back(s.pareto_objectives[i]);
     r.detail.push_back(solution_to_json(sm, s.pareto[i]));
   }
   score_saturation(sm, r);
-  r.detail = {{"solutions", r.detail},
-              {"search_alpha", search_alpha},
-              {"generations", s.generations},
-              {"evaluations", s.evaluations},
-              {"mean_objective", s.mean_objective}};
+  r.detail = {
+      {"solutions", r.detail},
+      {"search_alpha", search_alpha},
+      {"objective", run.objective == SearchObjective::saturation ? "saturation" : "makespans"},
+      {"generations", s.generations},
+      {"evaluations", s.evaluations},
+      {"mean_objective", s.mean_objective}};
   return r;
 }
 

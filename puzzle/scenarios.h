@@ -85,6 +85,9 @@ struct MethodResult {
   std::string method;
   std::vector<std::vector<SimModel>> solutions;
   std::vector<std::vector<double>> objectives;  // at alpha = 1
+  // The solutions' genomes, where the method has them (Best Mapping's: each model one subgraph,
+  // ranked in model order, where its solutions run in ready order; the GA's Pareto genomes).
+  std::vector<Genome> genomes;
   double saturation = 0;       // the saturation multiplier, median rule (grid max + 1: none)
   double saturation_best = 0;  // the least of the solutions' own saturation multipliers
   double search_s = 0;         // wall time to find the solutions
@@ -113,6 +116,27 @@ MethodResult run_per_op_solver(ScenarioModel& sm);
 // compromise); the result's methods are "...+phases".
 MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, double search_alpha = 1.0,
                         bool per_phase = false);
+
+// What the GA minimises. makespans: Puzzle's, each group's mean and p90 makespan at
+// search_alpha. saturation (beyond Puzzle, to see what placements can reach): a genome's own
+// saturation multiplier (a bisection on the grid) and its groups' mean makespan there.
+enum class SearchObjective { makespans, saturation };
+
+struct PuzzleRun {
+  double search_alpha = 1.0;
+  bool per_phase = false;
+  // Join the initial population after the whole-model seeds (beyond Puzzle, whose initial
+  // population is random: e.g. Best Mapping's Pareto genomes, MethodResult::genomes); each must
+  // be a genome of this scenario (per phase: 2M models' chromosomes).
+  std::vector<Genome> extra_seeds;
+  SearchObjective objective = SearchObjective::makespans;
+};
+// The method's name gains "+seeded" with extra seeds and "+saturation" for that objective.
+MethodResult run_puzzle(ScenarioModel& sm, const SearchOptions& options, const PuzzleRun& run);
+
+// A genome placing every model entry whole: entry m's units on procs[m] (per phase, 2M entries:
+// the prefills', then the decodes'), ranked in entry order.
+Genome whole_model_genome(const std::vector<int>& units, const std::vector<uint8_t>& procs);
 // Best Mapping with a processor per phase: every model's prefill and decode each wholly on the
 // GPU or the NPU (4^M mappings), the Pareto set kept: the baseline for the per-phase GA.
 MethodResult run_best_mapping_per_phase(ScenarioModel& sm);

@@ -92,6 +92,7 @@ SimResult simulate(const std::vector<SimModel>& models, const std::vector<double
         free_at[0] = end;
         running[0] = {start, end, s.demand_gbps()};
         r.gpu_busy_us += dur;
+        r.gpu_held_us += dur;
         break;
       case Proc::npu:
         free_at[1] = end;
@@ -100,12 +101,16 @@ SimResult simulate(const std::vector<SimModel>& models, const std::vector<double
         free_at[0] = std::max(free_at[0], start) + s.gpu_us;
         r.npu_busy_us += dur;
         r.gpu_busy_us += s.gpu_us;
+        r.npu_held_us += dur;
+        r.gpu_held_us += s.gpu_us;
         break;
       case Proc::both:
         free_at[0] = free_at[1] = end;
         running[0] = running[1] = {start, end, 0};
         r.gpu_busy_us += s.gpu_us;
         r.npu_busy_us += s.npu_us;
+        r.gpu_held_us += dur;
+        r.npu_held_us += dur;
         break;
     }
     c.started = true;

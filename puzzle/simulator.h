@@ -44,6 +44,8 @@ struct SimResult {
   std::vector<std::vector<double>> latency_us;
   double end_us = 0;
   double gpu_busy_us = 0, npu_busy_us = 0;
+  // How long each device is taken: busy, except that a both stage takes both for its span.
+  double gpu_held_us = 0, npu_held_us = 0;
   int handoffs = 0;
 };
 

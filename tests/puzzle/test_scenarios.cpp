@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "core/base/error.h"
 #include "puzzle/scenarios.h"
 #include "tests/support/soc_profiles.h"
 
@@ -168,6 +169,71 @@ TEST(PuzzleScenarios, ThePerPhaseGaIsSeededByEveryPairOfProcessors) {
   ASSERT_FALSE(bm.solutions.empty());
   for (const auto& a : bm.objectives)
     for (const auto& b : bm.objectives) EXPECT_FALSE(dominates(a, b));
+}
+
+TEST(PuzzleScenarios, BestMappingsGenomesPlaceItsSolutions) {
+  ScenarioModel sm(small(), sd8gen3(), 4);
+  for (bool per_phase : {false, true}) {
+    SCOPED_TRACE(per_phase);
+    const MethodResult bm = per_phase ? run_best_mapping_per_phase(sm) : run_best_mapping(sm);
+    ASSERT_EQ(bm.genomes.size(), bm.solutions.size());
+    for (size_t i = 0; i < bm.genomes.size(); ++i) {
+      // The same stages (the genome ranks the models in order; Best Mapping runs them in ready
+      // order, so only the placements are compared).
+      const std::vector<SimModel> placed = sm.sim_models(bm.genomes[i]);
+      ASSERT_EQ(placed.size(), bm.solutions[i].size());
+      for (size_t m = 0; m < placed.size(); ++m)
+        for (size_t s = 0; s < placed[m].steps.size(); ++s) {
+          EXPECT_EQ(placed[m].steps[s][0].proc, bm.solutions[i][m].steps[s][0].proc);
+          EXPECT_EQ(placed[m].steps[s][0].span_us, bm.solutions[i][m].steps[s][0].span_us);
+        }
+    }
+  }
+  EXPECT_THROW(whole_model_genome({3, 4}, {0}), Error);
+}
+
+TEST(PuzzleScenarios, BestMappingSeedsTheGaWhereAsked) {
+  SearchOptions o;
+  o.population = 12;
+  o.max_generations = 6;
+  o.seed = 3;
+  ScenarioModel sm(small(), sd8gen3(), 4);
+  const MethodResult bm = run_best_mapping_per_phase(sm);
+  PuzzleRun run;
+  run.per_phase = true;
+  run.extra_seeds = bm.genomes;
+  const MethodResult ga = run_puzzle(sm, o, run);
+  EXPECT_EQ(ga.method, "puzzle-ga+phases+seeded");
+  // Each seed was in the initial population, so none dominates the final front.
+  for (const Genome& g : bm.genomes) {
+    const std::vector<double> seed_obj = objectives_ms(sm.run(sm.sim_models(g), 1.0));
+    for (const auto& obj : ga.objectives) EXPECT_FALSE(dominates(seed_obj, obj));
+  }
+  // A seed of another scenario's shape is refused.
+  run.extra_seeds = {whole_model_genome({3, 4, 5, 3, 4, 5}, {0, 0, 0, 0, 0, 0})};
+  EXPECT_THROW(run_puzzle(sm, o, run), Error);
+}
+
+TEST(PuzzleScenarios, TheSaturationObjectiveIsEachGenomesOwnSaturation) {
+  SearchOptions o;
+  o.population = 12;
+  o.max_generations = 6;
+  o.seed = 3;
+  o.choices = 3;
+  ScenarioModel sm(small(), sd8gen3(), 4);
+  PuzzleRun run;
+  run.per_phase = true;
+  run.objective = SearchObjective::saturation;
+  const MethodResult ga = run_puzzle(sm, o, run);
+  EXPECT_EQ(ga.method, "puzzle-ga+tensor+phases+saturation");
+  ASSERT_EQ(ga.objectives.size(), ga.solutions.size());
+  for (size_t i = 0; i < ga.solutions.size(); ++i) {
+    // Its first objective: the saturation multiplier saturation_multiplier's scan finds (the
+    // bisection agrees with it here), its second the makespans' share of the period there.
+    EXPECT_NEAR(ga.objectives[i][0], saturation_multiplier(sm, {ga.solutions[i]}), 1e-9);
+    EXPECT_GT(ga.objectives[i][1], 0);
+    EXPECT_LE(ga.objectives[i][1], 1 + 1e-9);
+  }
 }
 
 TEST(PuzzleScenarios, ThePerOpSolverHoldsBothDevices) {
