@@ -1,10 +1,11 @@
 # Sourced on the `run` tool's device machine from the repo root (bench/gpu/device_run.sh,
-# bench/puzzle/device_check.sh): unpacks the carried binaries (bench/gpu/prepare_device.sh) into
-# $dev and points the carried OpenCL ICD loader at NVIDIA's OpenCL driver. Sets root, dev, out;
-# returns 2 when the machine has no NVIDIA OpenCL driver.
+# device_run_kq.sh, bench/puzzle/device_check.sh): unpacks the carried binaries
+# (bench/gpu/prepare_device.sh; PACK: another pack) into $dev and points the carried OpenCL ICD
+# loader at NVIDIA's OpenCL driver. Sets root, dev, out; returns 2 when the machine has no NVIDIA
+# OpenCL driver. SRC_DIR: another tree the tests were built in (a worktree), linked to this one.
 root=$(pwd)
 dev=/tmp/build-gpu-device
-mkdir -p "$dev" && tar -C "$dev" -xJf "$root/build-gpu-pack/gpu-device.tar.xz"
+mkdir -p "$dev" && tar -C "$dev" -xJf "$root/${PACK:-build-gpu-pack/gpu-device.tar.xz}"
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$dev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -17,6 +18,6 @@ mkdir -p /tmp/icd && echo "$nv" >/tmp/icd/nvidia.icd
 # machine, and can be carried back in): NVIDIA's compile of the program takes minutes.
 export OCL_ICD_VENDORS=/tmp/icd OCL_ICD_FILENAMES=$nv DUET_CACHE_DIR=${DUET_CACHE_DIR:-/tmp/duet-cache}
 # Tests find their data through the path they were built in.
-[ -e /work/main ] || { mkdir -p /work && ln -s "$root" /work/main; }
+for d in /work/main ${SRC_DIR:-}; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$root" "$d"; }; done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$out/env.txt" 2>&1
 return 0

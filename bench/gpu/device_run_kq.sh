@@ -4,20 +4,7 @@
 # integer path is CPU-only, so the fp32 GPU kernels run) and the matmul paths of Q4_0/Q8_0/Q4_K/
 # Q6_K side by side (gpu_bench --paths). Logs and JSON go to $OUT.
 set -uo pipefail
-root=$(pwd)
-dev=/tmp/build-gpu-device
-mkdir -p "$dev" && tar -C "$dev" -xJf "$root/${PACK:-build-gpu-pack/gpu-device.tar.xz}"
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=$dev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-nv=$(find / -xdev -name 'libnvidia-opencl.so*' 2>/dev/null | head -1)
-echo "nvidia opencl: ${nv:-none found}" | tee "$out/env.txt"
-[ -z "$nv" ] && exit 2
-mkdir -p /tmp/icd && echo "$nv" >/tmp/icd/nvidia.icd
-export OCL_ICD_VENDORS=/tmp/icd OCL_ICD_FILENAMES=$nv DUET_CACHE_DIR=/tmp/duet-cache
-# Tests find their data through the path they were built in (the lead's tree or a worktree).
-for d in /work/main ${SRC_DIR:-}; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$root" "$d"; }; done
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$out/env.txt" 2>&1
+source bench/gpu/device_env.sh || exit 2
 status=0
 for t in ${TESTS:-gpu_kquant_matmul_test gpu_kernels_test gpu_packed_test gpu_runner_test}; do
   filter=
