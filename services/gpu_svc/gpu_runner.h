@@ -3,9 +3,9 @@
 // in program order on an in-order queue. Segments (the mmapped GGUF file, the shm arena, the KV
 // pages) are wrapped with CL_MEM_USE_HOST_PTR where the device shares host memory (zero copy);
 // otherwise they are copied in and out around each step (`copies()` is then true: the token
-// and page tables and the KV pages the step's sequences hold go in, what the frontend and the
-// other device read comes back), and the Q4_0/Q8_0 matmul weights are packed at upload into the
-// GPU layout of weight_pack.h.
+// and page tables go in, and for a step that hands off to the other device its arena and the KV
+// pages its sequences hold; what the frontend and the other device read comes back), and the
+// Q4_0/Q8_0 matmul weights are packed at upload into the GPU layout of weight_pack.h.
 //
 // Cross-device sync without clFinish on the hot path: an op's wait_flags are waited on by the
 // host before its kernels are enqueued; its publish_flag is published from the completion
@@ -105,6 +105,11 @@ class GpuRunner {
   // memory to the device: one rectangle per page and group of layers of one buffer.
   void upload_kv_pages(const Program& p, const StepArgs& step, const int32_t* page_tables,
                        uint32_t layer_first, uint32_t layer_last);
+  // Copies mode: enqueues reads of the K and V rows the step's tokens wrote (every layer; the
+  // rows it did not write are the same on both sides), one rectangle per token, K or V and group
+  // of layers of one buffer.
+  void read_back_kv_rows(const Program& p, const void* token_rows, const int32_t* page_tables,
+                         const StepArgs& step);
   void wait_callbacks(std::chrono::steady_clock::time_point deadline);
   // A MatMul/Logits op's kernel arguments for a step of n tokens (token table at tok_off).
   MatmulArgs matmul_args(const Program& p, const ArenaOffsets& at, const fb::OpT& op, uint32_t n,

@@ -180,6 +180,36 @@ void GpuRunner::upload_kv_pages(const Program& p, const StepArgs& step, const in
   }
 }
 
+void GpuRunner::read_back_kv_rows(const Program& p, const void* token_rows,
+                                  const int32_t* page_tables, const StepArgs& step) {
+  const auto* rows = static_cast<const TokenRow*>(token_rows);
+  const fb::KvLayoutT& kvl = *p.prog.kv;
+  const uint64_t stride = kv_layer_stride(kvl), row_bytes = kv_row_bytes(kvl);
+  for (uint32_t t = 0; t < step.n_tokens; ++t) {
+    const auto pos = static_cast<uint32_t>(rows[t].pos);
+    const int32_t page =
+        page_tables[uint64_t(rows[t].seq) * step.page_table_cols + pos / kvl.page_tokens];
+    for (uint32_t l0 = 0; l0 < kvl.n_layers;) {
+      const uint32_t piece_index = p.kv.piece_of_layer.at(l0);
+      uint32_t l1 = l0;
+      while (l1 + 1 < kvl.n_layers && p.kv.piece_of_layer.at(l1 + 1) == piece_index) ++l1;
+      const KvPiece& piece = p.kv.pieces[piece_index];
+      for (uint32_t which = 0; which < 2; ++which) {
+        const size_t origin[3] = {
+            kv_row_offset(kvl, l0, which, static_cast<uint32_t>(page), pos % kvl.page_tokens) -
+                piece.base,
+            0, 0};
+        const size_t region[3] = {row_bytes, l1 - l0 + 1, 1};
+        check_cl(clEnqueueReadBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin, region,
+                                         stride, 0, stride, 0, p.mem.kv + piece.base, 0, nullptr,
+                                         nullptr),
+                 "clEnqueueReadBufferRect(kv rows)");
+      }
+      l0 = l1 + 1;
+    }
+  }
+}
+
 void GpuRunner::wait_callbacks(Clock::time_point deadline) {
   while (pending_callbacks_.load(std::memory_order_acquire) > 0) {
     if (Clock::now() >= deadline)
@@ -297,9 +327,13 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       if (page_tables)
         upload(step.page_tables_offset, uint64_t{step.n_seqs} * step.page_table_cols * 4);
     }
-    // The other device (or this one before a restart) may have written the sequences' KV rows:
-    // their pages, never the whole pool (O(context) a step, not O(pool)).
-    if (page_tables && kvl.n_layers > 0) upload_kv_pages(p, step, page_tables, 0, kvl.n_layers - 1);
+    // KV rows are written only by this device (KvWrite and Attention are GPU ops:
+    // core/program/program_builder.cpp) and read back as written, and every program of a KV
+    // segment shares one device copy (buffers_, made from host memory when a program first names
+    // it), so that copy is current. A step that hands off to the NPU still takes its sequences'
+    // pages from host memory (never the whole pool): the other device works on this step.
+    if (p.waits && page_tables && kvl.n_layers > 0)
+      upload_kv_pages(p, step, page_tables, 0, kvl.n_layers - 1);
   }
 
   StepReport report;
@@ -323,6 +357,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   kernels_.reuse_quantized_inputs();  // only this step's own ops write the arena, until a wait
   const uint64_t launches_before = kernels_.launches();
   Clock::time_point done_at = enqueued;
+  bool kv_rows_written = false;  // copies mode: KV rows to bring back at the step's end
   report.next_op = static_cast<uint32_t>(prog.ops.size());
   try {
     for (size_t i = step.first_op; i < prog.ops.size(); ++i) {
@@ -474,16 +509,20 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       }
       i += covered - 1;
       const fb::OpT& done = *prog.ops[i];  // the last op launched: its flag says it is done
-      if (preemptible) check_cl(clFlush(q), "clFlush");  // start it before the host checks again
-      // Copies mode: host memory is where the other device and the frontend look, so bring back
-      // exactly what this op wrote (never more: the other device may be writing the rest).
-      // Host memory is where the frontend (logits), later steps (KV rows: their pages are
-      // uploaded from there) and the other device (an op's output it waits for: the builder
-      // flags every cross-device producer) look. A program that waits brings back every op's
-      // output: its whole-tensor uploads at a wait must not overwrite this device's part.
-      const bool read_back =
-          copies() && (p.waits || done.publish_flag >= 0 || op.kind == fb::OpKind::Logits ||
-                       op.kind == fb::OpKind::KvWrite);
+      // A discrete GPU's driver may hold enqueued commands until a flush: start each op while
+      // the host enqueues the next.
+      if (preemptible || copies()) check_cl(clFlush(q), "clFlush");
+      // Host memory is where the frontend (logits), a restarted gpu_svc (KV rows) and the other
+      // device (an op's output it waits for: the builder flags every cross-device producer) look.
+      // A program that waits brings back every op's output, right after it: its whole-tensor
+      // uploads at a wait must not overwrite this device's part. One that does not brings its KV
+      // rows back once, at the step's end (a few rectangles, not two reads a layer and token).
+      const bool kv_at_end =
+          copies() && !p.waits && op.kind == fb::OpKind::KvWrite && done.publish_flag < 0;
+      kv_rows_written = kv_rows_written || kv_at_end;
+      const bool read_back = copies() && !kv_at_end &&
+                             (p.waits || done.publish_flag >= 0 || op.kind == fb::OpKind::Logits ||
+                              op.kind == fb::OpKind::KvWrite);
       cl_event readback =
           read_back ? read_back_output(p, at, op, rows, page_tables, step, t0, t1) : nullptr;
       if (done.publish_flag >= 0) {
@@ -502,6 +541,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       }
       if (readback) clReleaseEvent(readback);
     }
+    if (kv_rows_written) read_back_kv_rows(p, rows, page_tables, step);
     cl_event end = nullptr;
     check_cl(clEnqueueMarkerWithWaitList(q, 0, nullptr, &end), "clEnqueueMarkerWithWaitList");
     struct Release {

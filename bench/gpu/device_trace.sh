@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# On the `run` tool's GPU machine from the repo root: one model served gpu-only by a whole stack
+# there (gpu_svc on the NVIDIA GPU), a warm-up, then per MODELS entry one request of PROMPT tokens
+# and GEN decode tokens through stack_bench, and `duet trace --last` of it: where a step's time
+# goes on a discrete GPU (copies mode). Binaries: bench/gpu/prepare_device.sh with BINS="duet
+# duet-supervisor frontend gpu_svc npu_svc http_svc solver_svc stack_bench". Writes
+# $OUT/trace-<name>.json and $OUT/bench.jsonl.
+# env: MODELS ("fortune=tests/data/tiny-fortune/fortune-q8_0.gguf 1b=mkmodel:llama3.2-1b:q4_0"),
+#      PROMPT (64), GEN (32), DUET_KV_MEMORY (1G here: gpu_svc copies the KV pool to the GPU
+#      when a program first names it, and the default budget, a quarter of this machine's memory,
+#      takes longer than a program's registration may).
+set -uo pipefail
+source bench/gpu/device_env.sh || exit 2
+bin=$dev/bin
+export DUET_SOC_DIR=$root/deploy/soc DUET_KV_MEMORY=${DUET_KV_MEMORY:-1G}
+status=0
+for entry in ${MODELS:-fortune=tests/data/tiny-fortune/fortune-q8_0.gguf 1b=mkmodel:llama3.2-1b:q4_0}; do
+  name=${entry%%=*}
+  model=${entry#*=}
+  if [[ $model == mkmodel:* ]]; then  # random weights of a real shape, llama3's vocabulary
+    IFS=: read -r _ shape type <<<"$model"
+    model=/tmp/$name.gguf
+    "$bin/duet" mkmodel --shape "$shape" --type "$type" --vocab tests/data/vocab/llama3.gguf \
+      --out "$model" >/dev/null || { status=1; continue; }
+  fi
+  stack=trace$name
+  "$bin/duet" stack up --stack "$stack" --model "$model" --plan gpu-only --timeout 300 >/dev/null ||
+    { status=1; continue; }
+  "$bin/stack_bench" --stack "$stack" --plan gpu-only --model "$model" --prompt "${PROMPT:-64}" \
+    --gen 4 --prompt-salt 1 --ignore-eos >/dev/null 2>&1
+  "$bin/stack_bench" --stack "$stack" --plan gpu-only --model "$model" --prompt "${PROMPT:-64}" \
+    --gen "${GEN:-32}" --prompt-salt 2 --ignore-eos | tail -n 1 >>"$out/bench.jsonl" || status=1
+  "$bin/duet" trace --stack "$stack" --last --out "$out/trace-$name.json" >/dev/null || status=1
+  "$bin/duet" stack down --stack "$stack" >/dev/null
+done
+cat "$out/bench.jsonl"
+exit $status
