@@ -28,6 +28,18 @@ struct TokenRow {
   int32_t token, pos, seq, logits_row;
 };
 
+// Where a token's K and V rows live: its sequence's page for its position, and the row in it.
+struct KvSlot {
+  uint32_t page, row;
+};
+KvSlot kv_slot_of(const TokenRow& r, const int32_t* page_tables, const StepArgs& step,
+                  const fb::KvLayoutT& kvl) {
+  const auto pos = static_cast<uint32_t>(r.pos);
+  return {static_cast<uint32_t>(
+              page_tables[uint64_t(r.seq) * step.page_table_cols + pos / kvl.page_tokens]),
+          pos % kvl.page_tokens};
+}
+
 // The completion callback's context: owned by the callback, which deletes it.
 struct PublishContext {
   FlagSync* flags;
@@ -127,14 +139,11 @@ cl_event GpuRunner::read_back_output(const Program& p, const ArenaOffsets& at, c
       break;
     case fb::OpKind::KvWrite:
       for (uint32_t t = 0; t < n; ++t) {
-        const int32_t page = page_tables[uint64_t(rows[t].seq) * step.page_table_cols +
-                                         static_cast<uint32_t>(rows[t].pos) / kvl.page_tokens];
-        const uint64_t row = static_cast<uint32_t>(rows[t].pos) % kvl.page_tokens;
+        const KvSlot slot = kv_slot_of(rows[t], page_tables, step, kvl);
         const KvPiece& piece = p.kv.of_layer(static_cast<uint32_t>(op.layer));
         for (uint32_t which = 0; which < 2; ++which)
           read(piece.mem, p.mem.kv + piece.base,
-               kv_row_offset(kvl, static_cast<uint32_t>(op.layer), which,
-                             static_cast<uint32_t>(page), static_cast<uint32_t>(row)) -
+               kv_row_offset(kvl, static_cast<uint32_t>(op.layer), which, slot.page, slot.row) -
                    piece.base,
                kv_row_bytes(kvl));
       }
@@ -162,51 +171,39 @@ void GpuRunner::upload_kv_pages(const Program& p, const StepArgs& step, const in
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   const uint64_t stride = kv_layer_stride(kvl), page_bytes = kv_layer_page_bytes(kvl);
-  for (uint32_t l0 = layer_first; l0 <= layer_last;) {
-    // The run of layers from l0 that one buffer holds.
-    const uint32_t piece_index = p.kv.piece_of_layer.at(l0);
-    uint32_t l1 = l0;
-    while (l1 + 1 <= layer_last && p.kv.piece_of_layer.at(l1 + 1) == piece_index) ++l1;
-    const KvPiece& piece = p.kv.pieces[piece_index];
-    for (const uint32_t page : pages) {
-      const size_t origin[3] = {kv_row_offset(kvl, l0, 0, page, 0) - piece.base, 0, 0};
-      const size_t region[3] = {page_bytes, l1 - l0 + 1, 1};
-      check_cl(clEnqueueWriteBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin, region,
-                                        stride, 0, stride, 0, p.mem.kv + piece.base, 0, nullptr,
-                                        nullptr),
-               "clEnqueueWriteBufferRect(kv)");
-    }
-    l0 = l1 + 1;
-  }
+  p.kv.for_each_layer_run(
+      layer_first, layer_last, [&](uint32_t l0, uint32_t l1, const KvPiece& piece) {
+        for (const uint32_t page : pages) {
+          const size_t origin[3] = {kv_row_offset(kvl, l0, 0, page, 0) - piece.base, 0, 0};
+          const size_t region[3] = {page_bytes, l1 - l0 + 1, 1};
+          check_cl(clEnqueueWriteBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin,
+                                            region, stride, 0, stride, 0, p.mem.kv + piece.base, 0,
+                                            nullptr, nullptr),
+                   "clEnqueueWriteBufferRect(kv)");
+        }
+      });
 }
 
 void GpuRunner::read_back_kv_rows(const Program& p, const void* token_rows,
                                   const int32_t* page_tables, const StepArgs& step) {
   const auto* rows = static_cast<const TokenRow*>(token_rows);
   const fb::KvLayoutT& kvl = *p.prog.kv;
+  if (kvl.n_layers == 0) return;
   const uint64_t stride = kv_layer_stride(kvl), row_bytes = kv_row_bytes(kvl);
   for (uint32_t t = 0; t < step.n_tokens; ++t) {
-    const auto pos = static_cast<uint32_t>(rows[t].pos);
-    const int32_t page =
-        page_tables[uint64_t(rows[t].seq) * step.page_table_cols + pos / kvl.page_tokens];
-    for (uint32_t l0 = 0; l0 < kvl.n_layers;) {
-      const uint32_t piece_index = p.kv.piece_of_layer.at(l0);
-      uint32_t l1 = l0;
-      while (l1 + 1 < kvl.n_layers && p.kv.piece_of_layer.at(l1 + 1) == piece_index) ++l1;
-      const KvPiece& piece = p.kv.pieces[piece_index];
-      for (uint32_t which = 0; which < 2; ++which) {
-        const size_t origin[3] = {
-            kv_row_offset(kvl, l0, which, static_cast<uint32_t>(page), pos % kvl.page_tokens) -
-                piece.base,
-            0, 0};
-        const size_t region[3] = {row_bytes, l1 - l0 + 1, 1};
-        check_cl(clEnqueueReadBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin, region,
-                                         stride, 0, stride, 0, p.mem.kv + piece.base, 0, nullptr,
-                                         nullptr),
-                 "clEnqueueReadBufferRect(kv rows)");
-      }
-      l0 = l1 + 1;
-    }
+    const KvSlot slot = kv_slot_of(rows[t], page_tables, step, kvl);
+    p.kv.for_each_layer_run(
+        0, kvl.n_layers - 1, [&](uint32_t l0, uint32_t l1, const KvPiece& piece) {
+          for (uint32_t which = 0; which < 2; ++which) {
+            const size_t origin[3] = {
+                kv_row_offset(kvl, l0, which, slot.page, slot.row) - piece.base, 0, 0};
+            const size_t region[3] = {row_bytes, l1 - l0 + 1, 1};
+            check_cl(clEnqueueReadBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin,
+                                             region, stride, 0, stride, 0, p.mem.kv + piece.base, 0,
+                                             nullptr, nullptr),
+                     "clEnqueueReadBufferRect(kv rows)");
+          }
+        });
   }
 }
 

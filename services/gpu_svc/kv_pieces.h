@@ -31,6 +31,17 @@ struct KvPieces {
   KvArgs args(const fb::KvLayoutT& kv, uint32_t layer, uint64_t page_table_off,
               uint32_t page_table_cols) const;
   const KvPiece& of_layer(uint32_t layer) const;
+  // Calls f(l0, l1, piece) for each run of layers [l0, l1] within [first, last] that one buffer
+  // holds, in order (a transfer over several layers is one rectangle per run).
+  template <class F>
+  void for_each_layer_run(uint32_t first, uint32_t last, F&& f) const {
+    for (uint32_t l0 = first; l0 <= last;) {
+      uint32_t l1 = l0;
+      while (l1 < last && piece_of_layer.at(l1 + 1) == piece_of_layer.at(l0)) ++l1;
+      f(l0, l1, of_layer(l0));
+      l0 = l1 + 1;
+    }
+  }
 };
 
 // Groups consecutive layers into pieces of at most max_buffer_bytes, each starting at a multiple
