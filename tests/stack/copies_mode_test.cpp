@@ -46,16 +46,10 @@ class CopiesModeStack : public test_support::StackFixture {
     ASSERT_NE(text.str().find("copies: true"), std::string::npos) << "gpu_svc maps memory";
   }
   std::vector<int> ids(const std::string& stack, const std::string& prompt, int max_tokens) {
-    const std::string file = (dir_ / ("prompt" + std::to_string(files_++))).string();
-    std::ofstream(file) << prompt;
-    CliResult r =
-        run_duet("generate --stack " + stack + " --max-tokens " + std::to_string(max_tokens) +
-                     " --ignore-eos --json \"$(cat " + file + ")\"",
-                 "timeout 120");
-    EXPECT_EQ(r.rc, 0) << r.out.substr(0, 2000);
-    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
-    if (j.is_discarded() || !j.contains("ids")) {
-      ADD_FAILURE() << r.out.substr(0, 2000);
+    const nlohmann::json j = test_support::generate_json(
+        stack, prompt, max_tokens, dir_ / ("prompt" + std::to_string(files_++)));
+    if (!j.is_object() || !j.contains("ids")) {
+      ADD_FAILURE() << "no ids: " << j.dump().substr(0, 2000);
       return {};
     }
     return j["ids"].get<std::vector<int>>();

@@ -48,18 +48,9 @@ class KvPrefixStack : public test_support::StackFixture {
     for (int i = 0; i < n; ++i) s += w[(i * 7 + i / 10 + salt) % 10] + " ";
     return s;
   }
-  // `duet generate --json` of the prompt in a file (a long prompt is no shell word).
   nlohmann::json generate(const std::string& stack, const std::string& prompt, int max_tokens) {
-    const std::string file = (dir_ / ("prompt" + std::to_string(files_++))).string();
-    std::ofstream(file) << prompt;
-    CliResult r =
-        run_duet("generate --stack " + stack + " --max-tokens " + std::to_string(max_tokens) +
-                     " --ignore-eos --json \"$(cat " + file + ")\"",
-                 "timeout 120");
-    EXPECT_EQ(r.rc, 0) << r.out.substr(0, 2000);
-    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << r.out.substr(0, 2000);
-    return j;
+    return test_support::generate_json(stack, prompt, max_tokens,
+                                       dir_ / ("prompt" + std::to_string(files_++)));
   }
   nlohmann::json engine_status(const std::string& stack) {
     CliResult r = run_duet("status --stack " + stack + " --json");

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -81,6 +82,22 @@ inline std::string make_tiny_qwen2(const std::filesystem::path& dir) {
                                out.string() + "'");
   if (r.rc != 0) throw Error(Errc::internal, "mkmodel tiny-qwen2 failed: " + r.out);
   return out.string();
+}
+
+// `duet generate --stack S --max-tokens N --ignore-eos --json` of `prompt`, written to `file`
+// first (a long prompt is no shell word); its parsed reply (discarded where the command failed,
+// which the test is told).
+inline nlohmann::json generate_json(const std::string& stack, const std::string& prompt,
+                                    int max_tokens, const std::filesystem::path& file) {
+  std::ofstream(file) << prompt;
+  const CliResult r =
+      run_duet("generate --stack " + stack + " --max-tokens " + std::to_string(max_tokens) +
+                   " --ignore-eos --json \"$(cat '" + file.string() + "')\"",
+               "timeout 120");
+  EXPECT_EQ(r.rc, 0) << r.out.substr(0, 2000);
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out.substr(0, 2000);
+  return j;
 }
 
 // `stack down` first; then whatever a failed test left: processes, segments, files.
