@@ -19,6 +19,12 @@ for t in gguf tokenizer messages; do
       -print_final_stats=1 -artifact_prefix="$scratch/" "$scratch/$t" "fuzz/corpus/$t" \
       >"$scratch/$t.log" 2>&1; then
     echo "fuzz_$t FAILED:"; tail -60 "$scratch/$t.log"; failed=1
+    # The artifact dies with the scratch dir: print it, so a CI log is enough to reproduce it
+    # (xxd -r -p turns the hex back into the input).
+    for a in "$scratch"/crash-* "$scratch"/leak-* "$scratch"/timeout-* "$scratch"/oom-*; do
+      [[ -f $a && $(stat -c %s "$a") -le 65536 ]] || continue
+      echo "$(basename "$a") as hex:"; od -An -v -tx1 "$a" | tr -d ' \n' | fold -w 128; echo
+    done
   else
     grep -E "stat::number_of_executed_units|Done" "$scratch/$t.log" | tail -2
   fi

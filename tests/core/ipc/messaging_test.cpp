@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -77,6 +78,49 @@ TEST(VerifyControl, RefusesMoreTablesThanTheLimit) {
   auto program = pb.Finish();
   msg::Bytes b = msg::finish_message(fbb, 1, fb::CreateRegisterProgram(fbb, 1, program));
   EXPECT_THROW(msg::verify_control(b), Error);
+}
+
+// The Verifier of flatbuffers 2.0.8 checks only a vector's length field for alignment; a program
+// whose 8-byte slot table sits at 4 mod 8 must be refused, not read (fuzz_messages found it).
+TEST(VerifyControl, RefusesAProgramWhoseSlotTableIsMisaligned) {
+  int refused = 0, accepted = 0;
+  for (int pad = 0; pad < 2; ++pad) {
+    flatbuffers::FlatBufferBuilder fbb;
+    // Two uint32 per uint64: a [uint] vector is aligned to 4 only, so one of the two paddings
+    // leaves its data at 4 mod 8.
+    const std::vector<uint32_t> words = {1, 0, 2, 0, 3, 0, 4, 0};
+    if (pad) fbb.PushElement<uint32_t>(0);
+    const auto as_words = fbb.CreateVector(words);
+    const flatbuffers::Offset<flatbuffers::Vector<uint64_t>> slots(as_words.o);
+    fb::ProgramBuilder pb(fbb);
+    pb.add_slot_offsets(slots);
+    const auto program = pb.Finish();
+    msg::Bytes b = msg::finish_message(fbb, 1, fb::CreateRegisterProgram(fbb, 1, program));
+    // The length field still counts words: make it count the four uint64.
+    const auto* data = flatbuffers::GetRoot<fb::Message>(b.data())
+                           ->body_as_RegisterProgram()
+                           ->program()
+                           ->slot_offsets()
+                           ->Data();
+    const auto at = static_cast<size_t>(data - b.data());
+    const uint32_t n = 4;
+    std::memcpy(b.data() + at - 4, &n, 4);
+    if (at % 8 == 0) {
+      EXPECT_EQ(
+          msg::verify_control(b)->body_as_RegisterProgram()->program()->slot_offsets()->Get(2), 3u);
+      ++accepted;
+    } else {
+      try {
+        msg::verify_control(b);
+        ADD_FAILURE() << "a misaligned slot table was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("slot_offsets"), std::string::npos) << e.what();
+      }
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, 1);
+  EXPECT_EQ(accepted, 1);
 }
 
 TEST(ErrorReply, CarriesCodeAndMessageBackAsAnException) {
