@@ -40,7 +40,7 @@ size_t GpuRunner::n_ops(uint32_t id) const {
   return it->second->prog.ops.size();
 }
 
-cl_mem GpuRunner::wrap(const void* host, uint64_t bytes, bool read_only) {
+cl_mem GpuRunner::wrap(const void* host, uint64_t bytes, bool read_only, bool fill) {
   if (!host || bytes == 0) bytes = 64;  // OpenCL has no empty buffers; nothing valid addresses it
   auto key = std::make_pair(host, bytes);
   if (auto it = buffers_.find(key); it != buffers_.end()) return it->second;
@@ -52,13 +52,13 @@ cl_mem GpuRunner::wrap(const void* host, uint64_t bytes, bool read_only) {
   cl_int err = CL_SUCCESS;
   const cl_mem_flags access = read_only ? CL_MEM_READ_ONLY : CL_MEM_READ_WRITE;
   cl_mem m = nullptr;
-  if (!host) {
+  if (!host || (!fill && !dev_.zero_copy())) {
     m = clCreateBuffer(dev_.context(), access, bytes, nullptr, &err);
   } else if (dev_.zero_copy()) {
     m = clCreateBuffer(dev_.context(), access | CL_MEM_USE_HOST_PTR, bytes, const_cast<void*>(host),
                        &err);
   } else {
-    // Discrete device: weights are copied once here; arena and KV around every step.
+    // Discrete device: weights are copied once here, the arena around every step.
     m = clCreateBuffer(dev_.context(), access | CL_MEM_COPY_HOST_PTR, bytes,
                        const_cast<void*>(host), &err);
   }
@@ -144,10 +144,14 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
                        op->weight->cols(),
                        static_cast<const uint8_t*>(mem.weights) + op->weight->offset()));
   p->arena = wrap(mem.arena, mem.arena_bytes, false);
-  if (mem.kv)
+  if (mem.kv) {
     p->kv = map_kv_pieces(
         *program.kv, mem.kv, mem.kv_bytes, kv_buffer_limit(dev_.info().max_alloc_bytes),
-        [this](const void* host, uint64_t bytes) { return wrap(host, bytes, false); });
+        [this](const void* host, uint64_t bytes) { return wrap(host, bytes, false, false); });
+    std::vector<uint8_t>& current = kv_current_[mem.kv];
+    current.resize(std::max<size_t>(current.size(), program.kv->n_pages), 0);
+    p->kv_current = &current;
+  }
   // Fused launches read the matmuls' inputs in place: a copying device has none of them.
   if (kernels_.int8_matmul() && !copies()) p->fusion = plan_fusion(program);
   p->prog = std::move(program);

@@ -3,9 +3,12 @@
 // in program order on an in-order queue. Segments (the mmapped GGUF file, the shm arena, the KV
 // pages) are wrapped with CL_MEM_USE_HOST_PTR where the device shares host memory (zero copy);
 // otherwise they are copied in and out around each step (`copies()` is then true: the token
-// and page tables go in, and for a step that hands off to the other device its arena and the KV
-// pages its sequences hold; what the frontend and the other device read comes back), and the
-// Q4_0/Q8_0 matmul weights are packed at upload into the GPU layout of weight_pack.h.
+// and page tables go in, and for a step that hands off to the other device its arena; what the
+// frontend and the other device read comes back), and the Q4_0/Q8_0 matmul weights are packed
+// at upload into the GPU layout of weight_pack.h. The KV pool's device copy starts empty: a page
+// goes up the first time a step names it (a pool sized by host memory is far larger than what
+// the steps touch, and copying it all at registration took longer than the registration's
+// deadline on an H100 host with 128 GB).
 //
 // Cross-device sync without clFinish on the hot path: an op's wait_flags are waited on by the
 // host before its kernels are enqueued; its publish_flag is published from the completion
@@ -91,20 +94,22 @@ class GpuRunner {
   const QueuePicker& queue_picker() const { return picker_; }
   // Steps run on the device's low-priority queue (proactive steps, where it has one).
   uint64_t low_priority_steps() const { return low_priority_steps_; }
+  // Copies mode: KV bytes copied from host memory to the device so far (each page once).
+  uint64_t kv_bytes_uploaded() const { return kv_bytes_uploaded_; }
 
  private:
   struct Program;
-  cl_mem wrap(const void* host, uint64_t bytes, bool read_only);
+  // fill: a copying device's buffer starts as a copy of `host` (else empty: the KV pool).
+  cl_mem wrap(const void* host, uint64_t bytes, bool read_only, bool fill = true);
   // Copies mode: enqueues reads of exactly the bytes `op` wrote back to host memory; returns
   // the last read's event (the caller releases it) or null when the op wrote nothing.
   cl_event read_back_output(const Program& p, const ArenaOffsets& at, const fb::OpT& op,
                             const void* token_rows, const int32_t* page_tables,
                             const StepArgs& step, uint32_t t0, uint32_t t1);
-  // Copies mode: enqueues writes of the KV pages the step's page tables name (every sequence's
-  // whole page list; the step reads no other), layers [layer_first, layer_last], from host
-  // memory to the device: one rectangle per page and group of layers of one buffer.
-  void upload_kv_pages(const Program& p, const StepArgs& step, const int32_t* page_tables,
-                       uint32_t layer_first, uint32_t layer_last);
+  // Copies mode: enqueues writes, from host memory to the device, of the pages the step's page
+  // tables name that the device does not hold yet (kv_current_), every layer: one rectangle per
+  // page and group of layers of one buffer. Marks them current.
+  void upload_new_kv_pages(const Program& p, const StepArgs& step, const int32_t* page_tables);
   // Copies mode: enqueues reads of the K and V rows the step's tokens wrote (every layer; the
   // rows it did not write are the same on both sides), one rectangle per token, K or V and group
   // of layers of one buffer.
@@ -122,6 +127,11 @@ class GpuRunner {
   // One cl_mem per wrapped host range, shared by every program that uses it (prefill and
   // decode programs of one model share weights, arena and KV).
   std::map<std::pair<const void*, uint64_t>, cl_mem> buffers_;
+  // Copies mode, per KV segment (its host base): whether the device holds page i as host memory
+  // does. Only this device writes KV and every row it writes comes back (gpu_runner_step.cpp), so
+  // a page uploaded once stays current for as long as its buffers live.
+  std::map<const void*, std::vector<uint8_t>> kv_current_;
+  uint64_t kv_bytes_uploaded_ = 0;
   // Copies mode: the matmul weights packed in place in those buffers (weight_pack.h).
   PackedWeights packed_;
   // CPU integer path: the matmul weights' tiled copies (tiled_weights.h), shared by programs.

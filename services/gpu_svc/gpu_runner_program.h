@@ -21,6 +21,7 @@ struct GpuRunner::Program {
   bool waits = false;  // some op waits on the other device's flags (reads what it wrote)
   cl_mem weights = nullptr, arena = nullptr;
   KvPieces kv;  // the KV segment, one buffer per group of layers (kv_pieces.h)
+  std::vector<uint8_t>* kv_current = nullptr;  // copies mode: GpuRunner::kv_current_'s entry
   bool uses_kv = false;
   // CPU integer path: the tiled copies of its Q4_0/Q8_0/K-quant matmul weights, by offset.
   std::map<uint64_t, std::shared_ptr<const TiledTensor>> tiled;

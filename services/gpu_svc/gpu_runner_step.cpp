@@ -161,27 +161,31 @@ cl_event GpuRunner::read_back_output(const Program& p, const ArenaOffsets& at, c
   return e;
 }
 
-void GpuRunner::upload_kv_pages(const Program& p, const StepArgs& step, const int32_t* page_tables,
-                                uint32_t layer_first, uint32_t layer_last) {
+void GpuRunner::upload_new_kv_pages(const Program& p, const StepArgs& step,
+                                    const int32_t* page_tables) {
   const fb::KvLayoutT& kvl = *p.prog.kv;
+  std::vector<uint8_t>& current = *p.kv_current;
   std::vector<uint32_t> pages;
-  for (uint64_t i = 0; i < uint64_t{step.n_seqs} * step.page_table_cols; ++i)
-    if (page_tables[i] >= 0 && static_cast<uint32_t>(page_tables[i]) < kvl.n_pages)
-      pages.push_back(static_cast<uint32_t>(page_tables[i]));
-  std::sort(pages.begin(), pages.end());
-  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  for (uint64_t i = 0; i < uint64_t{step.n_seqs} * step.page_table_cols; ++i) {
+    const int32_t page = page_tables[i];
+    if (page >= 0 && static_cast<uint32_t>(page) < kvl.n_pages && !current[page]) {
+      pages.push_back(static_cast<uint32_t>(page));
+      current[page] = 1;  // enqueued below; later steps run after it on this queue
+    }
+  }
+  if (pages.empty() || kvl.n_layers == 0) return;
   const uint64_t stride = kv_layer_stride(kvl), page_bytes = kv_layer_page_bytes(kvl);
-  p.kv.for_each_layer_run(
-      layer_first, layer_last, [&](uint32_t l0, uint32_t l1, const KvPiece& piece) {
-        for (const uint32_t page : pages) {
-          const size_t origin[3] = {kv_row_offset(kvl, l0, 0, page, 0) - piece.base, 0, 0};
-          const size_t region[3] = {page_bytes, l1 - l0 + 1, 1};
-          check_cl(clEnqueueWriteBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin,
-                                            region, stride, 0, stride, 0, p.mem.kv + piece.base, 0,
-                                            nullptr, nullptr),
-                   "clEnqueueWriteBufferRect(kv)");
-        }
-      });
+  p.kv.for_each_layer_run(0, kvl.n_layers - 1, [&](uint32_t l0, uint32_t l1, const KvPiece& piece) {
+    for (const uint32_t page : pages) {
+      const size_t origin[3] = {kv_row_offset(kvl, l0, 0, page, 0) - piece.base, 0, 0};
+      const size_t region[3] = {page_bytes, l1 - l0 + 1, 1};
+      check_cl(clEnqueueWriteBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin, region,
+                                        stride, 0, stride, 0, p.mem.kv + piece.base, 0, nullptr,
+                                        nullptr),
+               "clEnqueueWriteBufferRect(kv)");
+    }
+    kv_bytes_uploaded_ += pages.size() * page_bytes * (l1 - l0 + 1);
+  });
 }
 
 void GpuRunner::read_back_kv_rows(const Program& p, const void* token_rows,
@@ -326,11 +330,10 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     }
     // KV rows are written only by this device (KvWrite and Attention are GPU ops:
     // core/program/program_builder.cpp) and read back as written, and every program of a KV
-    // segment shares one device copy (buffers_, made from host memory when a program first names
-    // it), so that copy is current. A step that hands off to the NPU still takes its sequences'
-    // pages from host memory (never the whole pool): the other device works on this step.
-    if (p.waits && page_tables && kvl.n_layers > 0)
-      upload_kv_pages(p, step, page_tables, 0, kvl.n_layers - 1);
+    // segment shares one device copy (buffers_), so a page goes up the first time a step names
+    // it (kv_current_: a restarted gpu_svc starts from what host memory holds) and is current
+    // from then on, whichever device the step hands off to.
+    if (page_tables) upload_new_kv_pages(p, step, page_tables);
   }
 
   StepReport report;
@@ -403,10 +406,6 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
                   clEnqueueWriteBuffer(q, p.arena, CL_FALSE, at(*r), uint64_t{n} * r->cols() * 4,
                                        p.mem.arena + at(*r), 0, nullptr, nullptr),
                   "clEnqueueWriteBuffer(input)");
-          if (page_tables && op.kind == fb::OpKind::Attention) {
-            const auto layer = static_cast<uint32_t>(std::max<int16_t>(op.layer, 0));
-            upload_kv_pages(p, step, page_tables, layer, layer);
-          }
         }
       }
       const uint32_t t0 = std::min(op.seq_begin, n);

@@ -154,6 +154,7 @@ nlohmann::json GpuService::status_json() const {
           {"host_unified_memory", d.host_unified},
           {"extensions", d.extensions},
           {"copies", runner_.copies()},
+          {"kv_bytes_uploaded", runner_.kv_bytes_uploaded()},
           {"program_binary_cached", dev_.program_from_cache()},
           {"program_build_ms", dev_.program_build_ms()},
           {"program_cache_path", dev_.cache_path()},

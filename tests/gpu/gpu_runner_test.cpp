@@ -212,9 +212,9 @@ TEST(GpuRunner, CopiesModeBringsBackOnlyWhatTheFrontendOrTheOtherDeviceReads) {
 }
 
 // Copies mode keeps the KV on the device: every KV row is written there and read back as written.
-// A device service that starts over KV the stack already holds (gpu_svc restarted) takes it at
-// registration; a step that hands off to the NPU takes its sequences' pages from host memory
-// at its start, so rows the other side wrote there meanwhile are seen.
+// A device service that starts over KV the stack already holds (gpu_svc restarted) takes each
+// page from host memory the first time a step names it, whatever host memory held at its
+// registration.
 TEST(GpuRunner, CopiesModeContinuesASequenceWhoseRowsHostMemoryHolds) {
   DeviceOptions o;
   o.force_copies = true;
@@ -228,12 +228,16 @@ TEST(GpuRunner, CopiesModeContinuesASequenceWhoseRowsHostMemoryHolds) {
   const int32_t next = 1500;
   const std::vector<float> want = ref.forward(std::vector<int32_t>{next}, false);
   const float tol = GpuKernels(*dev).int8_matmul() ? 5e-3f : 1e-3f;
+  // Every runner lives to the end: device memory freed by one case and handed out again to the
+  // next would already hold the same rows (PoCL does), and a missing upload would go unseen.
+  std::vector<std::unique_ptr<GpuProgramRun>> keep;
   for (const bool split : {false, true}) {
-    SCOPED_TRACE(split ? "weight split: uploaded at the step" : "gpu-only: at registration");
+    SCOPED_TRACE(split ? "weight split: rows written after registration"
+                       : "gpu-only: rows written before registration");
     const Plan plan = split ? weight_split_plan(*m) : Plan::gpu_only();
-    GpuProgramRun first(*m, plan, 32, std::chrono::seconds(30), *dev);
-    first.step(prompt, 0);
-    const std::vector<uint8_t> kv(first.mem().kv, first.mem().kv + first.mem().kv_bytes);
+    auto first = std::make_unique<GpuProgramRun>(*m, plan, 32, std::chrono::seconds(30), *dev);
+    first->step(prompt, 0);
+    const std::vector<uint8_t> kv(first->mem().kv, first->mem().kv + first->mem().kv_bytes);
     std::unique_ptr<GpuProgramRun> fresh;
     if (split) {
       fresh = std::make_unique<GpuProgramRun>(*m, plan, 32, std::chrono::seconds(30), *dev);
@@ -242,6 +246,47 @@ TEST(GpuRunner, CopiesModeContinuesASequenceWhoseRowsHostMemoryHolds) {
       fresh = std::make_unique<GpuProgramRun>(*m, plan, 32, std::chrono::seconds(30), *dev, &kv);
     }
     EXPECT_LT(max_abs_diff(fresh->step({next}, static_cast<int>(prompt.size())), want), tol);
+    keep.push_back(std::move(first));
+    keep.push_back(std::move(fresh));
+  }
+}
+
+// Copies mode uploads no KV at registration (a pool sized by host memory can be tens of GB): a
+// page goes to the device the first time a step names it, once, whether or not the program hands
+// off to the NPU. The logits are the reference's either way.
+TEST(GpuRunner, CopiesModeUploadsEachKvPageTheFirstTimeAStepNamesIt) {
+  DeviceOptions o;
+  o.force_copies = true;
+  auto dev = ClDevice::open(o);
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
+  const testing::ScopedEnv wide_activations("DUET_GPU_INT8_ACT_BITS", "16");
+  const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263, 1243, 322, 42, 17,
+                                       5, 900, 1200, 7,   100, 31,   64,  99, 3};  // two pages
+  const std::vector<int32_t> decode = {1500, 7};
+  ReferenceForward ref(*m, 128);
+  ref.forward(prompt, true);
+  const std::vector<float> want0 = ref.forward(std::vector<int32_t>{decode[0]}, false);
+  const std::vector<float> want1 = ref.forward(std::vector<int32_t>{decode[1]}, false);
+  const float tol = GpuKernels(*dev).int8_matmul() ? 5e-3f : 1e-3f;
+  for (const bool split : {false, true}) {
+    SCOPED_TRACE(split ? "weight split" : "gpu-only");
+    GpuProgramRun run(*m, split ? weight_split_plan(*m) : Plan::gpu_only(), 32,
+                      std::chrono::seconds(30), *dev);
+    EXPECT_EQ(run.runner().kv_bytes_uploaded(), 0u) << "registration copied KV";
+    // The sequence holds two of the pool's pages (the last two); the other slots name none.
+    const uint32_t n_pages = run.built().max_pages_per_seq;
+    ASSERT_GE(n_pages, 4u);
+    auto* pt = reinterpret_cast<int32_t*>(run.mem().arena + run.built().arena.page_tables);
+    for (uint32_t i = 0; i < n_pages; ++i)
+      pt[i] = i < 2 ? static_cast<int32_t>(n_pages - 1 - i) : -1;
+    const fb::KvLayoutT& kvl = *run.built().gpu.kv;
+    const uint64_t two_pages = 2 * uint64_t{kvl.n_layers} * kv_layer_page_bytes(kvl);
+    run.step(prompt, 0);
+    EXPECT_EQ(run.runner().kv_bytes_uploaded(), two_pages);
+    const int pos = static_cast<int>(prompt.size());
+    EXPECT_LT(max_abs_diff(run.step({decode[0]}, pos), want0), tol);
+    EXPECT_LT(max_abs_diff(run.step({decode[1]}, pos + 1), want1), tol);
+    EXPECT_EQ(run.runner().kv_bytes_uploaded(), two_pages);
   }
 }
 

@@ -109,6 +109,7 @@ TEST(GpuService, StatusNamesTheDeviceAndWhetherItCopies) {
   EXPECT_GT(j["compute_units"].get<int>(), 0);
   EXPECT_GT(j["global_mem_bytes"].get<uint64_t>(), 0u);
   EXPECT_EQ(j["copies"].get<bool>(), !shared_device().zero_copy());
+  EXPECT_EQ(j["kv_bytes_uploaded"].get<uint64_t>(), 0u);  // no step yet
   EXPECT_TRUE(j.contains("extensions"));
   EXPECT_EQ(j["soc"], "sd8gen3");
 }
