@@ -110,6 +110,9 @@ const std::array kSettings = {
     Setting{"DUET_GPU_KV_MAX_BUFFER", "gpu.kv_max_buffer", T::integer, "", 1, 1e18, "",
             "bytes of the largest OpenCL buffer the KV pool is mapped as; empty: the device's "
             "limit"},
+    Setting{"DUET_GPU_MEMORY", "gpu.memory", T::size, "", 0, 0, "",
+            "device memory gpu_svc may fill on a discrete GPU (weights, arena, KV pool), e.g. "
+            "20G; empty: the device's global memory"},
     Setting{"DUET_GPU_FORCE_COPIES", "gpu.force_copies", T::choice, "0", 0, 0, "0|1",
             "copy buffers even where the device could map host memory (tests the copy path)"},
     // Where things are.

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "core/base/error.h"
+#include "core/base/settings.h"
+#include "core/model/kv_budget.h"
 #include "services/gpu_svc/gpu_runner_program.h"
 #include "services/gpu_svc/kv_pieces.h"
 
@@ -65,6 +67,31 @@ cl_mem GpuRunner::wrap(const void* host, uint64_t bytes, bool read_only, bool fi
   check_cl(err, "clCreateBuffer");
   buffers_.emplace(key, m);
   return m;
+}
+
+void GpuRunner::check_device_memory(const ProgramMemory& mem) const {
+  auto held = [&](const void* host) {
+    for (const auto& [key, m] : buffers_)
+      if (key.first == host) return true;
+    return false;
+  };
+  uint64_t holding = 0;
+  for (const auto& [key, m] : buffers_) holding += key.second;
+  const uint64_t weights = held(mem.weights) ? 0 : mem.weights_bytes;
+  const uint64_t arena = held(mem.arena) ? 0 : mem.arena_bytes;
+  const uint64_t kv = !mem.kv || held(mem.kv) ? 0 : mem.kv_bytes;
+  const auto limit_text = setting_override("DUET_GPU_MEMORY");  // checked: a size
+  const uint64_t limit =
+      limit_text ? parse_setting_size(*limit_text) : dev_.info().global_mem_bytes;
+  if (holding + weights + arena + kv <= limit) return;
+  const auto gib = [](uint64_t b) { return format_bytes(b); };
+  throw Error(Errc::out_of_range,
+              "gpu_svc: " + dev_.info().name + " has " + gib(limit) + " of memory (" +
+                  (limit_text ? "DUET_GPU_MEMORY" : "its global memory") +
+                  "); this program needs " + gib(weights + arena + kv) + " more (weights " +
+                  gib(weights) + ", arena " + gib(arena) + ", KV pool " + gib(kv) +
+                  ") beside the " + gib(holding) +
+                  " held: lower the KV budget (`stack up --kv-memory`, DUET_KV_MEMORY)");
 }
 
 void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const ProgramMemory& mem) {
@@ -132,6 +159,7 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
     }
   }
   p->mem = mem;
+  if (copies()) check_device_memory(mem);
   p->weights = wrap(mem.weights, mem.weights_bytes, true);
   if (copies()) packed_.pack_program(dev_, p->weights, mem.weights, program);
   if (kernels_.int8_matmul())

@@ -101,6 +101,11 @@ class GpuRunner {
   struct Program;
   // fill: a copying device's buffer starts as a copy of `host` (else empty: the KV pool).
   cl_mem wrap(const void* host, uint64_t bytes, bool read_only, bool fill = true);
+  // Copies mode: refuses, before any buffer is made, a program whose weights, arena and KV pool
+  // would take the buffers this runner holds past the device's memory (DUET_GPU_MEMORY, else
+  // its global memory), naming the sizes and the KV budget to lower. A discrete GPU allocates at
+  // first use, so without it the failure would come mid-step.
+  void check_device_memory(const ProgramMemory& mem) const;
   // Copies mode: enqueues reads of exactly the bytes `op` wrote back to host memory; returns
   // the last read's event (the caller releases it) or null when the op wrote nothing.
   cl_event read_back_output(const Program& p, const ArenaOffsets& at, const fb::OpT& op,

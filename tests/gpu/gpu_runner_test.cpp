@@ -290,6 +290,34 @@ TEST(GpuRunner, CopiesModeUploadsEachKvPageTheFirstTimeAStepNamesIt) {
   }
 }
 
+// A discrete GPU allocates at first use: a program that would not fit its memory (weights, arena,
+// KV pool, beside what the runner holds) is refused at registration, naming the sizes and the
+// budget to lower, not mid-step. DUET_GPU_MEMORY stands in for a small card; a device that maps
+// host memory copies nothing and is not checked.
+TEST(GpuRunner, CopiesModeRefusesAProgramLargerThanTheDevicesMemory) {
+  auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
+  const testing::ScopedEnv small_card("DUET_GPU_MEMORY", "4M");
+  DeviceOptions o;
+  o.force_copies = true;
+  auto dev = ClDevice::open(o);
+  try {
+    GpuProgramRun run(*m, Plan::gpu_only(), 16, std::chrono::seconds(30), *dev);
+    ADD_FAILURE() << "a program larger than the device's memory was registered";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::out_of_range);
+    EXPECT_NE(std::string(e.what()).find("KV pool"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--kv-memory"), std::string::npos) << e.what();
+  }
+  {
+    const testing::ScopedEnv large_card("DUET_GPU_MEMORY", "1G");
+    GpuProgramRun run(*m, Plan::gpu_only(), 16, std::chrono::seconds(30), *dev);
+    EXPECT_EQ(run.step({1, 703, 1975}, 0).size(), 3u * m->hp().n_vocab);
+  }
+  if (!shared_device().zero_copy()) GTEST_SKIP() << "the shared device copies too";
+  GpuProgramRun mapped(*m, Plan::gpu_only(), 16);  // the 4M limit does not apply
+  EXPECT_EQ(mapped.step({1, 703, 1975}, 0).size(), 3u * m->hp().n_vocab);
+}
+
 // The narrow queue (PoCL's single-threaded driver, queue_picker.h) runs the same kernels with the
 // same work-group sizes as the all-cores one: a step gives the same bits on either, so the
 // picker's choice (made by timing) never changes a token. Prefill and decode, gpu-only and
