@@ -163,12 +163,21 @@ TEST(GpuRunner, WeightSplitWithTheInterpreterAsNpuMatchesTheReference) {
   expect_matches_reference(*m, weight_split_plan(*m));
 }
 
+// A PoCL device that copies in and out as a discrete GPU does (DeviceOptions::force_copies).
+std::unique_ptr<ClDevice> copying_device() {
+  DeviceOptions o;
+  o.force_copies = true;
+  return ClDevice::open(o);
+}
+
+// 18 tokens: two KV pages of 16.
+const std::vector<int32_t> kTwoPagePrompt = {1, 703, 1975, 310, 263, 1243, 322, 42, 17,
+                                             5, 900, 1200, 7,   100, 31,   64,  99, 3};
+
 // The discrete-GPU path (explicit copies, each op reading back exactly what it wrote so the
 // other device's rows are never overwritten), forced on this host-unified device.
 TEST(GpuRunner, CopiesModeMatchesTheReferenceGpuOnlyAndWeightSplit) {
-  DeviceOptions o;
-  o.force_copies = true;
-  auto dev = ClDevice::open(o);
+  auto dev = copying_device();
   ASSERT_FALSE(dev->zero_copy());
   auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   expect_matches_reference(*m, Plan::gpu_only(), *dev);
@@ -184,9 +193,7 @@ TEST(GpuRunner, CopiesModeMatchesTheReferenceGpuOnlyAndWeightSplit) {
 // what the NPU waits for, and keeps its other activations on the device; one that waits brings
 // back every op's output.
 TEST(GpuRunner, CopiesModeBringsBackOnlyWhatTheFrontendOrTheOtherDeviceReads) {
-  DeviceOptions o;
-  o.force_copies = true;
-  auto dev = ClDevice::open(o);
+  auto dev = copying_device();
   auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263};
   for (const bool split : {false, true}) {
@@ -216,13 +223,10 @@ TEST(GpuRunner, CopiesModeBringsBackOnlyWhatTheFrontendOrTheOtherDeviceReads) {
 // page from host memory the first time a step names it, whatever host memory held at its
 // registration.
 TEST(GpuRunner, CopiesModeContinuesASequenceWhoseRowsHostMemoryHolds) {
-  DeviceOptions o;
-  o.force_copies = true;
-  auto dev = ClDevice::open(o);
+  auto dev = copying_device();
   auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   const testing::ScopedEnv wide_activations("DUET_GPU_INT8_ACT_BITS", "16");
-  const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263, 1243, 322, 42, 17,
-                                       5, 900, 1200, 7,   100, 31,   64,  99, 3};  // two pages
+  const std::vector<int32_t>& prompt = kTwoPagePrompt;
   ReferenceForward ref(*m, 128);
   ref.forward(prompt, true);
   const int32_t next = 1500;
@@ -255,13 +259,10 @@ TEST(GpuRunner, CopiesModeContinuesASequenceWhoseRowsHostMemoryHolds) {
 // page goes to the device the first time a step names it, once, whether or not the program hands
 // off to the NPU. The logits are the reference's either way.
 TEST(GpuRunner, CopiesModeUploadsEachKvPageTheFirstTimeAStepNamesIt) {
-  DeviceOptions o;
-  o.force_copies = true;
-  auto dev = ClDevice::open(o);
+  auto dev = copying_device();
   auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   const testing::ScopedEnv wide_activations("DUET_GPU_INT8_ACT_BITS", "16");
-  const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263, 1243, 322, 42, 17,
-                                       5, 900, 1200, 7,   100, 31,   64,  99, 3};  // two pages
+  const std::vector<int32_t>& prompt = kTwoPagePrompt;
   const std::vector<int32_t> decode = {1500, 7};
   ReferenceForward ref(*m, 128);
   ref.forward(prompt, true);
@@ -297,9 +298,7 @@ TEST(GpuRunner, CopiesModeUploadsEachKvPageTheFirstTimeAStepNamesIt) {
 TEST(GpuRunner, CopiesModeRefusesAProgramLargerThanTheDevicesMemory) {
   auto m = LlamaModel::load(tiny_fortune_path("q8_0"));
   const testing::ScopedEnv small_card("DUET_GPU_MEMORY", "4M");
-  DeviceOptions o;
-  o.force_copies = true;
-  auto dev = ClDevice::open(o);
+  auto dev = copying_device();
   try {
     GpuProgramRun run(*m, Plan::gpu_only(), 16, std::chrono::seconds(30), *dev);
     ADD_FAILURE() << "a program larger than the device's memory was registered";
