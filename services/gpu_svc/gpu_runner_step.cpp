@@ -168,11 +168,11 @@ void GpuRunner::upload_new_kv_pages(const Program& p, const StepArgs& step,
   std::vector<uint32_t> pages;
   for (uint64_t i = 0; i < uint64_t{step.n_seqs} * step.page_table_cols; ++i) {
     const int32_t page = page_tables[i];
-    if (page >= 0 && static_cast<uint32_t>(page) < kvl.n_pages && !current[page]) {
+    if (page >= 0 && static_cast<uint32_t>(page) < kvl.n_pages && !current[page])
       pages.push_back(static_cast<uint32_t>(page));
-      current[page] = 1;  // enqueued below; later steps run after it on this queue
-    }
   }
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   if (pages.empty() || kvl.n_layers == 0) return;
   const uint64_t stride = kv_layer_stride(kvl), page_bytes = kv_layer_page_bytes(kvl);
   p.kv.for_each_layer_run(0, kvl.n_layers - 1, [&](uint32_t l0, uint32_t l1, const KvPiece& piece) {
@@ -186,6 +186,9 @@ void GpuRunner::upload_new_kv_pages(const Program& p, const StepArgs& step,
     }
     kv_bytes_uploaded_ += pages.size() * page_bytes * (l1 - l0 + 1);
   });
+  // Current once every write is enqueued (after a failed enqueue the next step tries again): this
+  // step's kernels follow them on its in-order queue, and a step ends only once that has drained.
+  for (const uint32_t page : pages) current[page] = 1;
 }
 
 void GpuRunner::read_back_kv_rows(const Program& p, const void* token_rows,
