@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -291,7 +292,7 @@ std::vector<cl_device_id> ClDevice::devices() const {
 }
 
 void ClDevice::use_narrow(bool on) {
-  on = on && narrow_queue_;
+  on = on && narrow_queue_ && wait_narrow();
   if (on == narrow_active_) return;
   check_cl(clFinish(queue()), "clFinish(queue switch)");
   narrow_active_ = on;
@@ -341,102 +342,129 @@ void ClDevice::build_program(const DeviceOptions& options) {
     cache_path_ = dir + "/opencl-" + name + ".bin";
   }
 
-  cl_int err = CL_SUCCESS;
-  if (!cache_path_.empty()) {
-    const auto bins = read_binaries(cache_path_, devs.size());
-    if (!bins.empty()) {
-      std::vector<const unsigned char*> ptrs;
-      std::vector<size_t> sizes;
-      for (const auto& b : bins) {
-        ptrs.push_back(b.data());
-        sizes.push_back(b.size());
-      }
-      std::vector<cl_int> status(devs.size(), CL_SUCCESS);
-      cl_program p =
-          clCreateProgramWithBinary(context_, static_cast<cl_uint>(devs.size()), devs.data(),
-                                    sizes.data(), ptrs.data(), status.data(), &err);
-      const bool loaded =
-          err == CL_SUCCESS &&
-          std::all_of(status.begin(), status.end(), [](cl_int st) { return st == CL_SUCCESS; });
-      if (loaded && clBuildProgram(p, static_cast<cl_uint>(devs.size()), devs.data(),
-                                   build_options.c_str(), nullptr, nullptr) == CL_SUCCESS) {
-        program_ = p;
-        program_from_cache_ = true;
-      } else if (p) {
-        clReleaseProgram(p);  // a stale or foreign binary: rebuild from source below
-      }
-    }
-  }
-  if (!program_) {
-    const char* src = reinterpret_cast<const char*>(kKernelSource);
-    const size_t len = kKernelSourceSize;
-    program_ = clCreateProgramWithSource(context_, 1, &src, &len, &err);
-    check_cl(err, "clCreateProgramWithSource");
-    err = clBuildProgram(program_, static_cast<cl_uint>(devs.size()), devs.data(),
-                         build_options.c_str(), nullptr, nullptr);
-    if (err != CL_SUCCESS) {
-      std::string log;
-      for (cl_device_id d : devs) {
-        size_t n = 0;
-        clGetProgramBuildInfo(program_, d, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
-        std::string one(n, '\0');
-        clGetProgramBuildInfo(program_, d, CL_PROGRAM_BUILD_LOG, n, one.data(), nullptr);
-        log += one;
-      }
-      throw Error(Errc::internal, "building the gpu_svc kernels for " + info_.name + " failed (" +
-                                      cl_error_name(err) + "):\n" + log);
-    }
-    if (!cache_path_.empty()) {
-      std::vector<size_t> sizes(devs.size());
-      check_cl(clGetProgramInfo(program_, CL_PROGRAM_BINARY_SIZES, sizes.size() * sizeof(size_t),
-                                sizes.data(), nullptr),
-               "clGetProgramInfo");
-      std::vector<std::vector<unsigned char>> bins(devs.size());
-      std::vector<unsigned char*> ptrs;
-      for (size_t i = 0; i < devs.size(); ++i) {
-        bins[i].resize(sizes[i]);
-        ptrs.push_back(bins[i].data());
-      }
-      check_cl(clGetProgramInfo(program_, CL_PROGRAM_BINARIES, ptrs.size() * sizeof(ptrs[0]),
-                                ptrs.data(), nullptr),
-               "clGetProgramInfo");
-      // Write then rename, so a concurrent reader never sees half a file.
-      std::error_code ec;
-      std::filesystem::create_directories(std::filesystem::path(cache_path_).parent_path(), ec);
-      const std::string tmp = cache_path_ + ".tmp" + std::to_string(::getpid());
-      std::ofstream out(tmp, std::ios::binary);
-      const auto count = static_cast<uint32_t>(bins.size());
-      out.write(kBinaryMagic, 8);
-      out.write(reinterpret_cast<const char*>(&count), 4);
-      for (const auto& b : bins) {
-        const uint64_t size = b.size();
-        out.write(reinterpret_cast<const char*>(&size), 8);
-        out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(size));
-      }
-      out.close();
-      if (out) std::filesystem::rename(tmp, cache_path_, ec);
-      if (!out || ec)
-        std::filesystem::remove(tmp, ec);  // a cache that cannot be written only costs time
-    }
-  }
+  std::vector<std::vector<unsigned char>> bins;
+  if (!cache_path_.empty()) bins = read_binaries(cache_path_, devs.size());
+  if (!bins.empty()) program_ = build_for(device_, bins[0], build_options);
+  program_from_cache_ = program_ != nullptr;
+  if (!program_) program_ = build_for(device_, {}, build_options);
   program_build_ms_ =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!narrow_device_) {
+    if (!program_from_cache_) write_cache();
+    return;
+  }
+  // The narrow device's program on a thread of its own (narrow_ready): its binary when the wide
+  // one's came from the cache too, else the source; the cache is written once both are built.
+  std::vector<unsigned char> narrow_binary;
+  if (program_from_cache_) narrow_binary = std::move(bins[1]);
+  narrow_build_ = std::thread([this, narrow_binary = std::move(narrow_binary), build_options] {
+    try {
+      cl_program p =
+          narrow_binary.empty() ? nullptr : build_for(narrow_device_, narrow_binary, build_options);
+      const bool from_source = p == nullptr;
+      if (!p) p = build_for(narrow_device_, {}, build_options);
+      narrow_program_ = p;
+      narrow_ready_.store(true, std::memory_order_release);
+      if (from_source) write_cache();
+    } catch (const std::exception& e) {
+      narrow_error_ = e.what();  // read after the join (wait_narrow)
+      std::fprintf(stderr, "gpu_svc: no narrow queue, the wide one serves every step: %s\n",
+                   e.what());
+    }
+  });
+}
+
+cl_program ClDevice::build_for(cl_device_id device, const std::vector<unsigned char>& binary,
+                               const std::string& build_options) {
+  cl_int err = CL_SUCCESS;
+  if (!binary.empty()) {
+    const unsigned char* ptr = binary.data();
+    const size_t size = binary.size();
+    cl_int status = CL_SUCCESS;
+    cl_program p = clCreateProgramWithBinary(context_, 1, &device, &size, &ptr, &status, &err);
+    if (err == CL_SUCCESS && status == CL_SUCCESS &&
+        clBuildProgram(p, 1, &device, build_options.c_str(), nullptr, nullptr) == CL_SUCCESS)
+      return p;
+    if (err == CL_SUCCESS && p) clReleaseProgram(p);
+    return nullptr;  // a stale or foreign binary: the caller builds the source
+  }
+  const char* src = reinterpret_cast<const char*>(kKernelSource);
+  const size_t len = kKernelSourceSize;
+  cl_program p = clCreateProgramWithSource(context_, 1, &src, &len, &err);
+  check_cl(err, "clCreateProgramWithSource");
+  err = clBuildProgram(p, 1, &device, build_options.c_str(), nullptr, nullptr);
+  if (err != CL_SUCCESS) {
+    size_t n = 0;
+    clGetProgramBuildInfo(p, device, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
+    std::string log(n, '\0');
+    clGetProgramBuildInfo(p, device, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr);
+    clReleaseProgram(p);
+    throw Error(Errc::internal, "building the gpu_svc kernels for " +
+                                    device_string(device, CL_DEVICE_NAME) + " failed (" +
+                                    cl_error_name(err) + "):\n" + log);
+  }
+  return p;
+}
+
+void ClDevice::write_cache() const {
+  if (cache_path_.empty()) return;
+  std::vector<std::vector<unsigned char>> bins;
+  for (cl_program p : {program_, narrow_program_}) {
+    if (!p) continue;
+    size_t size = 0;
+    check_cl(clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr),
+             "clGetProgramInfo");
+    std::vector<unsigned char> b(size);
+    unsigned char* ptr = b.data();
+    check_cl(clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr),
+             "clGetProgramInfo");
+    bins.push_back(std::move(b));
+  }
+  // Write then rename, so a concurrent reader never sees half a file.
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(cache_path_).parent_path(), ec);
+  const std::string tmp = cache_path_ + ".tmp" + std::to_string(::getpid());
+  std::ofstream out(tmp, std::ios::binary);
+  const auto count = static_cast<uint32_t>(bins.size());
+  out.write(kBinaryMagic, 8);
+  out.write(reinterpret_cast<const char*>(&count), 4);
+  for (const auto& b : bins) {
+    const uint64_t size = b.size();
+    out.write(reinterpret_cast<const char*>(&size), 8);
+    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(size));
+  }
+  out.close();
+  if (out) std::filesystem::rename(tmp, cache_path_, ec);
+  if (!out || ec)
+    std::filesystem::remove(tmp, ec);  // a cache that cannot be written only costs time
+}
+
+bool ClDevice::wait_narrow() {
+  if (narrow_build_.joinable()) narrow_build_.join();
+  return narrow_ready();
 }
 
 cl_kernel ClDevice::kernel(const std::string& name) {
-  auto it = kernels_.find(name);
-  if (it != kernels_.end()) return it->second;
+  // The low-priority queue is the wide device's; the narrow one is active only once its program
+  // is built (use_narrow).
+  const bool narrow = narrow_active_ && !low_active_;
+  auto& kernels = narrow ? narrow_kernels_ : kernels_;
+  auto it = kernels.find(name);
+  if (it != kernels.end()) return it->second;
   cl_int err = CL_SUCCESS;
-  cl_kernel k = clCreateKernel(program_, name.c_str(), &err);
+  cl_kernel k = clCreateKernel(narrow ? narrow_program_ : program_, name.c_str(), &err);
   if (err != CL_SUCCESS)
     throw Error(Errc::internal, "gpu_svc kernel '" + name + "': " + cl_error_name(err));
-  kernels_.emplace(name, k);
+  kernels.emplace(name, k);
   return k;
 }
 
 ClDevice::~ClDevice() {
+  wait_narrow();
   for (auto& [name, k] : kernels_) clReleaseKernel(k);
+  for (auto& [name, k] : narrow_kernels_) clReleaseKernel(k);
   if (program_) clReleaseProgram(program_);
+  if (narrow_program_) clReleaseProgram(narrow_program_);
   if (queue_) clReleaseCommandQueue(queue_);
   if (narrow_queue_) clReleaseCommandQueue(narrow_queue_);
   if (low_queue_) clReleaseCommandQueue(low_queue_);

@@ -6,11 +6,13 @@
 // compile time.
 #include <CL/cl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace duet::gpu {
@@ -80,15 +82,25 @@ class ClDevice {
   const DeviceInfo& info() const { return info_; }
   cl_context context() const { return context_; }
   // The queue commands go to now: the device's own (wide) one, or the narrow one while
-  // use_narrow(true). Both devices share the context, the buffers (host memory) and the built
-  // program; kernels get the same work-group sizes on both (the wide device's), so a step gives
-  // the same bits on either.
+  // use_narrow(true). Both devices share the context and the buffers (host memory); each has the
+  // program built from the same source and options (the narrow one's in the background: see
+  // narrow_ready), and kernels get the same work-group sizes on both (the wide device's), so a
+  // step gives the same bits on either.
   cl_command_queue queue() const {
     return low_active_ ? low_queue_ : narrow_active_ ? narrow_queue_ : queue_;
   }
   bool has_narrow() const { return narrow_queue_ != nullptr; }
+  // The narrow device's program is built on a thread of its own after open() returns: loading
+  // a program binary into PoCL takes ~0.3 s a device, and a restarted gpu_svc serves on the wide
+  // queue meanwhile (a supervisor restart is then ~0.45 s, not ~0.8). True once it is built;
+  // false without a narrow queue or when its build failed (logged; the wide queue serves).
+  bool narrow_ready() const { return narrow_ready_.load(std::memory_order_acquire); }
+  // Waits for the narrow build; returns narrow_ready(). narrow_error(): why it failed, if it did
+  // (valid after wait_narrow).
+  bool wait_narrow();
+  const std::string& narrow_error() const { return narrow_error_; }
   // Switches the queue for the commands that follow; the other queue is drained first (clFinish)
-  // so nothing of it runs beside them. No-op without a narrow queue.
+  // so nothing of it runs beside them. No-op without a narrow queue; waits for its program.
   void use_narrow(bool on);
   bool narrow_active() const { return narrow_active_; }
   // The low-priority queue (DeviceOptions::low_priority): the commands that follow
@@ -105,7 +117,7 @@ class ClDevice {
   // Host memory can be used in place (CL_MEM_USE_HOST_PTR without copies): CPU devices and
   // GPUs reporting host-unified memory. Otherwise the runner copies and says so.
   bool zero_copy() const { return zero_copy_; }
-  // A kernel of the built program, created on first use and kept.
+  // A kernel of the built program of the device the queue() is on, created on first use and kept.
   cl_kernel kernel(const std::string& name);
   bool program_from_cache() const { return program_from_cache_; }
   double program_build_ms() const { return program_build_ms_; }
@@ -114,6 +126,11 @@ class ClDevice {
  private:
   ClDevice() = default;
   void build_program(const DeviceOptions& options);
+  // Builds `src` (a binary, or the source where empty) for `device` with `build_options`: the
+  // program, or null where a binary is stale or foreign. Throws for a source that fails.
+  cl_program build_for(cl_device_id device, const std::vector<unsigned char>& binary,
+                       const std::string& build_options);
+  void write_cache() const;  // both devices' binaries, when one was built from source
   void open_low_priority_queue(const DeviceOptions& options);
   std::vector<cl_device_id> devices() const;  // the device, then the narrow one if any
 
@@ -129,6 +146,11 @@ class ClDevice {
   bool low_active_ = false;
   cl_program program_ = nullptr;
   std::map<std::string, cl_kernel> kernels_;
+  cl_program narrow_program_ = nullptr;  // written by narrow_build_, read after narrow_ready_
+  std::map<std::string, cl_kernel> narrow_kernels_;
+  std::thread narrow_build_;
+  std::atomic<bool> narrow_ready_{false};
+  std::string narrow_error_;
   bool zero_copy_ = false;
   bool program_from_cache_ = false;
   double program_build_ms_ = 0;

@@ -308,7 +308,11 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   const bool low = preemptible && dev_.has_low_priority();
   const uint32_t context =
       static_cast<uint32_t>(*std::max_element(max_pos.begin(), max_pos.end()) + 1);
-  const StepQueue on = !low && dev_.has_narrow() ? picker_.pick(id, n, context) : StepQueue::wide;
+  // Until the narrow queue's program is built (cl_device.h narrow_ready) the picker's rule takes
+  // the wide one rather than wait; DUET_GPU_NARROW=on waits for it.
+  const bool narrow_usable =
+      dev_.has_narrow() && (dev_.narrow_ready() || picker_.options().mode == QueuePicker::Mode::on);
+  const StepQueue on = !low && narrow_usable ? picker_.pick(id, n, context) : StepQueue::wide;
   dev_.use_low_priority(low);
   dev_.use_narrow(on == StepQueue::narrow);
   if (low) ++low_priority_steps_;

@@ -164,6 +164,7 @@ nlohmann::json GpuService::status_json() const {
           {"doorbell_steps", doorbell_steps_},
           {"doorbells", doorbells_.size()},
           {"narrow_device", d.narrow},
+          {"narrow_ready", dev_.narrow_ready()},
           {"narrow", runner_.queue_picker().to_json()},
           {"low_priority_queue", d.low_priority},
           {"low_priority_steps", runner_.low_priority_steps()}};

@@ -18,6 +18,10 @@ namespace {
 int prepare() {
   try {
     auto& device = duet::gpu::shared_device();
+    // The narrow device's program is built on its own thread; the cache is whole once it is.
+    if (device.has_narrow() && !device.wait_narrow())
+      throw duet::Error(duet::Errc::internal,
+                        "the narrow device's program: " + device.narrow_error());
     std::printf(
         "gpu_svc --prepare: %s%s%s: program %s in %.0f ms (%s)\n", device.info().name.c_str(),
         device.info().narrow.empty() ? "" : " + narrow ", device.info().narrow.c_str(),

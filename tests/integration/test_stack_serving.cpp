@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "services/frontend/stack_engines.h"
@@ -155,13 +156,22 @@ TEST_F(StackServing, GpuSvcMeasuresBothQueuesForSmallStepsWithTheSameTokens) {
   ASSERT_EQ(wide_only.size(), size_t(kTokens));
   down();
   up("gpu-only");
+  msg::RequestClient c(ipc_endpoint(control_socket_path(run_dir_, ServiceId::gpu)));
+  auto gpu_status = [&] {
+    auto r = c.call([](uint64_t id) { return msg::make_status_request(id); }, 5s);
+    return nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
+  };
+  if (gpu_status()["narrow_device"].get<std::string>().empty())
+    GTEST_SKIP() << "gpu_svc's device has no narrow queue";
+  // The narrow queue's program is built after gpu_svc is ready (cl_device.h narrow_ready); until
+  // then every step is wide. Measuring both needs it.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!gpu_status()["narrow_ready"].get<bool>() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
   const std::vector<int32_t> picked = generate(prompt, kTokens, true).ids;
   EXPECT_EQ(picked, wide_only);
-  msg::RequestClient c(ipc_endpoint(control_socket_path(run_dir_, ServiceId::gpu)));
-  auto r = c.call([](uint64_t id) { return msg::make_status_request(id); }, 5s);
-  const auto gpu = nlohmann::json::parse(r.message().body_as_StatusReply()->json()->str());
-  if (gpu["narrow_device"].get<std::string>().empty())
-    GTEST_SKIP() << "gpu_svc's device has no narrow queue: " << gpu["device"];
+  const auto gpu = gpu_status();
+  ASSERT_TRUE(gpu["narrow_ready"].get<bool>()) << "the narrow program was not built in 30 s";
   EXPECT_EQ(gpu["narrow"]["mode"], "auto");
   bool one_token = false;
   for (const auto& shape : gpu["narrow"]["shapes"])
