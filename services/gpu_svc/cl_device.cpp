@@ -411,13 +411,13 @@ void ClDevice::write_cache() const {
   std::vector<std::vector<unsigned char>> bins;
   for (cl_program p : {program_, narrow_program_}) {
     if (!p) continue;
+    // A cache that cannot be written only costs time: nothing here throws.
     size_t size = 0;
-    check_cl(clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr),
-             "clGetProgramInfo");
+    if (clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr) != CL_SUCCESS)
+      return;
     std::vector<unsigned char> b(size);
     unsigned char* ptr = b.data();
-    check_cl(clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr),
-             "clGetProgramInfo");
+    if (clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr) != CL_SUCCESS) return;
     bins.push_back(std::move(b));
   }
   // Write then rename, so a concurrent reader never sees half a file.
@@ -435,8 +435,7 @@ void ClDevice::write_cache() const {
   }
   out.close();
   if (out) std::filesystem::rename(tmp, cache_path_, ec);
-  if (!out || ec)
-    std::filesystem::remove(tmp, ec);  // a cache that cannot be written only costs time
+  if (!out || ec) std::filesystem::remove(tmp, ec);
 }
 
 bool ClDevice::wait_narrow() {
