@@ -84,13 +84,12 @@ void GpuRunner::check_device_memory(const ProgramMemory& mem) const {
   const uint64_t limit =
       limit_text ? parse_setting_size(*limit_text) : dev_.info().global_mem_bytes;
   if (holding + weights + arena + kv <= limit) return;
-  const auto gib = [](uint64_t b) { return format_bytes(b); };
   throw Error(Errc::out_of_range,
-              "gpu_svc: " + dev_.info().name + " has " + gib(limit) + " of memory (" +
+              "gpu_svc: " + dev_.info().name + " has " + format_bytes(limit) + " of memory (" +
                   (limit_text ? "DUET_GPU_MEMORY" : "its global memory") +
-                  "); this program needs " + gib(weights + arena + kv) + " more (weights " +
-                  gib(weights) + ", arena " + gib(arena) + ", KV pool " + gib(kv) +
-                  ") beside the " + gib(holding) +
+                  "); this program needs " + format_bytes(weights + arena + kv) +
+                  " more (weights " + format_bytes(weights) + ", arena " + format_bytes(arena) +
+                  ", KV pool " + format_bytes(kv) + ") beside the " + format_bytes(holding) +
                   " held: lower the KV budget (`stack up --kv-memory`, DUET_KV_MEMORY)");
 }
 

@@ -173,9 +173,9 @@ void GpuRunner::upload_new_kv_pages(const Program& p, const StepArgs& step,
   }
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
-  if (pages.empty() || kvl.n_layers == 0) return;
+  if (pages.empty()) return;
   const uint64_t stride = kv_layer_stride(kvl), page_bytes = kv_layer_page_bytes(kvl);
-  p.kv.for_each_layer_run(0, kvl.n_layers - 1, [&](uint32_t l0, uint32_t l1, const KvPiece& piece) {
+  p.kv.for_each_layer_run([&](uint32_t l0, uint32_t l1, const KvPiece& piece) {
     for (const uint32_t page : pages) {
       const size_t origin[3] = {kv_row_offset(kvl, l0, 0, page, 0) - piece.base, 0, 0};
       const size_t region[3] = {page_bytes, l1 - l0 + 1, 1};
@@ -195,22 +195,20 @@ void GpuRunner::read_back_kv_rows(const Program& p, const void* token_rows,
                                   const int32_t* page_tables, const StepArgs& step) {
   const auto* rows = static_cast<const TokenRow*>(token_rows);
   const fb::KvLayoutT& kvl = *p.prog.kv;
-  if (kvl.n_layers == 0) return;
   const uint64_t stride = kv_layer_stride(kvl), row_bytes = kv_row_bytes(kvl);
   for (uint32_t t = 0; t < step.n_tokens; ++t) {
     const KvSlot slot = kv_slot_of(rows[t], page_tables, step, kvl);
-    p.kv.for_each_layer_run(
-        0, kvl.n_layers - 1, [&](uint32_t l0, uint32_t l1, const KvPiece& piece) {
-          for (uint32_t which = 0; which < 2; ++which) {
-            const size_t origin[3] = {
-                kv_row_offset(kvl, l0, which, slot.page, slot.row) - piece.base, 0, 0};
-            const size_t region[3] = {row_bytes, l1 - l0 + 1, 1};
-            check_cl(clEnqueueReadBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin,
-                                             region, stride, 0, stride, 0, p.mem.kv + piece.base, 0,
-                                             nullptr, nullptr),
-                     "clEnqueueReadBufferRect(kv rows)");
-          }
-        });
+    p.kv.for_each_layer_run([&](uint32_t l0, uint32_t l1, const KvPiece& piece) {
+      for (uint32_t which = 0; which < 2; ++which) {
+        const size_t origin[3] = {kv_row_offset(kvl, l0, which, slot.page, slot.row) - piece.base,
+                                  0, 0};
+        const size_t region[3] = {row_bytes, l1 - l0 + 1, 1};
+        check_cl(clEnqueueReadBufferRect(dev_.queue(), piece.mem, CL_FALSE, origin, origin, region,
+                                         stride, 0, stride, 0, p.mem.kv + piece.base, 0, nullptr,
+                                         nullptr),
+                 "clEnqueueReadBufferRect(kv rows)");
+      }
+    });
   }
 }
 

@@ -31,13 +31,14 @@ struct KvPieces {
   KvArgs args(const fb::KvLayoutT& kv, uint32_t layer, uint64_t page_table_off,
               uint32_t page_table_cols) const;
   const KvPiece& of_layer(uint32_t layer) const;
-  // Calls f(l0, l1, piece) for each run of layers [l0, l1] within [first, last] that one buffer
-  // holds, in order (a transfer over several layers is one rectangle per run).
+  // Calls f(l0, l1, piece) for each run of layers [l0, l1] that one buffer holds, in order (a
+  // transfer over every layer is one rectangle per run); nothing without layers.
   template <class F>
-  void for_each_layer_run(uint32_t first, uint32_t last, F&& f) const {
-    for (uint32_t l0 = first; l0 <= last;) {
+  void for_each_layer_run(F&& f) const {
+    const auto n = static_cast<uint32_t>(piece_of_layer.size());
+    for (uint32_t l0 = 0; l0 < n;) {
       uint32_t l1 = l0;
-      while (l1 < last && piece_of_layer.at(l1 + 1) == piece_of_layer.at(l0)) ++l1;
+      while (l1 + 1 < n && piece_of_layer[l1 + 1] == piece_of_layer[l0]) ++l1;
       f(l0, l1, of_layer(l0));
       l0 = l1 + 1;
     }
