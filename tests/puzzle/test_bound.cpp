@@ -48,10 +48,18 @@ TEST(PuzzleBound, ALatencyIsNoMoreThanAnyWholeModelPlacements) {
   const SaturationBound two = saturation_bound(sm, {}, 2);
   for (size_t m = 0; m < 3; ++m) EXPECT_GE(two.latency_us[m], b.latency_us[m]);
   EXPECT_GE(two.saturation, b.saturation);
-  // The bound is the later of its rules, each at or above its exact alpha.
-  EXPECT_DOUBLE_EQ(b.saturation, std::max(b.critical_path_saturation, b.throughput_saturation));
+  // The bound is the latest of its rules, each at or above its exact alpha; the contention rule
+  // holds the throughput rule's weights, so it is never below it, and its weights are valid.
+  EXPECT_DOUBLE_EQ(b.saturation, std::max({b.critical_path_saturation, b.throughput_saturation,
+                                           b.contention_saturation}));
+  EXPECT_DOUBLE_EQ(b.saturation_without_contention,
+                   std::max(b.critical_path_saturation, b.throughput_saturation));
   EXPECT_GE(b.critical_path_saturation, b.critical_path_alpha - 1e-9);
   EXPECT_GE(b.throughput_saturation, b.throughput_alpha - 1e-9);
+  EXPECT_GE(b.contention_saturation, b.contention_alpha - 1e-9);
+  EXPECT_GE(b.contention_alpha, b.throughput_alpha);
+  EXPECT_TRUE(contention_weights_valid(b.contention_weights, sm.sim_options().dual_gbps));
+  ASSERT_EQ(b.contention_busy_us.size(), 3u);
   EXPECT_THROW(saturation_bound(sm, {}, 1), Error);
   EXPECT_THROW(saturation_bound(sm, {}, 3, 0), Error);
 }
@@ -189,8 +197,26 @@ TEST(PuzzleBound, RandomPlacementsNeverBeatTheRelaxations) {
   o.cut_density = 0.3;
   double load = 0;  // one request of every model, weighted as the binding window
   for (double w : b.weighted_busy_us) load += w;
+  double contention_load = 0;  // the same at the contention rule's weights
+  for (double w : b.contention_busy_us) contention_load += w;
   const int requests = sm.sim_options().requests;
-  int checked = 0;
+  const double dual = sm.sim_options().dual_gbps;
+  ASSERT_GT(dual, 0);  // contention on
+  // The contention rule's weights to hold every run to: the bound's own, and each pair of
+  // thresholds' sharpest point (p, p) and two more of its triangle.
+  std::vector<ContentionWeights> weights{b.contention_weights};
+  for (double tg : {25.0, 32.0, 38.0, 44.0})
+    for (double tn : {25.0, 32.0, 38.0, 44.0}) {
+      const double h = contention_share(dual, tg, tn);
+      if (h <= 0) continue;
+      const double p = 1 / (2 - h);
+      for (const auto& [g, n] : std::vector<std::pair<double, double>>{
+               {p, p}, {(1 + p) / 2, p / 2}, {p / 2, (1 + p) / 2}}) {
+        weights.push_back({tg, tn, g, n});
+        ASSERT_TRUE(contention_weights_valid(weights.back(), dual));
+      }
+    }
+  int checked = 0, stretched = 0;
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     o.seed = seed;
     // Every genome the search evaluates: its random initial population and its children.
@@ -204,6 +230,42 @@ TEST(PuzzleBound, RandomPlacementsNeverBeatTheRelaxations) {
               for (double lat : r.latency_us[m]) EXPECT_GE(lat, b.latency_us[m] * (1 - 1e-9));
             EXPECT_GE(b.weight * r.gpu_held_us + (1 - b.weight) * r.npu_held_us,
                       requests * load * (1 - 1e-9));
+            // The whole run is one window [0, end] of every request: its weighted nominal work
+            // (an NPU stage's GPU work counted where a later stage of its request uses the GPU,
+            // which waits for it) is at most end, and at least the relaxation's.
+            double nominal = 0;
+            for (size_t v = 0; v < weights.size(); ++v) {
+              double work = 0;
+              for (const SimModel& m : models) {
+                std::vector<StageCost> stages;
+                for (const auto& step : m.steps)
+                  stages.insert(stages.end(), step.begin(), step.end());
+                for (size_t i = 0; i < stages.size(); ++i) {
+                  bool charges = false;
+                  for (size_t k = i + 1; k < stages.size(); ++k)
+                    charges |= stages[k].proc != Proc::npu;
+                  work += weights[v].work(stages[i], charges);
+                  if (v == 0 && stages[i].proc != Proc::both) nominal += stages[i].span_us;
+                }
+              }
+              work *= requests;
+              EXPECT_LE(work, r.end_us * (1 + 1e-9)) << v;
+              if (v == 0) {
+                EXPECT_GE(work, requests * contention_load * (1 - 1e-9));
+              }
+            }
+            // Whether contention stretched any stage: GPU and NPU stages' busy beyond their spans.
+            double gpu_work = 0;
+            for (const SimModel& m : models)
+              for (const auto& step : m.steps)
+                for (const StageCost& st : step) gpu_work += st.proc == Proc::npu ? st.gpu_us : 0.0;
+            double both = 0;
+            for (const SimModel& m : models)
+              for (const auto& step : m.steps)
+                for (const StageCost& st : step)
+                  both += st.proc == Proc::both ? st.gpu_us + st.npu_us : 0.0;
+            stretched += r.gpu_busy_us + r.npu_busy_us - requests * (nominal + gpu_work + both) >
+                         1e-6 * r.end_us;
           }
           EXPECT_GE(saturation_multiplier(sm, {models}), b.saturation - 1e-9);
           ++checked;
@@ -212,6 +274,67 @@ TEST(PuzzleBound, RandomPlacementsNeverBeatTheRelaxations) {
         o);
   }
   EXPECT_GE(checked, 4 * o.population);
+  EXPECT_GE(stretched, 2 * checked);  // not vacuous: contention stretched stages in most runs
+}
+
+TEST(PuzzleBound, TheContentionShareAndItsValidWeights) {
+  // 40 + 40 GB/s against 60: c = 1 - 60 / 80 = 0.25, h = c / (1 + c) = 0.2.
+  EXPECT_DOUBLE_EQ(contention_share(60, 40, 40), 0.2);
+  EXPECT_EQ(contention_share(60, 30, 30), 0);  // no more than the dual bandwidth
+  EXPECT_EQ(contention_share(0, 40, 40), 0);   // no contention modelled
+  const double p = 1 / 1.8;                    // the sharpest weights: g = n = 1 / (2 - h)
+  EXPECT_TRUE(contention_weights_valid({40, 40, p, p}, 60));
+  EXPECT_FALSE(contention_weights_valid({40, 40, p + 1e-6, p}, 60));
+  EXPECT_TRUE(contention_weights_valid({40, 40, 1, 0}, 60));  // the throughput rule's
+  EXPECT_TRUE(contention_weights_valid({40, 40, 0.3, 0.7}, 0));
+  EXPECT_FALSE(contention_weights_valid({40, 40, 0.6, 0.6}, 0));   // no contention: g + n <= 1
+  EXPECT_FALSE(contention_weights_valid({40, 40, 0.3, 0.6}, 60));  // light ones over 1
+  // Heavy at or above the thresholds; a lighter stage takes the other device's complement, an
+  // NPU stage's GPU work 1 - n, a both stage 1.
+  const ContentionWeights w{40, 30, 0.7, 0.4};
+  auto stage = [](Proc proc, double span, double gbps, double gpu_us = 0) {
+    return StageCost{proc, span, gpu_us, 0, gbps * span * 1e3};
+  };
+  EXPECT_DOUBLE_EQ(w.work(stage(Proc::gpu, 100, 40), true), 70);
+  EXPECT_DOUBLE_EQ(w.work(stage(Proc::gpu, 100, 39), true), 60);
+  EXPECT_DOUBLE_EQ(w.work(stage(Proc::npu, 100, 30, 10), true), 40 + 6);
+  EXPECT_DOUBLE_EQ(w.work(stage(Proc::npu, 100, 29, 10), false), 30);
+  EXPECT_DOUBLE_EQ(w.work(stage(Proc::both, 100, 50), true), 100);
+}
+
+// Two models of two stages each, a heavy GPU stage and a heavy NPU stage side by side twice: the
+// later-placed stage of each pair stretches to the end of the other (x = 1.25 y), so both
+// devices are busy the whole 2x; the throughput rule (any g + n = 1) sees 1.8x of work, the
+// contention rule at its sharpest weights exactly 2x.
+TEST(PuzzleBound, TheContentionRuleIsTightForTwoStretchedPairs) {
+  const double x = 1000, y = x / 1.25;  // c = 0.25 at 40 + 40 GB/s against 60
+  auto stage = [](Proc proc, double span) { return StageCost{proc, span, 0, 0, 40 * span * 1e3}; };
+  const std::vector<SimModel> models{
+      {0, 0, {{stage(Proc::gpu, x), stage(Proc::npu, x)}}},   // placed first in each pair
+      {0, 1, {{stage(Proc::npu, y), stage(Proc::gpu, y)}}}};  // stretched by y / 4 each
+  SimOptions o;
+  o.requests = 1;
+  o.sync_us = 0;
+  o.dual_gbps = 60;
+  const SimResult r = simulate(models, {1e6}, o);
+  ASSERT_NEAR(r.end_us, 2 * x, 1e-9);
+  ASSERT_NEAR(r.gpu_busy_us, 2 * x, 1e-9);  // both devices busy throughout
+  ASSERT_NEAR(r.npu_busy_us, 2 * x, 1e-9);
+  auto work = [&](const ContentionWeights& w) {
+    double total = 0;
+    for (const SimModel& m : models)
+      for (const StageCost& s : m.steps[0]) total += w.work(s, true);
+    return total;
+  };
+  const double p = 1 / (2 - contention_share(60, 40, 40));
+  EXPECT_NEAR(work({40, 40, p, p}), 2 * x, 1e-9);  // tight
+  for (double l : {0.0, 0.3, 0.5, 1.0}) EXPECT_NEAR(work({40, 40, l, 1 - l}), 1.8 * x, 1e-9);
+  // Every valid weight of the triangle (and so the rule) stays at or under the run's 2x.
+  for (double g = 0; g <= 1; g += 0.01)
+    for (double n = 0; n <= 1; n += 0.01)
+      if (contention_weights_valid({40, 40, g, n}, 60)) {
+        EXPECT_LE(work({40, 40, g, n}), 2 * x + 1e-9);
+      }
 }
 
 // puzzle_bench's methods (Puzzle's options) on ten scenarios of a seed: none saturates below the
@@ -228,6 +351,7 @@ TEST_P(PuzzleBoundSeeds, NoMethodSaturatesBelowTheBound) {
     ScenarioModel sm(sc, soc);
     const SaturationBound b = saturation_bound(sm);
     EXPECT_GE(b.saturation, 0.3);  // not vacuous: the models' work needs time
+    EXPECT_GE(b.saturation, b.saturation_without_contention);
     for (const MethodResult& r :
          {run_npu_only(sm), run_best_mapping(sm), run_per_op_solver(sm), run_puzzle(sm, ga),
           run_puzzle(sm, tensor), run_best_mapping_per_phase(sm), run_puzzle(sm, ga, 1.0, true),
