@@ -6,13 +6,12 @@
 # duet-supervisor frontend gpu_svc npu_svc http_svc solver_svc stack_bench". Writes
 # $OUT/trace-<name>.json and $OUT/bench.jsonl.
 # env: MODELS ("fortune=tests/data/tiny-fortune/fortune-q8_0.gguf 1b=mkmodel:llama3.2-1b:q4_0"),
-#      PROMPT (64), GEN (32), DUET_KV_MEMORY (1G here: gpu_svc copies the KV pool to the GPU
-#      when a program first names it, and the default budget, a quarter of this machine's memory,
-#      takes longer than a program's registration may).
+#      PROMPT (64), GEN (32), DUET_KV_MEMORY (the stack's default budget unless given: a copying
+#      gpu_svc uploads each KV page the first time a step names it, nothing at registration).
 set -uo pipefail
 source bench/gpu/device_env.sh || exit 2
 bin=$dev/bin
-export DUET_SOC_DIR=$root/deploy/soc DUET_KV_MEMORY=${DUET_KV_MEMORY:-1G}
+export DUET_SOC_DIR=$root/deploy/soc
 status=0
 for entry in ${MODELS:-fortune=tests/data/tiny-fortune/fortune-q8_0.gguf 1b=mkmodel:llama3.2-1b:q4_0}; do
   name=${entry%%=*}

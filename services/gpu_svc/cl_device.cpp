@@ -519,11 +519,16 @@ void ClDevice::wait(cl_event e, std::chrono::steady_clock::time_point deadline, 
     return Error(Errc::timeout,
                  std::string("gpu_svc: ") + what + " did not finish by its deadline");
   };
-  const auto spin_until = std::min(deadline, Clock::now() + std::chrono::microseconds(50));
+  // A discrete GPU's kernels take none of the host's cores, so there the wait polls to its
+  // deadline: NVIDIA's completion callbacks came late on the H100 (bench/gpu/RESULTS.md, "reads
+  // behind running kernels").
+  const auto spin_until =
+      zero_copy_ ? std::min(deadline, Clock::now() + std::chrono::microseconds(50)) : deadline;
   while (Clock::now() < spin_until) {
     if (status_of() == CL_COMPLETE) return;
     std::this_thread::yield();
   }
+  if (!zero_copy_) throw timeout();
   auto signal = std::make_shared<EventSignal>();
   auto* holder = new std::shared_ptr<EventSignal>(signal);
   if (const cl_int err = clSetEventCallback(e, CL_COMPLETE, signal_on_complete, holder);

@@ -40,6 +40,12 @@ KvSlot kv_slot_of(const TokenRow& r, const int32_t* page_tables, const StepArgs&
           pos % kvl.page_tokens};
 }
 
+// Releases an event the scope made, however it is left.
+struct EventRelease {
+  cl_event e;
+  ~EventRelease() { clReleaseEvent(e); }
+};
+
 // The completion callback's context: owned by the callback, which deletes it.
 struct PublishContext {
   FlagSync* flags;
@@ -542,13 +548,20 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       }
       if (readback) clReleaseEvent(readback);
     }
-    if (kv_rows_written) read_back_kv_rows(p, rows, page_tables, step);
+    if (kv_rows_written) {
+      // The rows are read once the kernels are done. Enqueued behind running kernels, NVIDIA's
+      // reads into host (pageable) memory cost ~8 ms a decode step of the 1B on the H100 (32
+      // rectangles); after them, 0.1 ms (bench/gpu/RESULTS.md, "reads behind running kernels").
+      cl_event kernels_done = nullptr;
+      check_cl(clEnqueueMarkerWithWaitList(q, 0, nullptr, &kernels_done),
+               "clEnqueueMarkerWithWaitList");
+      const EventRelease release_kernels_done{kernels_done};
+      dev_.wait(kernels_done, deadline, "the step's kernels");
+      read_back_kv_rows(p, rows, page_tables, step);
+    }
     cl_event end = nullptr;
     check_cl(clEnqueueMarkerWithWaitList(q, 0, nullptr, &end), "clEnqueueMarkerWithWaitList");
-    struct Release {
-      cl_event e;
-      ~Release() { clReleaseEvent(e); }
-    } release_end{end};
+    const EventRelease release_end{end};
     dev_.wait(end, deadline, "the step's kernels");
     done_at = Clock::now();
     wait_callbacks(deadline);
