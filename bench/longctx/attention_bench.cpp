@@ -4,7 +4,8 @@
 // which is the kernel before the split: one work-item per head over the whole context). Median
 // of --reps launches, one JSON line per (kernel, context, shape, chunking), with the effective
 // K/V read rate: the context's K and V bytes (all KV heads, read once) over the median time.
-// --kernels: shared (a work-item per KV head's group of query heads), per_head, portable.
+// --kernels: shared (a work-item per KV head's group of query heads), per_head, portable,
+// work_group (a work-group per head, token and chunk: GPUs' default).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
   app.add_option("--min-chunks", min_chunks, "least chunk sizes (multiples of 16) or whole")
       ->delimiter(',');
   app.add_option("--kv-type", kv_type_text);
-  app.add_option("--kernels", kernels, "shared, per_head, portable")->delimiter(',');
+  app.add_option("--kernels", kernels, "shared, per_head, portable, work_group")->delimiter(',');
   app.add_option("--reps", reps);
   app.add_flag("--cold", cold,
                "read 96 MiB of other memory before each launch, so the KV comes from DRAM as in "
@@ -114,9 +115,12 @@ int main(int argc, char** argv) {
               k.set_attention_kernel(GpuKernels::AttentionKernel::per_head);
             else if (kernel == "portable")
               k.set_attention_kernel(GpuKernels::AttentionKernel::portable);
+            else if (kernel == "work_group")
+              k.set_attention_kernel(GpuKernels::AttentionKernel::work_group);
             else
-              throw duet::Error(duet::Errc::invalid_argument,
-                                "--kernels: " + kernel + " (shared, per_head, portable)");
+              throw duet::Error(
+                  duet::Errc::invalid_argument,
+                  "--kernels: " + kernel + " (shared, per_head, portable, work_group)");
             const uint32_t least = mc == "whole" ? (max_ctx + 15) / 16 * 16 : std::stoul(mc);
             k.set_attention_min_chunk_keys(least);
             std::vector<double> us;

@@ -97,9 +97,10 @@ const std::array kSettings = {
             "quantise, swiglu + quantise, the q/k ropes, the q/k/v and gate/up matmuls); the same "
             "bits either way; 0: off"},
     Setting{"DUET_GPU_ATTENTION", "gpu.attention", T::choice, "shared", 0, 0,
-            "shared|per_head|portable",
-            "attention kernels on CPU devices: shared (a KV head's query heads read its K/V once), "
-            "per_head, or portable (the GPUs' kernels)"},
+            "shared|per_head|portable|work_group",
+            "attention kernels: shared (CPU devices: a KV head's query heads read its K/V once; "
+            "GPUs: work_group), per_head (CPU devices), work_group (a work-group per head, token "
+            "and chunk), or portable (a work-item per head, token and chunk)"},
     Setting{"DUET_GPU_LOW_PRIORITY", "gpu.low_priority", T::choice, "on", 0, 0, "on|off",
             "proactive (preemptible) steps on a CL_QUEUE_PRIORITY_LOW_KHR queue where the device "
             "has cl_khr_priority_hints; off: one queue"},

@@ -69,12 +69,15 @@ GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type ==
     } catch (const Error&) {  // built by clang only (attention.cl)
     }
   }
-  // The attention kernel family (set_attention_kernel): shared (default), per_head, portable;
+  // The attention kernel family (set_attention_kernel): shared (default), per_head, portable,
+  // work_group;
   // for side-by-side runs of a whole stack (bench/longctx). Checked by the registry.
   if (const std::string v = setting_text("DUET_GPU_ATTENTION"); v == "per_head")
     attention_kernel_ = AttentionKernel::per_head;
   else if (v == "portable")
     attention_kernel_ = AttentionKernel::portable;
+  else if (v == "work_group")
+    attention_kernel_ = AttentionKernel::work_group;
   if (const auto e = setting_override("DUET_GPU_INT8_ACT_BITS")) {
     try {
       set_int8_act_bits(*e);

@@ -234,15 +234,19 @@ class GpuKernels {
   // the numbers.
   static constexpr uint32_t kAttnMinChunkKeys = 256;
   static constexpr uint32_t kAttnMaxChunks = 64;
+  static constexpr uint32_t kAttnWorkGroup = 64;  // attention.cl's ATTN_WG
+  static_assert(kAttnMaxChunks <= kAttnWorkGroup, "attention_merge_wg: a chunk per work-item");
   uint32_t attention_chunk_keys(uint32_t n_keys) const;
   uint32_t attention_chunks(uint32_t n_keys) const;
   // Another least chunk size (a multiple of 16; bench/longctx/attention_bench measures them).
   void set_attention_min_chunk_keys(uint32_t keys);
   // Which split kernel runs: `shared` (CPU devices: a work-item serves the query heads that
   // share a KV head, where head_dim is 64 or 128 and the group divides; else `per_head`),
-  // `per_head` (CPU devices: a work-item per query head), `portable` (what GPUs run). Tests and
-  // bench/longctx/attention_bench run each; serving uses the default, `shared`.
-  enum class AttentionKernel { shared, per_head, portable };
+  // `per_head` (CPU devices: a work-item per query head), `work_group` (a work-group per head,
+  // token and chunk: what GPUs run by default), `portable` (a work-item per head, token and
+  // chunk, scalar). Tests and bench/longctx/attention_bench run each; serving uses the default,
+  // `shared`, which on a GPU means `work_group`.
+  enum class AttentionKernel { shared, per_head, portable, work_group };
   void set_attention_kernel(AttentionKernel kernel) { attention_kernel_ = kernel; }
   // The kernel attention() launches for this shape and KV type, by name.
   std::string attention_kernel_name(uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,

@@ -93,6 +93,11 @@ void GpuKernels::reserve_attention(uint32_t n_heads, uint32_t head_dim, uint32_t
 std::string GpuKernels::attention_kernel_name(uint32_t n_heads, uint32_t n_kv_heads,
                                               uint32_t head_dim, DType kv_type) const {
   const std::string type = kv_type_suffix(kv_type);
+  // GPUs: a work-group per (head, token, chunk), keys read 8 values at a time.
+  if (head_dim % 8 == 0 &&
+      (attention_kernel_ == AttentionKernel::work_group ||
+       (!attention_cpu_available_ && attention_kernel_ != AttentionKernel::portable)))
+    return "attention_split_wg_" + type;
   // CPU devices: the vectorised kernels (head_dim a multiple of 16, up to ATTN_CPU_VECS * 16)
   // where their compiler built them (clang: PoCL).
   if (!attention_cpu_available_ || attention_kernel_ == AttentionKernel::portable ||
@@ -119,6 +124,7 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
   reserve_attention(n_heads, head_dim, t.count());
   const std::string split = attention_kernel_name(n_heads, n_kv_heads, head_dim, kv.value_type);
   const uint32_t heads_per_item = shared_heads_per_item(split);
+  const bool work_group = split.rfind("attention_split_wg_", 0) == 0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const uint32_t chunks = attention_chunks(std::max(max_keys, 1u));
   const size_t per_token = attention_partials_per_token(n_heads, head_dim);
@@ -135,20 +141,33 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
              cl_ulong{kv.page_table_off}, cl_uint{kv.page_table_cols}, cl_uint{n_heads},
              cl_uint{n_kv_heads}, cl_uint{head_dim}, cl_float{scale}, cl_uint{b}, attn_partials_,
              cl_uint{attn_min_chunk_keys_}, cl_uint{kAttnMaxChunks});
-    const size_t global[3] = {n_heads / heads_per_item, count, chunks};
-    last = launch(split.c_str(), k, 3, global, nullptr);
+    if (work_group) {  // attention.cl's ATTN_WG work-items a (head, token, chunk)
+      const size_t global[3] = {size_t{n_heads} * kAttnWorkGroup, count, chunks};
+      const size_t local[3] = {kAttnWorkGroup, 1, 1};
+      last = launch(split.c_str(), k, 3, global, local);
+    } else {
+      const size_t global[3] = {n_heads / heads_per_item, count, chunks};
+      last = launch(split.c_str(), k, 3, global, nullptr);
+    }
     if (first && !*first) {
       *first = last;
       clRetainEvent(*first);  // its own reference: `last` moves on
     }
     if (chunks > 1) {
       clReleaseEvent(last);
-      cl_kernel m = dev_.kernel("attention_merge");
+      const char* merge = work_group ? "attention_merge_wg" : "attention_merge";
+      cl_kernel m = dev_.kernel(merge);
       set_args(m, arena, cl_ulong{out_off}, cl_uint{out_stride}, cl_ulong{tok_off},
                cl_uint{n_heads}, cl_uint{head_dim}, cl_uint{b}, attn_partials_,
                cl_uint{attn_min_chunk_keys_}, cl_uint{kAttnMaxChunks});
-      const size_t merge_global[2] = {n_heads, count};
-      last = launch("attention_merge", m, 2, merge_global, nullptr);
+      if (work_group) {
+        const size_t merge_global[2] = {size_t{n_heads} * kAttnWorkGroup, count};
+        const size_t merge_local[2] = {kAttnWorkGroup, 1};
+        last = launch(merge, m, 2, merge_global, merge_local);
+      } else {
+        const size_t merge_global[2] = {n_heads, count};
+        last = launch(merge, m, 2, merge_global, nullptr);
+      }
     }
     b += count;
   } while (b < t.end);

@@ -80,6 +80,8 @@ const char* kernel_name(GpuKernels::AttentionKernel k) {
       return "per_head";
     case GpuKernels::AttentionKernel::portable:
       return "portable";
+    case GpuKernels::AttentionKernel::work_group:
+      return "work_group";
   }
   return "?";
 }
@@ -180,7 +182,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{DType::Q8_0, AK::shared}, Case{DType::F32, AK::per_head},
                       Case{DType::F16, AK::per_head}, Case{DType::Q8_0, AK::per_head},
                       Case{DType::F32, AK::portable}, Case{DType::F16, AK::portable},
-                      Case{DType::Q8_0, AK::portable}),
+                      Case{DType::Q8_0, AK::portable}, Case{DType::F32, AK::work_group},
+                      Case{DType::F16, AK::work_group}, Case{DType::Q8_0, AK::work_group}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(dtype_name(i.param.type)) + "_" + kernel_name(i.param.kernel);
     });
@@ -233,7 +236,7 @@ TEST(GpuAttention, ATokensBitsDoNotDependOnTheOtherTokensOfTheStep) {
 TEST(GpuAttention, TheSharedKernelServesTheHeadsOfAKvHeadTogether) {
   ClDevice& dev = shared_device();
   GpuKernels k{dev};
-  if (k.attention_kernel_name(8, 2, 64, DType::F16) == "attention_split_f16")
+  if (k.attention_kernel_name(4, 2, 64, DType::F16) != "attention_split_cpu_f16")
     GTEST_SKIP() << "no CPU-vectorised attention on " << dev.info().name;
   EXPECT_EQ(k.attention_kernel_name(32, 8, 64, DType::F16), "attention_gqa_cpu_f16_4x4");
   EXPECT_EQ(k.attention_kernel_name(8, 2, 64, DType::Q8_0), "attention_gqa_cpu_q8_0_4x4");
@@ -243,6 +246,9 @@ TEST(GpuAttention, TheSharedKernelServesTheHeadsOfAKvHeadTogether) {
   EXPECT_EQ(k.attention_kernel_name(8, 2, 72, DType::F16), "attention_split_f16");
   k.set_attention_kernel(GpuKernels::AttentionKernel::per_head);
   EXPECT_EQ(k.attention_kernel_name(32, 8, 64, DType::F16), "attention_split_cpu_f16");
+  k.set_attention_kernel(GpuKernels::AttentionKernel::work_group);  // a GPU's default
+  EXPECT_EQ(k.attention_kernel_name(32, 8, 64, DType::F16), "attention_split_wg_f16");
+  EXPECT_EQ(k.attention_kernel_name(8, 2, 36, DType::F16), "attention_split_f16");
 }
 
 // The shared kernel does each head's arithmetic in the per-head kernel's order: the same bits,
