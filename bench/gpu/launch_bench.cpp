@@ -5,7 +5,7 @@
 //           ClDevice::wait (the runner's end-of-step wait), one at a time: wall and process CPU
 //           per launch, median and best of --reps.
 //   burst:  --burst such launches back to back on the in-order queue, then one wait (a step's
-//           pattern): wall and CPU per launch.
+//           pattern): wall and CPU per launch; --flush-every N flushes the queue every N.
 //   layer:  a llama decode layer's per-token ops (dim 2048, ffn 8192, 32/8 heads of 64) with a
 //           16-row Q8_0 matmul standing in for each real one, op by op (add, rmsnorm, quantise +
 //           matmul; swiglu, quantise + matmul; rope, rope) and through the fused launches
@@ -189,6 +189,10 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps);
   app.add_option("--sibling-type", sibling_type)->check(CLI::IsMember({"q4_0", "q4_k_m"}));
   app.add_option("--burst", burst);
+  int flush_every = 0;
+  app.add_option("--flush-every", flush_every,
+                 "burst: a clFlush after every N launches (0: none; gpu_svc flushes every op on a "
+                 "discrete GPU)");
   app.add_option("--layer-reps", layer_reps);
   app.add_option("--queue", queue)->check(CLI::IsMember({"wide", "narrow"}));
   CLI11_PARSE(app, argc, argv);
@@ -223,7 +227,10 @@ int main(int argc, char** argv) {
     for (int r = 0; r < std::max(3, reps / 20); ++r) {
       const auto t0 = Clock::now();
       const double c0 = cpu_us();
-      for (int i = 0; i + 1 < burst; ++i) clReleaseEvent(k.scale(arena, x, dim, 1.0f, 1, {0, 1}));
+      for (int i = 0; i + 1 < burst; ++i) {
+        clReleaseEvent(k.scale(arena, x, dim, 1.0f, 1, {0, 1}));
+        if (flush_every > 0 && (i + 1) % flush_every == 0) clFlush(dev.queue());
+      }
       wait(dev, k.scale(arena, x, dim, 1.0f, 1, {0, 1}));
       bursts.push_back(
           {std::chrono::duration<double, std::micro>(Clock::now() - t0).count(), cpu_us() - c0});
