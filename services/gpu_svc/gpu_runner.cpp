@@ -25,7 +25,9 @@ std::string op_label(const fb::OpT& op, size_t index) {
 }  // namespace
 
 GpuRunner::GpuRunner(ClDevice& dev, const SocProfile* soc)
-    : dev_(dev), kernels_(dev), soc_(soc), picker_(QueuePicker::from_env()) {}
+    : dev_(dev), kernels_(dev), soc_(soc), picker_(QueuePicker::from_env()) {
+  if (copies()) publisher_ = std::make_unique<EventPoller>();
+}
 
 GpuRunner::~GpuRunner() {
   dev_.use_low_priority(false);  // drains the low-priority queue

@@ -27,6 +27,7 @@
 #include "core/planner/soc_profile.h"
 #include "core/program/program.h"
 #include "services/gpu_svc/cl_device.h"
+#include "services/gpu_svc/event_poller.h"
 #include "services/gpu_svc/gpu_kernels.h"
 #include "services/gpu_svc/op_fusion.h"
 #include "services/gpu_svc/queue_picker.h"
@@ -142,6 +143,8 @@ class GpuRunner {
   // CPU integer path: the matmul weights' tiled copies (tiled_weights.h), shared by programs.
   TiledWeights tiled_;
   std::atomic<int> pending_callbacks_{0};
+  // Copies mode: publishes cross-device flags as their events complete (event_poller.h).
+  std::unique_ptr<EventPoller> publisher_;
   QueuePicker picker_;
   bool fuse_ = fusion_from_env();
   uint64_t low_priority_steps_ = 0;

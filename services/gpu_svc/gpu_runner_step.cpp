@@ -536,8 +536,13 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
         pending_callbacks_.fetch_add(1, std::memory_order_acq_rel);
         auto* ctx = new PublishContext{flags, static_cast<uint32_t>(done.publish_flag), step.seq,
                                        &pending_callbacks_};
-        const cl_int err =
-            clSetEventCallback(readback ? readback : last, CL_COMPLETE, publish_on_complete, ctx);
+        cl_int err = CL_SUCCESS;
+        if (publisher_)
+          publisher_->watch(readback ? readback : last,
+                            [ctx](cl_int status) { publish_on_complete(nullptr, status, ctx); });
+        else
+          err =
+              clSetEventCallback(readback ? readback : last, CL_COMPLETE, publish_on_complete, ctx);
         if (err != CL_SUCCESS) {
           pending_callbacks_.fetch_sub(1, std::memory_order_acq_rel);
           delete ctx;
