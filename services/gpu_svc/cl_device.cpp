@@ -473,7 +473,10 @@ ClDevice::~ClDevice() {
 ClDevice& shared_device() {
   static std::once_flag once;
   static std::unique_ptr<ClDevice> dev;
-  std::call_once(once, [] { dev = ClDevice::open(); });
+  std::call_once(once, [] {
+    dev = ClDevice::open();
+    dev->wait_narrow();  // a failed narrow build leaves the wide queue serving (narrow_error)
+  });
   return *dev;
 }
 

@@ -157,8 +157,10 @@ class ClDevice {
   std::string cache_path_;
 };
 
-// The process-wide device most callers (the service, tests, benches) share: building the
-// program once per process keeps test binaries fast. Opened on first use with default options.
+// The process-wide device tests and benches share: building the program once per process keeps
+// test binaries fast. Opened on first use with default options, its narrow program built before
+// it returns: the same queues in every run, and no build thread left to run into the static
+// objects' destruction at exit (clang's crashed under a 0.3 s test). gpu_svc opens its own.
 ClDevice& shared_device();
 
 }  // namespace duet::gpu

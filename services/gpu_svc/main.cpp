@@ -38,9 +38,14 @@ int prepare() {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--prepare") return prepare();
+  // The device is main's own, not shared_device(): its narrow program builds in the background
+  // (ready sooner after a restart), and a thread still compiling while the process's static
+  // objects are destroyed crashes in clang's; main's locals go (the destructor joins) first.
+  std::unique_ptr<duet::gpu::ClDevice> opened;
   std::unique_ptr<duet::gpu::GpuService> service;
   return duet::service_main(argc, argv, duet::ServiceId::gpu, [&](duet::ServiceLoop& loop) {
-    auto& device = duet::gpu::shared_device();
+    opened = duet::gpu::ClDevice::open();
+    duet::gpu::ClDevice& device = *opened;
     service = std::make_unique<duet::gpu::GpuService>(
         device, duet::load_soc_profile(loop.options().soc), duet::ShmMemoryResolver("gpu_svc"));
     loop.log().info(
