@@ -15,13 +15,7 @@ cp "$bin/gpu_svc" "$bin/gpu_svc.packed"
 status=0
 for entry in ${MODELS:-fortune=tests/data/tiny-fortune/fortune-q8_0.gguf 1b=mkmodel:llama3.2-1b:q4_0}; do
   name=${entry%%=*}
-  model=${entry#*=}
-  if [[ $model == mkmodel:* ]]; then  # random weights of a real shape, llama3's vocabulary
-    IFS=: read -r _ shape type <<<"$model"
-    model=/tmp/$name.gguf
-    "$bin/duet" mkmodel --shape "$shape" --type "$type" --vocab tests/data/vocab/llama3.gguf \
-      --out "$model" >/dev/null || { status=1; continue; }
-  fi
+  model=$(device_model "$entry") || { status=1; continue; }
   for round in $(seq "${ROUNDS:-2}"); do
     for which in ${VARIANTS:-gpu_svc_old gpu_svc}; do
       src=$bin/$which

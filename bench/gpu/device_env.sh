@@ -20,4 +20,16 @@ export OCL_ICD_VENDORS=/tmp/icd OCL_ICD_FILENAMES=$nv DUET_CACHE_DIR=${DUET_CACH
 # Tests find their data through the path they were built in.
 for d in /work/main ${SRC_DIR:-}; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$root" "$d"; }; done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$out/env.txt" 2>&1
+# A MODELS entry NAME=PATH or NAME=mkmodel:SHAPE:TYPE (random weights of a real shape, llama3's
+# vocabulary, written to /tmp/NAME.gguf): prints the model's path.
+device_model() {
+  local name=${1%%=*} model=${1#*=} shape type
+  if [[ $model == mkmodel:* ]]; then
+    IFS=: read -r _ shape type <<<"$model"
+    "$dev/bin/duet" mkmodel --shape "$shape" --type "$type" --vocab tests/data/vocab/llama3.gguf \
+      --out "/tmp/$name.gguf" >/dev/null || return 1
+    model=/tmp/$name.gguf
+  fi
+  echo "$model"
+}
 return 0

@@ -15,13 +15,7 @@ export DUET_SOC_DIR=$root/deploy/soc
 status=0
 for entry in ${MODELS:-fortune=tests/data/tiny-fortune/fortune-q8_0.gguf 1b=mkmodel:llama3.2-1b:q4_0}; do
   name=${entry%%=*}
-  model=${entry#*=}
-  if [[ $model == mkmodel:* ]]; then  # random weights of a real shape, llama3's vocabulary
-    IFS=: read -r _ shape type <<<"$model"
-    model=/tmp/$name.gguf
-    "$bin/duet" mkmodel --shape "$shape" --type "$type" --vocab tests/data/vocab/llama3.gguf \
-      --out "$model" >/dev/null || { status=1; continue; }
-  fi
+  model=$(device_model "$entry") || { status=1; continue; }
   stack=trace$name
   "$bin/duet" stack up --stack "$stack" --model "$model" --plan gpu-only --timeout 300 >/dev/null ||
     { status=1; continue; }

@@ -226,6 +226,21 @@ DEFINE_ATTENTION_SPLIT_WG(f32)
 DEFINE_ATTENTION_SPLIT_WG(f16)
 DEFINE_ATTENTION_SPLIT_WG(q8_0)
 
+// The merges' shared part: token t's chunk count, and the largest of its chunks' maxima.
+inline uint attn_token_chunks(global const uchar* arena, ulong tok_off, uint t, uint min_keys,
+                              uint max_chunks) {
+  global const int* tok = (global const int*)(arena + tok_off);
+  const uint n_keys = (uint)tok[4 * t + TOK_POS] + 1;
+  const uint per = attn_chunk_keys(n_keys, min_keys, max_chunks);
+  return (n_keys + per - 1) / per;
+}
+inline float attn_chunks_max(global const float* part, uint n_chunks, uint stride,
+                             uint head_dim) {
+  float m = -INFINITY;
+  for (uint c = 0; c < n_chunks; ++c) m = fmax(m, part[c * stride + head_dim]);
+  return m;
+}
+
 // A token's chunks into its output, one work-item per (head, token): the chunks' sums and
 // weighted V rescaled to the largest chunk max, in chunk order.
 kernel void attention_merge(global const uchar* arena, ulong out_off, uint out_stride,
@@ -234,15 +249,11 @@ kernel void attention_merge(global const uchar* arena, ulong out_off, uint out_s
   const uint h = get_global_id(0);
   const uint tl = get_global_id(1);
   const uint t = t_begin + tl;
-  global const int* tok = (global const int*)(arena + tok_off);
-  const uint n_keys = (uint)tok[4 * t + TOK_POS] + 1;
-  const uint per = attn_chunk_keys(n_keys, min_keys, max_chunks);
-  const uint n_chunks = (n_keys + per - 1) / per;
+  const uint n_chunks = attn_token_chunks(arena, tok_off, t, min_keys, max_chunks);
   if (n_chunks == 1) return;  // written by the split kernel
   const uint stride = head_dim + 2;
   global const float* part = partials + ((ulong)tl * n_heads + h) * max_chunks * stride;
-  float m = -INFINITY;
-  for (uint c = 0; c < n_chunks; ++c) m = fmax(m, part[c * stride + head_dim]);
+  const float m = attn_chunks_max(part, n_chunks, stride, head_dim);
   global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride + h * head_dim;
   for (uint d = 0; d < head_dim; ++d) out[d] = 0.0f;
   float sum = 0.0f;
@@ -268,15 +279,11 @@ kernel __attribute__((reqd_work_group_size(ATTN_WG, 1, 1))) void attention_merge
   const uint h = get_group_id(0);
   const uint tl = get_global_id(1);
   const uint t = t_begin + tl;
-  global const int* tok = (global const int*)(arena + tok_off);
-  const uint n_keys = (uint)tok[4 * t + TOK_POS] + 1;
-  const uint per = attn_chunk_keys(n_keys, min_keys, max_chunks);
-  const uint n_chunks = (n_keys + per - 1) / per;
+  const uint n_chunks = attn_token_chunks(arena, tok_off, t, min_keys, max_chunks);
   if (n_chunks == 1) return;  // written by the split kernel
   const uint stride = head_dim + 2;
   global const float* part = partials + ((ulong)tl * n_heads + h) * max_chunks * stride;
-  float m = -INFINITY;
-  for (uint c = 0; c < n_chunks; ++c) m = fmax(m, part[c * stride + head_dim]);
+  const float m = attn_chunks_max(part, n_chunks, stride, head_dim);
   if (lid < n_chunks) w_l[lid] = exp(part[lid * stride + head_dim] - m);
   barrier(CLK_LOCAL_MEM_FENCE);
   float sum = 0.0f;
