@@ -1,5 +1,6 @@
 // duet status --stack ID [--json]: the stack as a user sees it: the supervisor's view of the
-// services (pid, restarts, health) and the frontend's queue, running requests, limits and
+// services (pid, restarts, health), the device services' own (gpu_svc's OpenCL device, copies,
+// KV uploaded, narrow queue; npu_svc's NPU) and the frontend's queue, running requests, limits and
 // metrics (TTFT, TPOT, tokens/s, queue time, flag wait, KV bytes copied, restarts; measured and
 // modelled). A part that does not answer is reported as an error, not hidden.
 #include <cstdio>
@@ -22,21 +23,37 @@ struct StatusArgs {
   int timeout_ms = 3000;
 };
 
-nlohmann::json supervisor_status(const std::string& run_dir, int timeout_ms) {
-  const std::string sock = duet::supervisor_socket_path(run_dir);
+// A StatusRequest over a control socket: the reply's JSON, or {"error": why}.
+nlohmann::json query_status(const std::string& sock, const std::string& who,
+                            const std::string& if_missing, int timeout_ms) {
   if (!std::filesystem::exists(sock))
-    return {
-        {"error", "no supervisor socket " + sock + " (the stack is not up, or runs unsupervised)"}};
+    return {{"error", "no " + who + " socket " + sock + if_missing}};
   try {
     duet::msg::RequestClient c(duet::ipc_endpoint(sock));
     auto reply = c.call([](uint64_t id) { return duet::msg::make_status_request(id); },
                         std::chrono::milliseconds(timeout_ms));
     const auto* s = reply.message().body_as_StatusReply();
-    if (!s || !s->json()) return {{"error", "the supervisor answered with something else"}};
+    if (!s || !s->json()) return {{"error", "the " + who + " answered with something else"}};
     return nlohmann::json::parse(s->json()->str());
   } catch (const std::exception& e) {
     return {{"error", e.what()}};
   }
+}
+
+nlohmann::json supervisor_status(const std::string& run_dir, int timeout_ms) {
+  return query_status(duet::supervisor_socket_path(run_dir), "supervisor",
+                      " (the stack is not up, or runs unsupervised)", timeout_ms);
+}
+
+// The device services' own status: gpu_svc's OpenCL device, copies mode, KV bytes uploaded and
+// narrow queue; npu_svc's modelled NPU and compiled graphs.
+nlohmann::json device_status(const std::string& run_dir, int timeout_ms) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const duet::ServiceId id : {duet::ServiceId::gpu, duet::ServiceId::npu}) {
+    const std::string name(duet::service_name(id));
+    out[name] = query_status(duet::control_socket_path(run_dir, id), name, "", timeout_ms);
+  }
+  return out;
 }
 
 nlohmann::json frontend_status(const StatusArgs& a) {
@@ -101,7 +118,28 @@ void print_model(const nlohmann::json& fe) {
   }
 }
 
-void print_human(const std::string& stack, const nlohmann::json& sup, const nlohmann::json& fe) {
+void print_devices(const nlohmann::json& dev) {
+  const nlohmann::json& g = dev["gpu_svc"];
+  if (g.contains("error"))
+    std::printf("  gpu_svc: unavailable: %s\n", g["error"].get<std::string>().c_str());
+  else
+    std::printf("  gpu_svc: %s (%s), copies %s, %.0f steps, KV uploaded %.0f B, narrow queue %s\n",
+                g.value("device", "?").c_str(), g.value("type", "?").c_str(),
+                g.value("copies", false) ? "yes (discrete)" : "no (shared memory)",
+                g.value("steps", 0.0), g.value("kv_bytes_uploaded", 0.0),
+                g.value("narrow_device", "").empty()
+                    ? "none"
+                    : (g.value("narrow_ready", false) ? "ready" : "building"));
+  const nlohmann::json& n = dev["npu_svc"];
+  if (n.contains("error"))
+    std::printf("  npu_svc: unavailable: %s\n", n["error"].get<std::string>().c_str());
+  else
+    std::printf("  npu_svc: %s's NPU (emulated), %.0f graphs compiled\n",
+                n.value("soc", "?").c_str(), n.value("graphs_cached", 0.0));
+}
+
+void print_human(const std::string& stack, const nlohmann::json& sup, const nlohmann::json& dev,
+                 const nlohmann::json& fe) {
   std::printf("stack %s\n", stack.c_str());
   if (sup.contains("error")) {
     std::printf("  supervisor: unavailable: %s\n", sup["error"].get<std::string>().c_str());
@@ -111,6 +149,7 @@ void print_human(const std::string& stack, const nlohmann::json& sup, const nloh
   } else {
     std::printf("  supervisor: %s\n", sup.dump().c_str());
   }
+  print_devices(dev);
   if (fe.contains("error")) {
     std::printf("  frontend: unavailable: %s\n", fe["error"].get<std::string>().c_str());
     return;
@@ -137,13 +176,16 @@ int run_status(const StatusArgs& a) {
   duet::validate_stack_id(a.stack);
   const std::string run_dir = a.run_dir.empty() ? duet::default_run_dir(a.stack) : a.run_dir;
   const nlohmann::json sup = supervisor_status(run_dir, a.timeout_ms);
+  const nlohmann::json dev = device_status(run_dir, a.timeout_ms);
   const nlohmann::json fe = frontend_status(a);
   if (a.json)
     std::printf(
         "%s\n",
-        nlohmann::json{{"stack", a.stack}, {"supervisor", sup}, {"frontend", fe}}.dump(2).c_str());
+        nlohmann::json{{"stack", a.stack}, {"supervisor", sup}, {"devices", dev}, {"frontend", fe}}
+            .dump(2)
+            .c_str());
   else
-    print_human(a.stack, sup, fe);
+    print_human(a.stack, sup, dev, fe);
   if (fe.contains("error"))
     throw duet::Error(duet::Errc::unavailable, fe["error"].get<std::string>());
   return 0;

@@ -161,6 +161,12 @@ TEST_F(TraceStack, TheDefaultPlanExecutesTheHostsPlanAndModelsTheSolversSocPlan)
 
   const CliResult st = run_duet("status --json --stack " + id_);
   const nlohmann::json fe = json_of(st)["frontend"];
+  // The device services answer for themselves: gpu_svc its OpenCL device and the steps it ran,
+  // npu_svc its SoC's NPU.
+  const nlohmann::json devices = json_of(st)["devices"];
+  EXPECT_FALSE(devices["gpu_svc"].value("device", "").empty()) << devices.dump();
+  EXPECT_GT(devices["gpu_svc"].value("steps", 0), 0) << devices.dump();
+  EXPECT_EQ(devices["npu_svc"].value("soc", ""), "sd8gen3") << devices.dump();
   EXPECT_EQ(fe["executed_plan"], stats["executed_plan"]) << fe.dump();
   EXPECT_EQ(fe["modeled_plan"], stats["modeled_plan"]) << fe.dump();
   // The engine's buckets: what runs here, and what the SoC is modelled running.
