@@ -523,8 +523,8 @@ void ClDevice::wait(cl_event e, std::chrono::steady_clock::time_point deadline, 
                  std::string("gpu_svc: ") + what + " did not finish by its deadline");
   };
   // A discrete GPU's kernels take none of the host's cores, so there the wait polls to its
-  // deadline: NVIDIA's completion callbacks came late on the H100 (bench/gpu/RESULTS.md, "reads
-  // behind running kernels").
+  // deadline: NVIDIA's completion callbacks came late on the H100 (bench/gpu/RESULTS.md,
+  // "2026-11-28: discrete GPUs").
   const auto spin_until =
       zero_copy_ ? std::min(deadline, Clock::now() + std::chrono::microseconds(50)) : deadline;
   while (Clock::now() < spin_until) {
@@ -544,6 +544,19 @@ void ClDevice::wait(cl_event e, std::chrono::steady_clock::time_point deadline, 
     if (!signal->cv.wait_until(lock, deadline, [&] { return signal->done; })) throw timeout();
   }
   if (status_of() != CL_COMPLETE) throw timeout();  // the callback also runs on a failure
+}
+
+void ClDevice::drain(std::chrono::steady_clock::time_point deadline, const char* what) {
+  cl_event marker = nullptr;
+  check_cl(clEnqueueMarkerWithWaitList(queue(), 0, nullptr, &marker),
+           "clEnqueueMarkerWithWaitList");
+  try {
+    wait(marker, deadline, what);
+  } catch (...) {
+    clReleaseEvent(marker);
+    throw;
+  }
+  clReleaseEvent(marker);
 }
 
 }  // namespace duet::gpu

@@ -110,9 +110,11 @@ class ClDevice {
   void use_low_priority(bool on);
   bool low_priority_active() const { return low_active_; }
   // Flushes the queue and waits for `e` until `deadline`: a short spin, then a blocking wait on
-  // the event's completion callback. Throws Error(timeout) at the deadline, Error(internal) when
-  // the command failed; both name `what`.
+  // the event's completion callback (on a discrete GPU: polling to the deadline). Throws
+  // Error(timeout) at the deadline, Error(internal) when the command failed; both name `what`.
   void wait(cl_event e, std::chrono::steady_clock::time_point deadline, const char* what);
+  // Waits, as wait(), until everything enqueued on the active queue so far has run (a marker).
+  void drain(std::chrono::steady_clock::time_point deadline, const char* what);
   cl_device_id id() const { return device_; }
   // Host memory can be used in place (CL_MEM_USE_HOST_PTR without copies): CPU devices and
   // GPUs reporting host-unified memory. Otherwise the runner copies and says so.

@@ -124,7 +124,11 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
   reserve_attention(n_heads, head_dim, t.count());
   const std::string split = attention_kernel_name(n_heads, n_kv_heads, head_dim, kv.value_type);
   const uint32_t heads_per_item = shared_heads_per_item(split);
+  // attention.cl's work-group kernels run ATTN_WG work-items a (head, token, chunk), and their
+  // merge as many a (head, token).
   const bool work_group = split.rfind("attention_split_wg_", 0) == 0;
+  const size_t group = work_group ? kAttnWorkGroup : 1;
+  const size_t local[3] = {group, 1, 1};
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const uint32_t chunks = attention_chunks(std::max(max_keys, 1u));
   const size_t per_token = attention_partials_per_token(n_heads, head_dim);
@@ -141,14 +145,8 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
              cl_ulong{kv.page_table_off}, cl_uint{kv.page_table_cols}, cl_uint{n_heads},
              cl_uint{n_kv_heads}, cl_uint{head_dim}, cl_float{scale}, cl_uint{b}, attn_partials_,
              cl_uint{attn_min_chunk_keys_}, cl_uint{kAttnMaxChunks});
-    if (work_group) {  // attention.cl's ATTN_WG work-items a (head, token, chunk)
-      const size_t global[3] = {size_t{n_heads} * kAttnWorkGroup, count, chunks};
-      const size_t local[3] = {kAttnWorkGroup, 1, 1};
-      last = launch(split.c_str(), k, 3, global, local);
-    } else {
-      const size_t global[3] = {n_heads / heads_per_item, count, chunks};
-      last = launch(split.c_str(), k, 3, global, nullptr);
-    }
+    const size_t global[3] = {n_heads / heads_per_item * group, count, chunks};
+    last = launch(split.c_str(), k, 3, global, work_group ? local : nullptr);
     if (first && !*first) {
       *first = last;
       clRetainEvent(*first);  // its own reference: `last` moves on
@@ -160,14 +158,8 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
       set_args(m, arena, cl_ulong{out_off}, cl_uint{out_stride}, cl_ulong{tok_off},
                cl_uint{n_heads}, cl_uint{head_dim}, cl_uint{b}, attn_partials_,
                cl_uint{attn_min_chunk_keys_}, cl_uint{kAttnMaxChunks});
-      if (work_group) {
-        const size_t merge_global[2] = {size_t{n_heads} * kAttnWorkGroup, count};
-        const size_t merge_local[2] = {kAttnWorkGroup, 1};
-        last = launch(merge, m, 2, merge_global, merge_local);
-      } else {
-        const size_t merge_global[2] = {n_heads, count};
-        last = launch(merge, m, 2, merge_global, nullptr);
-      }
+      const size_t merge_global[2] = {n_heads * group, count};
+      last = launch(merge, m, 2, merge_global, work_group ? local : nullptr);
     }
     b += count;
   } while (b < t.end);

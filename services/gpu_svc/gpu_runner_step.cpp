@@ -40,12 +40,6 @@ KvSlot kv_slot_of(const TokenRow& r, const int32_t* page_tables, const StepArgs&
           pos % kvl.page_tokens};
 }
 
-// Releases an event the scope made, however it is left.
-struct EventRelease {
-  cl_event e;
-  ~EventRelease() { clReleaseEvent(e); }
-};
-
 // The completion callback's context: owned by the callback, which deletes it.
 struct PublishContext {
   FlagSync* flags;
@@ -401,16 +395,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
         if (copies()) {
           // Another device wrote into host memory meanwhile: upload the inputs, once our own
           // earlier read-backs have landed there (a runtime may read the host copy at enqueue).
-          cl_event drained = nullptr;
-          check_cl(clEnqueueMarkerWithWaitList(q, 0, nullptr, &drained),
-                   "clEnqueueMarkerWithWaitList");
-          try {
-            dev_.wait(drained, deadline, "the read-backs before a cross-device input");
-          } catch (...) {
-            clReleaseEvent(drained);
-            throw;
-          }
-          clReleaseEvent(drained);
+          dev_.drain(deadline, "the read-backs before a cross-device input");
           for (const fb::TensorRef* r : {op.in0.get(), op.in1.get()})
             if (r)
               check_cl(
@@ -556,18 +541,11 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     if (kv_rows_written) {
       // The rows are read once the kernels are done. Enqueued behind running kernels, NVIDIA's
       // reads into host (pageable) memory cost ~8 ms a decode step of the 1B on the H100 (32
-      // rectangles); after them, 0.1 ms (bench/gpu/RESULTS.md, "reads behind running kernels").
-      cl_event kernels_done = nullptr;
-      check_cl(clEnqueueMarkerWithWaitList(q, 0, nullptr, &kernels_done),
-               "clEnqueueMarkerWithWaitList");
-      const EventRelease release_kernels_done{kernels_done};
-      dev_.wait(kernels_done, deadline, "the step's kernels");
+      // rectangles); after them, 0.1 ms (bench/gpu/RESULTS.md, "2026-11-28: discrete GPUs").
+      dev_.drain(deadline, "the step's kernels");
       read_back_kv_rows(p, rows, page_tables, step);
     }
-    cl_event end = nullptr;
-    check_cl(clEnqueueMarkerWithWaitList(q, 0, nullptr, &end), "clEnqueueMarkerWithWaitList");
-    const EventRelease release_end{end};
-    dev_.wait(end, deadline, "the step's kernels");
+    dev_.drain(deadline, "the step's kernels");
     done_at = Clock::now();
     wait_callbacks(deadline);
     if (dev_.has_narrow() && !low && step.first_op == 0 && !report.preempted) {
