@@ -50,7 +50,7 @@ static std::string strip_defs(std::string s) {
 }
 
 struct Shape {
-  const char* type;  // q4_k q6_k q4_0
+  const char* type;  // q4_0 q8_0 q4_k q5_k q6_k
   unsigned rows, k;
   int count;  // per decode token
 };
@@ -59,6 +59,10 @@ static unsigned tiled_bytes(const std::string& t) {
 }
 static unsigned block_elems(const std::string& t) {
   return t.back() == 'k' ? 256 : 32;
+}
+// A block's bytes in the file (ggml's layouts), for the GB/s figures.
+static unsigned block_bytes(const std::string& t) {
+  return t == "q4_k" ? 144 : t == "q5_k" ? 176 : t == "q6_k" ? 210 : t == "q8_0" ? 34 : 18;
 }
 
 int main(int argc, char** argv) {
@@ -75,7 +79,7 @@ int main(int argc, char** argv) {
                     strip_defs(slurp(dir + "/matmul_kq_cpu.cl"));
   const std::string isa = variant.substr(0, variant.find('_'));
   const std::string bits = variant.substr(variant.find("_a") + 2);
-  std::vector<std::string> types = {"q4_0", "q8_0", "q4_k", "q6_k"};
+  std::vector<std::string> types = {"q4_0", "q8_0", "q4_k", "q5_k", "q6_k"};
   std::string defs = "#if defined(__x86_64__) && defined(__clang__)\n";
   for (auto& t : types)
     defs += std::string("DEFINE_MATMUL_INT8(") + (t.back() == 'k' ? "KQ_ITEM" : "MMI_ITEM") + ", " +
@@ -140,10 +144,7 @@ int main(int argc, char** argv) {
       if (j < bufs.size()) {
         bufs.push_back(bufs[j]);
         if (!only || std::string(only) == c.type) {
-          bytes += (double)c.rows * c.k / block_elems(c.type) *
-                   (std::string(c.type) == "q4_k"   ? 144
-                    : std::string(c.type) == "q6_k" ? 210
-                                                    : 18);
+          bytes += (double)c.rows * c.k / block_elems(c.type) * block_bytes(c.type);
           flops += 2.0 * c.rows * c.k;
         }
         continue;
@@ -158,10 +159,7 @@ int main(int argc, char** argv) {
     bufs.push_back(clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, nb, h, &err));
     CK(err);
     if (!only || std::string(only) == c.type) {
-      bytes += (double)c.rows * c.k / block_elems(c.type) *
-               (std::string(c.type) == "q4_k"   ? 144
-                : std::string(c.type) == "q6_k" ? 210
-                                                : 18);
+      bytes += (double)c.rows * c.k / block_elems(c.type) * block_bytes(c.type);
       flops += 2.0 * c.rows * c.k * T;
     }
   }

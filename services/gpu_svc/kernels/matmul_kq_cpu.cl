@@ -214,19 +214,19 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
     KQ_LOOP_file(NAME, MMI_T, ISA, BITS, row_end - r0)                                             \
   }
 // The tiled layout's item: its 16-row groups from the one holding row_begin (w: the whole
-// tensor's copy, w_off 0). A tensor's copy is one ascending stream, so Q4_K and Q5_K, which read
-// each super-block front to back, are left to the hardware prefetcher: prefetching the next
-// group's super-block into L1 with this one's (as matmul_int8.cl does) made a llama3.2-1b
-// decode's Q4_K GEMVs take 1.5x the CPU time of none. Q6_K reads d and the scales at its
-// super-block's end first, then jumps back: the hardware prefetcher loses the stream, and the
-// GEMVs took 2.5x the CPU time of prefetching 4 super-blocks ahead into L2 (prefetcht2; t0 and
-// nta ahead, or the next group: no better than none; the same prefetches unrolled: 1.8x).
-// bench/kquant/RESULTS.md, 2026-11-26.
-#define KQ_PREFETCH_q4_k(wb)
-#define KQ_PREFETCH_q5_k(wb)
-#define KQ_PREFETCH_q6_k(wb)                                                                       \
-  for (uint l = 0; l < TILED_BYTES_q6_k / 64; ++l)                                                 \
-      __asm__ volatile("prefetcht2 (%0)" : : "r"((wb) + 4 * TILED_BYTES_q6_k + l * 64));
+// tensor's copy, w_off 0). A tensor's copy is one ascending stream, and every K type prefetches
+// the super-block 4 ahead of the one it reads into L2 (prefetcht2, one per line; past an item's
+// end that is the next item's start, past the tensor's end nothing: prefetches never fault).
+// Q6_K reads d and the scales at its super-block's end first, then jumps back, so the hardware
+// prefetcher loses its stream: 2.5x the CPU time without (bench/kquant/RESULTS.md, 2026-11-26;
+// t0 and nta ahead, or the next group: no better than none; the same prefetches unrolled: 1.8x).
+// Q4_K and Q5_K read front to back and were left to the hardware prefetcher until 2026-11-28:
+// on a host whose two cores read ~30 GB/s it keeps their 16-row streams short of that (a
+// llama3.2-1b Q4_K_M decode token's GEMVs, decode_gemv: 33.5-39.2 ms, median 36.2, without;
+// 27.9-30.4 with, one outlier 40.9; Q5_K's 39-47 against 30-39; 8 or 16 ahead no better).
+#define KQ_PREFETCH(NAME, wb)                                                                      \
+  for (uint l = 0; l < TILED_BYTES_##NAME / 64; ++l)                                               \
+      __asm__ volatile("prefetcht2 (%0)" : : "r"((wb) + 4 * TILED_BYTES_##NAME + l * 64));
 #define KQ_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                      \
   const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
   MMI_ITEM_START(MMI_T)                                                                            \
@@ -235,7 +235,7 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
   global const uchar* w_item = w + (ulong)(r0 / 16) * n_super * TILED_BYTES_##NAME;                \
   for (uint sb = 0; sb < n_super; ++sb) {                                                          \
     global const uchar* wb = w_item + (ulong)sb * TILED_BYTES_##NAME;                              \
-    KQ_PREFETCH_##NAME(wb)                                                                         \
+    KQ_PREFETCH(NAME, wb)                                                                          \
     KQ_SUPER_##NAME(MMI_T, ISA, BITS, 16u, 1)                                                      \
   }
 
