@@ -6,6 +6,8 @@
 //           per launch, median and best of --reps.
 //   burst:  --burst such launches back to back on the in-order queue, then one wait (a step's
 //           pattern): wall and CPU per launch; --flush-every N flushes the queue every N.
+//   burst_raw: the same kernel through clEnqueueNDRangeKernel itself, with and without an event,
+//           on the profiling queue and on one without profiling: what a launch's cost is made of.
 //   layer:  a llama decode layer's per-token ops (dim 2048, ffn 8192, 32/8 heads of 64) with a
 //           16-row Q8_0 matmul standing in for each real one, op by op (add, rmsnorm, quantise +
 //           matmul; swiglu, quantise + matmul; rope, rope) and through the fused launches
@@ -95,6 +97,51 @@ std::pair<nlohmann::json, nlohmann::json> alternate(duet::gpu::ClDevice& dev, in
     }
   }
   return {summary(sa, 1), summary(sb, 1)};
+}
+
+// What a burst launch's cost is made of: the same scale_rows kernel (its arguments set once)
+// through clEnqueueNDRangeKernel directly, with no event, with an event released at once, and
+// with an event on a queue without profiling, each burst ended by a clFinish.
+nlohmann::json raw_bursts(duet::gpu::ClDevice& dev, cl_mem arena, uint64_t x_off, uint32_t cols,
+                          int burst, int reps, int flush_every) {
+  cl_int err = CL_SUCCESS;
+  cl_command_queue plain = clCreateCommandQueue(dev.context(), dev.id(), 0, &err);
+  check_cl(err, "clCreateCommandQueue");
+  cl_kernel k = dev.kernel("scale_rows");
+  const cl_ulong off = x_off;
+  const cl_uint stride = cols, t0 = 0;
+  const cl_float one = 1.0f;
+  check_cl(clSetKernelArg(k, 0, sizeof arena, &arena), "arg");
+  check_cl(clSetKernelArg(k, 1, sizeof off, &off), "arg");
+  check_cl(clSetKernelArg(k, 2, sizeof stride, &stride), "arg");
+  check_cl(clSetKernelArg(k, 3, sizeof one, &one), "arg");
+  check_cl(clSetKernelArg(k, 4, sizeof t0, &t0), "arg");
+  const size_t global[2] = {1, 1};
+  auto run = [&](cl_command_queue q, bool with_event) {
+    std::vector<Sample> v;
+    for (int r = 0; r < reps; ++r) {
+      const auto start = Clock::now();
+      const double c0 = cpu_us();
+      for (int i = 0; i < burst; ++i) {
+        cl_event e = nullptr;
+        check_cl(clEnqueueNDRangeKernel(q, k, 2, nullptr, global, nullptr, 0, nullptr,
+                                        with_event ? &e : nullptr),
+                 "launch");
+        if (e) clReleaseEvent(e);
+        if (flush_every > 0 && (i + 1) % flush_every == 0) clFlush(q);
+      }
+      check_cl(clFinish(q), "clFinish");
+      v.push_back(
+          {std::chrono::duration<double, std::micro>(Clock::now() - start).count(), cpu_us() - c0});
+    }
+    return summary(v, burst);
+  };
+  nlohmann::json out = {{"no_event", run(dev.queue(), false)},
+                        {"event", run(dev.queue(), true)},
+                        {"event_no_profiling", run(plain, true)},
+                        {"no_event_no_profiling", run(plain, false)}};
+  clReleaseCommandQueue(plain);
+  return out;
 }
 
 // The siblings section (see the top): null where the device has no integer path.
@@ -238,6 +285,7 @@ int main(int argc, char** argv) {
     out["single"] = summary(single, 1);
     out["burst"] = summary(bursts, burst);
     out["burst"]["launches"] = burst;
+    out["burst_raw"] = raw_bursts(dev, arena, x, dim, burst, std::max(3, reps / 20), flush_every);
 
     // layer: op by op vs fused
     auto mm = [&](uint64_t in, uint32_t cols, duet::MatmulRole role) {
