@@ -181,8 +181,9 @@ class GpuKernels {
                      const RopeArgs& r, uint64_t tok_off, TokenRange t);
   // The residual add x = a + b, then out = rmsnorm(x) * w, in one launch (add_rmsnorm in
   // elementwise.cl): the bits of add() then rmsnorm(), for any device (the GPU path's fusion;
-  // the integer path has add_rmsnorm_quantize). Null (nothing enqueued) where out overlaps a's
-  // or b's rows, whose values the ops apart would read before the norm writes.
+  // the integer path has add_rmsnorm_quantize). out may be a or b (the same rows); null
+  // (nothing enqueued) where it overlaps other rows of theirs, which another token's work-group
+  // could read after it wrote them.
   cl_event add_rmsnorm(cl_mem arena, const ResidualAdd& add, uint64_t x_off, uint32_t x_stride,
                        uint64_t out_off, uint32_t out_stride, cl_mem w, uint64_t w_off,
                        uint32_t dim, float eps, TokenRange t);

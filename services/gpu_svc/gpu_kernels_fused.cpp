@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "core/base/error.h"
 #include "services/gpu_svc/gpu_kernels.h"
@@ -144,10 +145,12 @@ cl_event GpuKernels::gemv_siblings(cl_mem arena, std::span<const MatmulArgs> mm)
 cl_event GpuKernels::add_rmsnorm(cl_mem arena, const ResidualAdd& add, uint64_t x_off,
                                  uint32_t x_stride, uint64_t out_off, uint32_t out_stride, cl_mem w,
                                  uint64_t w_off, uint32_t dim, float eps, TokenRange t) {
+  // A token's work-group reads its a and b rows before its barrier and writes out after: out
+  // may be a or b, row for row, but no other rows of theirs.
   const ArenaRows out(out_off, out_stride, t);
-  if (out.overlaps(ArenaRows(add.a_off, add.a_stride, t)) ||
-      out.overlaps(ArenaRows(add.b_off, add.b_stride, t)))
-    return nullptr;
+  for (const auto& [off, stride] : {std::pair{add.a_off, add.a_stride}, {add.b_off, add.b_stride}})
+    if (out.overlaps(ArenaRows(off, stride, t)) && !(off == out_off && stride == out_stride))
+      return nullptr;
   forget_quantized_input();
   cl_kernel k = dev_.kernel("add_rmsnorm");
   const size_t lsz = rmsnorm_group(dim);  // rmsnorm()'s: the same partial sums, the same scale

@@ -252,9 +252,11 @@ TEST_F(GpuSiblingGemvs, RopePairAndAddRmsnormWriteTheBitsOfTheOpsApart) {
     }
   for (const uint32_t dim : {96u, 512u})
     for (const bool in_place : {true, false}) {
-      SCOPED_TRACE("add + rmsnorm of " + std::to_string(dim) + (in_place ? ", x = a + b" : ""));
-      const uint64_t a_off = 8192, b_off = a_off + 65536, out_off = b_off + 65536;
-      const uint64_t x_off = in_place ? a_off : out_off + 65536;
+      // In place: the residual x = a + b over a, the norm's output over b (an arena slot reused).
+      SCOPED_TRACE("add + rmsnorm of " + std::to_string(dim) + (in_place ? ", in place" : ""));
+      const uint64_t a_off = 8192, b_off = a_off + 65536;
+      const uint64_t x_off = in_place ? a_off : b_off + 65536;
+      const uint64_t out_off = in_place ? b_off : x_off + 65536;
       const GpuKernels::ResidualAdd add{a_off, dim, b_off, dim};
       fill();
       testing::run(kernels.add(arena.mem(), a_off, dim, b_off, dim, x_off, dim, dim, {0, kTokens}));
@@ -268,9 +270,10 @@ TEST_F(GpuSiblingGemvs, RopePairAndAddRmsnormWriteTheBitsOfTheOpsApart) {
       EXPECT_EQ(kernels.launches() - before, 1u);
       EXPECT_EQ(floats_differing(apart, snapshot()), 0u);
     }
-  // A norm writing over the add's inputs would change what the add apart reads: refused.
+  // A norm writing over another token's add inputs would change what that token's add reads:
+  // refused.
   const GpuKernels::ResidualAdd add{8192, 96, 8192 + 65536, 96};
-  EXPECT_EQ(kernels.add_rmsnorm(arena.mem(), add, 8192, 96, 8192 + 65536, 96, w.mem(), 1024, 96,
+  EXPECT_EQ(kernels.add_rmsnorm(arena.mem(), add, 8192, 96, 8192 + 65536 + 4, 96, w.mem(), 1024, 96,
                                 1e-5f, {0, kTokens}),
             nullptr);
 }

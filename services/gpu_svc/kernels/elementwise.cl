@@ -47,7 +47,8 @@ kernel void rmsnorm(global uchar* arena, ulong x_off, uint x_stride, ulong out_o
 // The residual add x = a + b (x may be a or b), then rmsnorm of x, in one launch (GPUs: the
 // runner's op_fusion.h). A work-group per token, as rmsnorm's: each work-item adds the columns it
 // then sums the squares of (the add kernel's a + b, rmsnorm's sum), so with rmsnorm's group size
-// the same bits as add then rmsnorm. out must not overlap a or b (the host checks).
+// the same bits as add then rmsnorm. out may be a or b row for row (a token's reads of them come
+// before its barrier, its writes after), but no other rows of theirs (the host checks).
 kernel void add_rmsnorm(global uchar* arena, ulong a_off, uint a_stride, ulong b_off, uint b_stride,
                         ulong x_off, uint x_stride, ulong out_off, uint out_stride,
                         global const uchar* w, ulong w_off, uint dim, float eps, uint t_begin,
