@@ -93,9 +93,10 @@ const std::array kSettings = {
     Setting{"DUET_GPU_INT8_VNNI", "gpu.int8_vnni", T::choice, "1", 0, 0, "0|1",
             "the int8 matmuls' AVX512-VNNI kernels on hosts that have it; 0: off"},
     Setting{"DUET_GPU_FUSE", "gpu.fuse", T::choice, "1", 0, 0, "0|1",
-            "fused launches of a decode step's small ops on the CPU integer path (add + rmsnorm + "
-            "quantise, swiglu + quantise, the q/k ropes, the q/k/v and gate/up matmuls); the same "
-            "bits either way; 0: off"},
+            "fused launches of a decode step's small ops: on the CPU integer path add + rmsnorm + "
+            "quantise, swiglu + quantise, the q/k ropes, the q/k/v and gate/up matmuls; on GPUs "
+            "add + rmsnorm, the q/k ropes, the q/k/v and gate/up GEMVs; the same bits either way; "
+            "0: off"},
     Setting{"DUET_GPU_ATTENTION", "gpu.attention", T::choice, "shared", 0, 0,
             "shared|per_head|portable|work_group",
             "attention kernels: shared (CPU devices: a KV head's query heads read its K/V once; "

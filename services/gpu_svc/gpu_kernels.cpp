@@ -53,7 +53,8 @@ size_t cpu_group_size(size_t global, size_t multiple, size_t max_group, size_t c
 
 }  // namespace
 
-GpuKernels::GpuKernels(ClDevice& dev) : dev_(dev), coop_gemv_(dev.info().type == "gpu") {
+GpuKernels::GpuKernels(ClDevice& dev)
+    : dev_(dev), coop_gemv_(dev.info().type == "gpu"), gpu_kernels_(dev.info().type == "gpu") {
   int8_matmul_ = !env_off("DUET_GPU_INT8_MATMUL") && int8_kernels_available();
   int8_vnni_ = int8_matmul_ && !env_off("DUET_GPU_INT8_VNNI") && host_has_vnni();
   if (dev_.info().type == "cpu") {
@@ -102,6 +103,13 @@ bool GpuKernels::int8_kernels_available() {
   } catch (const Error&) {
     return false;
   }
+}
+
+void GpuKernels::set_gpu_kernels(bool on) {
+  gpu_kernels_ = on;
+  coop_gemv_ = on;
+  if (on) int8_matmul_ = int8_vnni_ = false;
+  forget_quantized_input();
 }
 
 void GpuKernels::set_int8_matmul(bool on) {
@@ -254,9 +262,7 @@ cl_event GpuKernels::rmsnorm(cl_mem arena, uint64_t x_off, uint32_t x_stride, ui
                              TokenRange t) {
   forget_quantized_input();
   cl_kernel k = dev_.kernel("rmsnorm");
-  // A power of two no larger than the row or the device's work-group limit.
-  size_t lsz = dev_.info().type == "gpu" ? 256 : 16;
-  while (lsz > 1 && (lsz > dev_.info().max_work_group || lsz > dim)) lsz /= 2;
+  const size_t lsz = rmsnorm_group(dim);
   set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_ulong{out_off}, cl_uint{out_stride}, w,
            cl_ulong{w_off}, cl_uint{dim}, cl_float{eps}, cl_uint{t.begin},
            LocalBytes{lsz * sizeof(float)});
@@ -265,11 +271,19 @@ cl_event GpuKernels::rmsnorm(cl_mem arena, uint64_t x_off, uint32_t x_stride, ui
   return launch("rmsnorm", k, 2, global, local);
 }
 
+size_t GpuKernels::rmsnorm_group(uint32_t dim) const {
+  // A power of two no larger than the row or the device's work-group limit.
+  size_t lsz = gpu_kernels_ ? 256 : 16;
+  while (lsz > 1 && (lsz > dev_.info().max_work_group || lsz > dim)) lsz /= 2;
+  return lsz;
+}
+
 cl_event GpuKernels::rope(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t n_heads,
                           uint32_t head_dim, const RopeArgs& r, uint64_t tok_off, TokenRange t) {
   forget_quantized_input();
   const cl_uint has_ff = r.has_factors ? 1 : 0;
-  if (dev_.info().type == "cpu") {  // the frequency once per pair, the angle once per token
+  if (dev_.info().type == "cpu" &&
+      !gpu_kernels_) {  // the frequency once per pair, the angle once per token
     cl_kernel k = dev_.kernel("rope_heads");
     set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{head_dim}, cl_float{r.freq_base},
              cl_ulong{tok_off}, cl_uint{t.begin}, cl_uint{n_heads}, cl_uint{t.count()},

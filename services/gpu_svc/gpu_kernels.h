@@ -108,6 +108,12 @@ class GpuKernels {
   GpuKernels& operator=(const GpuKernels&) = delete;
   // The cooperative GEMV for up to 4 tokens (default on GPUs; tests force it on PoCL too).
   void set_coop_gemv(bool on) { coop_gemv_ = on; }
+  // The kernels a GPU runs, on whatever device this is: the GPU GEMVs, rope's and rmsnorm's GPU
+  // launches and the GPU fusions (rope_pair, add_rmsnorm, the sibling GEMVs), with the integer
+  // path off. On by default on GPUs only; tests turn it on on PoCL to run the discrete-GPU path
+  // (GpuRunner::kernels(), before registering a program).
+  void set_gpu_kernels(bool on);
+  bool gpu_kernels() const { return gpu_kernels_; }
   // The shape of the fast GPU GEMV (packed Q4_0/Q8_0, aligned F16/F32): "l<lanes>r<rows>[p|x]",
   // or "" (the default) for the choice by shape measured on an H100 (bench/gpu/RESULTS.md).
   // kGemvVariants are the ones that choice makes, in every program; the others of
@@ -168,18 +174,30 @@ class GpuKernels {
                            uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                            TokenRange t, const MatmulArgs& next);
   // rope of x (x_heads heads) and y (y_heads heads, e.g. K) with the same parameters and tokens
-  // in one launch (rope_heads' bits; CPU devices).
+  // in one launch, with rope()'s bits: rope_heads_pair where rope() runs rope_heads (CPU devices),
+  // else rope_pair (elementwise.cl).
   cl_event rope_pair(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t x_heads,
                      uint64_t y_off, uint32_t y_stride, uint32_t y_heads, uint32_t head_dim,
                      const RopeArgs& r, uint64_t tok_off, TokenRange t);
+  // The residual add x = a + b, then out = rmsnorm(x) * w, in one launch (add_rmsnorm in
+  // elementwise.cl): the bits of add() then rmsnorm(), for any device (the GPU path's fusion;
+  // the integer path has add_rmsnorm_quantize). out may be a or b (the same rows); null
+  // (nothing enqueued) where it overlaps other rows of theirs, which another token's work-group
+  // could read after it wrote them.
+  cl_event add_rmsnorm(cl_mem arena, const ResidualAdd& add, uint64_t x_off, uint32_t x_stride,
+                       uint64_t out_off, uint32_t out_stride, cl_mem w, uint64_t w_off,
+                       uint32_t dim, float eps, TokenRange t);
   // Whether matmul(a) runs on the integer path (and so quantises its input): what the fused
   // *_quantize launches can feed.
   bool quantizes_input(const MatmulArgs& a) const;
-  // Up to kMaxSiblings matmuls of the same input rows as one launch (matmul_siblings_cpu.cl):
-  // one token, each on the integer path from its tiled copy, whole tensors (row_begin 0), the
-  // same activation bits and weight zero point (Q4_0, Q8_0, or K types, which may mix), outputs
-  // apart from the input and from each other. Writes exactly what matmul() of each writes, with
-  // the same bits; null (nothing enqueued) where siblings_fuse(mm) is false.
+  // Up to kMaxSiblings matmuls of the same input rows as one launch, outputs apart from the
+  // input and from each other, rows from 0 (row_begin 0), no Logits rows. Either all on the
+  // integer path (matmul_siblings_cpu.cl): one token, each from its tiled copy, the same
+  // activation bits and weight zero point (Q4_0, Q8_0, or K types, which may mix); or all on the
+  // GPU GEMV (matmul_siblings_gpu.cl): up to 4 tokens, each taking the same GEMV kernel, or K
+  // types (which may mix) each the K-quant GEMV, and the variant chosen by shape (no
+  // set_gemv_variant). Writes exactly what matmul() of each writes, with the same bits; null
+  // (nothing enqueued) where siblings_fuse(mm) is false.
   static constexpr size_t kMaxSiblings = 3;
   bool siblings_fuse(std::span<const MatmulArgs> mm) const;
   cl_event matmul_siblings(cl_mem arena, std::span<const MatmulArgs> mm);
@@ -275,7 +293,20 @@ class GpuKernels {
                   TokenRange t);
   cl_event launch(const char* name, cl_kernel k, cl_uint dims, const size_t* global,
                   const size_t* local);
-  cl_event gemv_gpu(cl_mem arena, const MatmulArgs& a);
+  // The GPU GEMV matmul(a) runs (none: it runs another kernel): the kernel, its work-group and
+  // the sibling kernel that runs it beside others (matmul_siblings_gpu.cl; empty: none).
+  struct GemvPick {
+    std::string kernel, siblings;
+    size_t group = 0;           // work-items per work-group
+    size_t rows_per_group = 0;  // output rows per work-group
+    bool takes_w_rows = false;  // the fast kernels' last argument: the tensor's rows
+  };
+  std::optional<GemvPick> gemv_pick(const MatmulArgs& a) const;
+  cl_event gemv_gpu(cl_mem arena, const MatmulArgs& a, const GemvPick& g);
+  cl_event gemv_siblings(cl_mem arena, std::span<const MatmulArgs> mm);
+  cl_event int8_siblings(cl_mem arena, std::span<const MatmulArgs> mm);
+  // The group size rmsnorm() launches on this device (add_rmsnorm must match it).
+  size_t rmsnorm_group(uint32_t dim) const;
   cl_event matmul_cpu(cl_mem arena, const MatmulArgs& a);   // CPU devices (PoCL)
   cl_event matmul_int8(cl_mem arena, const MatmulArgs& a);  // their (and K types') integer path
   // The integer path's first launch: the input rows' quantised blocks into int8_tiles_ (unless
@@ -291,6 +322,7 @@ class GpuKernels {
   bool int8_kernels_available();
   ClDevice& dev_;
   bool coop_gemv_;
+  bool gpu_kernels_;               // set_gpu_kernels
   size_t cpu_group_multiple_ = 0;  // a CPU device's preferred group multiple; 0 elsewhere (launch)
   std::string gemv_variant_;       // "": by shape
   bool int8_matmul_ = false, int8_vnni_ = false;

@@ -1,8 +1,12 @@
-// Fused launches of the CPU integer path (gpu_kernels.h; the runner's op_fusion.h decides where):
-// a decode step of a 1B model is ~340 kernels, and on PoCL every one wakes the worker threads and
-// waits for the slowest; these do the work of two or three of them in one, with the same bits.
+// Fused launches (gpu_kernels.h; the runner's op_fusion.h decides where). A decode step of a 1B
+// model is ~260-340 kernels: on PoCL every one wakes the worker threads and waits for the
+// slowest, on NVIDIA's OpenCL every enqueue costs 16-19 us of host time (bench/gpu/RESULTS.md,
+// "2026-11-28: discrete GPUs"). These do the work of two or three of them in one, with the same
+// bits: the CPU integer path's, and the GPU kernels' (sibling GEMVs, add + rmsnorm, rope pair).
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "core/base/error.h"
 #include "services/gpu_svc/gpu_kernels.h"
@@ -22,7 +26,8 @@ bool GpuKernels::quantizes_input(const MatmulArgs& a) const {
 
 namespace {
 
-// The segment type codes of matmul_siblings_cpu.cl (SIB_*), -1 for types it does not take.
+// The segment type codes of matmul_siblings_cpu.cl (SIB_*) and, for the K types,
+// matmul_siblings_gpu.cl (GEMV_SIB_*); -1 for other types.
 int sibling_type_code(DType t) {
   switch (t) {
     case DType::Q4_0:
@@ -45,15 +50,11 @@ int sibling_type_code(DType t) {
 bool GpuKernels::siblings_fuse(std::span<const MatmulArgs> mm) const {
   if (mm.size() < 2 || mm.size() > kMaxSiblings) return false;
   const MatmulArgs& a = mm[0];
-  if (a.tokens.count() != 1) return false;  // the T = 1 kernels only (decode)
-  const auto bits_zp = int8_bits_zp(a);
   const ArenaRows input(a.x_off, a.x_stride, a.tokens);
   for (size_t s = 0; s < mm.size(); ++s) {
     const MatmulArgs& m = mm[s];
-    if (!quantizes_input(m) || !m.tiled || sibling_type_code(m.wtype) < 0 || m.rows_from_table ||
-        m.row_begin != 0 || m.x_off != a.x_off || m.x_stride != a.x_stride || m.k != a.k ||
-        m.tokens.begin != a.tokens.begin || m.tokens.end != a.tokens.end ||
-        int8_bits_zp(m) != bits_zp)
+    if (m.rows_from_table || m.row_begin != 0 || m.x_off != a.x_off || m.x_stride != a.x_stride ||
+        m.k != a.k || m.tokens.begin != a.tokens.begin || m.tokens.end != a.tokens.end)
       return false;
     // Apart, a matmul writing its siblings' input (or outputs) would change what they compute.
     const ArenaRows out(m.y_off, m.y_stride, m.tokens);
@@ -61,11 +62,31 @@ bool GpuKernels::siblings_fuse(std::span<const MatmulArgs> mm) const {
     for (size_t o = 0; o < s; ++o)
       if (out.overlaps(ArenaRows(mm[o].y_off, mm[o].y_stride, mm[o].tokens))) return false;
   }
+  if (quantizes_input(a)) {  // the integer path: the T = 1 kernels only (decode)
+    if (a.tokens.count() != 1) return false;
+    const auto bits_zp = int8_bits_zp(a);
+    for (const MatmulArgs& m : mm)
+      if (!quantizes_input(m) || !m.tiled || sibling_type_code(m.wtype) < 0 ||
+          int8_bits_zp(m) != bits_zp)
+        return false;
+    return true;
+  }
+  // The GPU GEMVs: every one the same sibling kernel (matmul_siblings_gpu.cl).
+  const std::optional<GemvPick> first = gemv_pick(a);
+  if (!first || first->siblings.empty() || a.tokens.count() == 0) return false;
+  for (const MatmulArgs& m : mm) {
+    const std::optional<GemvPick> g = gemv_pick(m);
+    if (quantizes_input(m) || !g || g->siblings != first->siblings) return false;
+  }
   return true;
 }
 
 cl_event GpuKernels::matmul_siblings(cl_mem arena, std::span<const MatmulArgs> mm) {
   if (!siblings_fuse(mm)) return nullptr;
+  return quantizes_input(mm[0]) ? int8_siblings(arena, mm) : gemv_siblings(arena, mm);
+}
+
+cl_event GpuKernels::int8_siblings(cl_mem arena, std::span<const MatmulArgs> mm) {
   const MatmulArgs& a = mm[0];
   const auto [bits, zp_shift] = int8_bits_zp(a);
   quantize_int8_input(arena, a, bits, zp_shift);  // once, as the first of them apart
@@ -90,6 +111,56 @@ cl_event GpuKernels::matmul_siblings(cl_mem arena, std::span<const MatmulArgs> m
   const size_t global[2] = {round_up(items, kGroup), 1};
   const size_t local[2] = {kGroup, 1};
   return launch(name.c_str(), k, 2, global, local);
+}
+
+// Each segment's work-groups are the ones its GEMV apart would launch, one after another
+// (GEMV_SIB_SEGMENT in matmul_siblings_gpu.cl finds a group's segment by the same counts).
+cl_event GpuKernels::gemv_siblings(cl_mem arena, std::span<const MatmulArgs> mm) {
+  forget_quantized_input();
+  const MatmulArgs& a = mm[0];
+  const GemvPick g = *gemv_pick(a);
+  cl_kernel k = dev_.kernel(g.siblings);
+  set_args(k, cl_uint{a.k}, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.tokens.begin},
+           cl_ulong{a.tok_off});
+  size_t groups = 0;
+  for (size_t s = 0; s < kMaxSiblings; ++s) {
+    const bool used = s < mm.size();
+    const MatmulArgs& m = mm[std::min(s, mm.size() - 1)];  // unused: any buffer, 0 rows
+    const cl_uint at = static_cast<cl_uint>(6 + 7 * s);
+    const int type = sibling_type_code(m.wtype);
+    set_arg(k, at, m.w);
+    set_arg(k, at + 1, cl_ulong{m.w_off});
+    set_arg(k, at + 2, cl_uint{m.packed_rows ? m.packed_rows : m.row_end});
+    set_arg(k, at + 3, cl_uint{static_cast<uint32_t>(std::max(type, 0))});
+    set_arg(k, at + 4, cl_uint{used ? m.row_end : 0u});
+    set_arg(k, at + 5, cl_ulong{m.y_off});
+    set_arg(k, at + 6, cl_uint{m.y_stride});
+    if (used) groups += (m.row_end + g.rows_per_group - 1) / g.rows_per_group;
+  }
+  const size_t global[2] = {groups * g.group, a.tokens.count()};
+  const size_t local[2] = {g.group, 1};
+  return launch(g.siblings.c_str(), k, 2, global, local);
+}
+
+cl_event GpuKernels::add_rmsnorm(cl_mem arena, const ResidualAdd& add, uint64_t x_off,
+                                 uint32_t x_stride, uint64_t out_off, uint32_t out_stride, cl_mem w,
+                                 uint64_t w_off, uint32_t dim, float eps, TokenRange t) {
+  // A token's work-group reads its a and b rows before its barrier and writes out after: out
+  // may be a or b, row for row, but no other rows of theirs.
+  const ArenaRows out(out_off, out_stride, t);
+  for (const auto& [off, stride] : {std::pair{add.a_off, add.a_stride}, {add.b_off, add.b_stride}})
+    if (out.overlaps(ArenaRows(off, stride, t)) && !(off == out_off && stride == out_stride))
+      return nullptr;
+  forget_quantized_input();
+  cl_kernel k = dev_.kernel("add_rmsnorm");
+  const size_t lsz = rmsnorm_group(dim);  // rmsnorm()'s: the same partial sums, the same scale
+  set_args(k, arena, cl_ulong{add.a_off}, cl_uint{add.a_stride}, cl_ulong{add.b_off},
+           cl_uint{add.b_stride}, cl_ulong{x_off}, cl_uint{x_stride}, cl_ulong{out_off},
+           cl_uint{out_stride}, w, cl_ulong{w_off}, cl_uint{dim}, cl_float{eps}, cl_uint{t.begin},
+           LocalBytes{lsz * sizeof(float)});
+  const size_t global[2] = {lsz, t.count()};
+  const size_t local[2] = {lsz, 1};
+  return launch("add_rmsnorm", k, 2, global, local);
 }
 
 cl_event GpuKernels::add_rmsnorm_quantize(cl_mem arena, const std::optional<ResidualAdd>& add,
@@ -152,18 +223,27 @@ cl_event GpuKernels::rope_pair(cl_mem arena, uint64_t x_off, uint32_t x_stride, 
                                uint64_t y_off, uint32_t y_stride, uint32_t y_heads,
                                uint32_t head_dim, const RopeArgs& r, uint64_t tok_off,
                                TokenRange t) {
-  if (dev_.info().type != "cpu")
-    throw Error(Errc::unsupported, "gpu_svc: rope_pair is the CPU devices' kernel");
   forget_quantized_input();
-  cl_kernel k = dev_.kernel("rope_heads_pair");
+  const cl_uint has_ff = r.has_factors ? 1u : 0u;
+  if (dev_.info().type == "cpu" && !gpu_kernels_) {  // where rope() runs rope_heads
+    cl_kernel k = dev_.kernel("rope_heads_pair");
+    set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{x_heads}, cl_ulong{y_off},
+             cl_uint{y_stride}, cl_uint{y_heads}, cl_uint{head_dim}, cl_float{r.freq_base},
+             cl_ulong{tok_off}, cl_uint{t.begin}, cl_uint{t.count()}, cl_float{r.freq_scale},
+             cl_uint{r.mode}, r.w, cl_ulong{r.factors_off}, has_ff);
+    // rope()'s range on CPU devices: a work-item per pair and kRopeTokensPerItem tokens.
+    const size_t global[2] = {head_dim / 2u,
+                              (t.count() + kRopeTokensPerItem - 1) / kRopeTokensPerItem};
+    return launch("rope_heads_pair", k, 2, global, nullptr);
+  }
+  cl_kernel k = dev_.kernel("rope_pair");
   set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{x_heads}, cl_ulong{y_off},
-           cl_uint{y_stride}, cl_uint{y_heads}, cl_uint{head_dim}, cl_float{r.freq_base},
-           cl_ulong{tok_off}, cl_uint{t.begin}, cl_uint{t.count()}, cl_float{r.freq_scale},
-           cl_uint{r.mode}, r.w, cl_ulong{r.factors_off}, cl_uint{r.has_factors ? 1u : 0u});
-  // rope()'s range on CPU devices: a work-item per pair and kRopeTokensPerItem tokens.
-  const size_t global[2] = {head_dim / 2u,
-                            (t.count() + kRopeTokensPerItem - 1) / kRopeTokensPerItem};
-  return launch("rope_heads_pair", k, 2, global, nullptr);
+           cl_uint{y_stride}, cl_uint{head_dim}, cl_float{r.freq_base}, cl_ulong{tok_off},
+           cl_uint{t.begin}, cl_float{r.freq_scale}, cl_uint{r.mode}, r.w, cl_ulong{r.factors_off},
+           has_ff);
+  // rope()'s range: a work-item per pair, head (x's, then y's) and token.
+  const size_t global[3] = {head_dim / 2u, size_t{x_heads} + y_heads, t.count()};
+  return launch("rope_pair", k, 3, global, nullptr);
 }
 
 }  // namespace duet::gpu

@@ -2,6 +2,7 @@
 // integer path quantise the input rows as for Q4_0/Q8_0 (quantize_q8_act, zero point 0) and run
 // matmul_kq_cpu.cl's kernels; every other device, and CPU devices with the integer path off, the
 // fp32 kernels of matmul_kq_gpu.cl (the GEMV for up to 4 tokens on GPUs, the 8-token GEMM else).
+#include <optional>
 #include <string>
 
 #include "core/base/error.h"
@@ -24,19 +25,13 @@ cl_event GpuKernels::matmul_kq(cl_mem arena, const MatmulArgs& a) {
   const uint32_t n = a.tokens.count();
   const size_t rows = a.row_end > a.row_begin ? a.row_end - a.row_begin : 0;
   const std::string suffix = kernel_type_suffix(a.wtype);
-  const bool gemv = coop_gemv_ && n <= 4;
-  const std::string name = (gemv ? "gemv_kq_" : "matmul_t8_") + suffix;
+  if (const std::optional<GemvPick> g = gemv_pick(a)) return gemv_gpu(arena, a, *g);
+  const std::string name = "matmul_t8_" + suffix;
   cl_kernel k = dev_.kernel(name);
   set_args(k, a.w, cl_ulong{a.w_off}, cl_uint{a.k}, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride},
            cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
            cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
            cl_int{a.rows_from_table ? 1 : 0});
-  if (gemv) {
-    constexpr size_t kRows = 8, kLanes = 32;  // KQ_GEMV_ROWS in matmul_kq_gpu.cl, 32 per row
-    const size_t global[2] = {round_up(rows, kRows) * kLanes, n};
-    const size_t local[2] = {kRows * kLanes, 1};
-    return launch(name.c_str(), k, 2, global, local);
-  }
   const size_t row_group = dev_.info().type == "gpu" ? 64 : 16;
   const size_t global[2] = {round_up(rows, row_group), (n + 7) / 8};
   const size_t local[2] = {row_group, 1};

@@ -1,6 +1,7 @@
 // GpuKernels' matmul launches: the CPU GEMV/GEMM, the integer (int8 activation) path with its
 // input quantisation, the dispatch by weight type and device, and the GPU GEMV variants.
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -126,9 +127,7 @@ cl_event GpuKernels::matmul(cl_mem arena, const MatmulArgs& a) {
   if (a.packed_rows && !has_packed_layout(a.wtype))
     throw Error(Errc::invalid_argument, std::string("gpu_svc: no packed layout for ") +
                                             kernel_type_suffix(a.wtype) + " weights");
-  // The GPU GEMV indexes packed blocks (Q8_0: 16-byte pieces) with 32 bits.
-  const bool small_enough = uint64_t{a.packed_rows} * (a.k / kQK) * 2 < (uint64_t{1} << 32);
-  if (coop_gemv_ && a.tokens.count() <= 4 && small_enough) return gemv_gpu(arena, a);
+  if (const std::optional<GemvPick> g = gemv_pick(a)) return gemv_gpu(arena, a, *g);
   if (!a.packed_rows && dev_.info().type == "cpu") return matmul_cpu(arena, a);
   forget_quantized_input();  // the float paths do not track their outputs
   const uint32_t per_item = a.tokens.count() <= 2 ? 1 : kMatmulTokensPerItem;
@@ -169,9 +168,21 @@ void GpuKernels::set_gemv_variant(const std::string& variant) {
 // The GPU GEMV, one token per work-group column. The fast kernels need 16-byte aligned rows:
 // packed tensors have them (the runner packs only 16-byte aligned ones), F16/F32 rows have them
 // when the tensor does (k is a multiple of 32); other tensors take the file-layout kernels.
-cl_event GpuKernels::gemv_gpu(cl_mem arena, const MatmulArgs& a) {
-  forget_quantized_input();
-  const size_t rows = a.row_end - a.row_begin;
+std::optional<GpuKernels::GemvPick> GpuKernels::gemv_pick(const MatmulArgs& a) const {
+  if (!coop_gemv_ || a.tokens.count() > 4) return std::nullopt;
+  GemvPick g;
+  if (dtype_is_k_quant(a.wtype)) {
+    // matmul_kq: the integer path first; its argument errors are its own to throw.
+    if (int8_matmul_ || a.k % kQK_K != 0 || a.packed_rows) return std::nullopt;
+    g.kernel = std::string("gemv_kq_") + kernel_type_suffix(a.wtype);
+    g.siblings = "gemv_kq_siblings";
+    g.group = 8 * 32;  // KQ_GEMV_ROWS rows in matmul_kq_gpu.cl, 32 work-items each
+    g.rows_per_group = 8;
+    return g;
+  }
+  // The GPU GEMV indexes packed blocks (Q8_0: 16-byte pieces) with 32 bits.
+  if (uint64_t{a.packed_rows} * (a.k / kQK) * 2 >= (uint64_t{1} << 32)) return std::nullopt;
+  const size_t rows = a.row_end > a.row_begin ? a.row_end - a.row_begin : 0;
   const bool plain_float = a.wtype == DType::F16 || a.wtype == DType::F32;
   // Measured on the H100 (bench/gpu/RESULTS.md): tall matrices want few lanes per row, the
   // others more lanes per row (more warps per SM); packed ones stage x in local memory.
@@ -179,38 +190,47 @@ cl_event GpuKernels::gemv_gpu(cl_mem arena, const MatmulArgs& a) {
   const std::string variant = !gemv_variant_.empty() ? gemv_variant_
                               : plain_float          ? (tall ? "l32r2" : "l128r4")
                                                      : (tall ? "l16r4x" : "l64r4x");
-  std::string name;
   if (a.packed_rows)
-    name = std::string("gemv_packed_") + kernel_type_suffix(a.wtype) + "_" + variant;
+    g.kernel = std::string("gemv_packed_") + kernel_type_suffix(a.wtype) + "_" + variant;
   else if (plain_float && a.w_off % 16 == 0)
-    name = std::string("gemv_vec_") + kernel_type_suffix(a.wtype) + "_" + variant;
-  cl_kernel k = dev_.kernel(name.empty() ? a.wtype == DType::Q4_0 ? std::string("gemv_coop4_q4_0")
-                                                                  : std::string("gemv_coop_") +
-                                                                        kernel_type_suffix(a.wtype)
-                                         : name);
+    g.kernel = std::string("gemv_vec_") + kernel_type_suffix(a.wtype) + "_" + variant;
+  if (!g.kernel.empty()) {
+    // "l<lanes>r<rows per lane group>[p|x]"
+    const size_t lanes = std::stoul(variant.substr(1));
+    g.group = kGemvLaneGroups * lanes;
+    g.rows_per_group = kGemvLaneGroups * std::stoul(variant.substr(variant.find('r') + 1));
+    g.takes_w_rows = true;
+    // Sibling kernels exist for the choice by shape only (matmul_siblings_gpu.cl).
+    if (gemv_variant_.empty()) g.siblings = g.kernel + "_siblings";
+    return g;
+  }
+  if (a.wtype == DType::Q4_0) {
+    g.kernel = "gemv_coop4_q4_0";
+    g.group = 8 * 32;  // GEMV4_ROWS rows, 32 work-items each
+    g.rows_per_group = 8;
+  } else {
+    g.kernel = std::string("gemv_coop_") + kernel_type_suffix(a.wtype);
+    g.group = size_t{kGemvRows} * kGemvLanes;
+    g.rows_per_group = kGemvRows;
+  }
+  if (a.wtype == DType::Q4_0 || a.wtype == DType::Q8_0 || plain_float)
+    g.siblings = g.kernel + "_siblings";
+  return g;
+}
+
+cl_event GpuKernels::gemv_gpu(cl_mem arena, const MatmulArgs& a, const GemvPick& g) {
+  forget_quantized_input();
+  cl_kernel k = dev_.kernel(g.kernel);
   set_args(k, a.w, cl_ulong{a.w_off}, cl_uint{a.k}, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride},
            cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},
            cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, cl_ulong{a.tok_off},
            cl_int{a.rows_from_table ? 1 : 0});
-  if (!name.empty()) {
-    set_arg(k, 14, cl_uint{a.packed_rows ? a.packed_rows : a.row_end});
-    // "l<lanes>r<rows per lane group>[p|x]"
-    const size_t lanes = std::stoul(variant.substr(1));
-    const size_t rows_per_group =
-        kGemvLaneGroups * std::stoul(variant.substr(variant.find('r') + 1));
-    const size_t global[2] = {
-        (rows + rows_per_group - 1) / rows_per_group * kGemvLaneGroups * lanes, a.tokens.count()};
-    const size_t local[2] = {kGemvLaneGroups * lanes, 1};
-    return launch(name.c_str(), k, 2, global, local);
-  }
-  if (a.wtype == DType::Q4_0) {
-    const size_t global[2] = {round_up(rows, 8) * 32, a.tokens.count()};
-    const size_t local[2] = {8 * 32, 1};
-    return launch("gemv_coop4_q4_0", k, 2, global, local);
-  }
-  const size_t global[2] = {round_up(rows, kGemvRows) * kGemvLanes, a.tokens.count()};
-  const size_t local[2] = {kGemvRows * kGemvLanes, 1};
-  return launch("gemv_coop", k, 2, global, local);
+  if (g.takes_w_rows) set_arg(k, 14, cl_uint{a.packed_rows ? a.packed_rows : a.row_end});
+  const size_t rows = a.row_end > a.row_begin ? a.row_end - a.row_begin : 0;
+  const size_t global[2] = {(rows + g.rows_per_group - 1) / g.rows_per_group * g.group,
+                            a.tokens.count()};
+  const size_t local[2] = {g.group, 1};
+  return launch(g.kernel.c_str(), k, 2, global, local);
 }
 
 }  // namespace duet::gpu

@@ -181,8 +181,12 @@ void GpuRunner::register_program(uint32_t id, fb::ProgramT program, const Progra
     current.resize(std::max<size_t>(current.size(), program.kv->n_pages), 0);
     p->kv_current = &current;
   }
-  // Fused launches read the matmuls' inputs in place: a copying device has none of them.
-  if (kernels_.int8_matmul() && !copies()) p->fusion = plan_fusion(program);
+  // The integer path's fused launches read the matmuls' inputs in place: a copying device has
+  // none of them. The GPU kernels' run on the device's copies.
+  if (kernels_.gpu_kernels())
+    p->fusion = plan_fusion(program, FusionTarget::gpu_kernels);
+  else if (kernels_.int8_matmul() && !copies())
+    p->fusion = plan_fusion(program);
   p->prog = std::move(program);
   programs_[id] = std::move(p);
 }

@@ -84,13 +84,15 @@ class GpuRunner {
   StepReport run_step(uint32_t id, const StepArgs& step, std::chrono::milliseconds deadline,
                       FlagSync* flags = nullptr);
 
-  // Fused launches of consecutive ops on the CPU integer path (op_fusion.h): on unless
-  // DUET_GPU_FUSE=0; the same bits either way (tests compare both).
+  // Fused launches of consecutive ops on the CPU integer path and the GPU kernels (op_fusion.h):
+  // on unless DUET_GPU_FUSE=0; the same bits either way (tests compare both).
   void set_fusion(bool on) { fuse_ = on; }
   bool fusion() const { return fuse_; }
 
   bool copies() const { return !dev_.zero_copy(); }
   ClDevice& device() { return dev_; }
+  // Its kernels, for tests to choose them (GpuKernels::set_gpu_kernels) before registering.
+  GpuKernels& kernels() { return kernels_; }
   // Which queue small steps run on, as measured (gpu_svc's status shows it).
   const QueuePicker& queue_picker() const { return picker_; }
   // Steps run on the device's low-priority queue (proactive steps, where it has one).

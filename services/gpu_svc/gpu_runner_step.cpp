@@ -423,9 +423,10 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
           for (; n_mm < g.ops; ++n_mm) mm[n_mm] = matmul_args(p, at, *prog.ops[i + n_mm], n, tok);
         else if (g.kind != Fusion::rope_pair)
           mm[n_mm++] = matmul_args(p, at, *prog.ops[i + g.ops], n, tok);
-        last = launch_fused(kernels_, prog, i, g, p.arena, at, p.weights, tok, all,
-                            std::span<const MatmulArgs>(mm.data(), n_mm));
-        if (last) covered = g.ops;
+        const FusedLaunch fused = launch_fused(kernels_, prog, i, g, p.arena, at, p.weights, tok,
+                                               all, std::span<const MatmulArgs>(mm.data(), n_mm));
+        last = fused.event;
+        if (last) covered = fused.ops;
       }
       if (!last) switch (op.kind) {
           case fb::OpKind::Embed:
@@ -499,6 +500,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
         op_events.emplace_back(nullptr, last);
         op_wait_us.push_back(0);
       }
+      const size_t group_begin = i;
       i += covered - 1;
       const fb::OpT& done = *prog.ops[i];  // the last op launched: its flag says it is done
       // A discrete GPU's driver may hold enqueued commands until a flush: start each op while
@@ -512,11 +514,21 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       const bool kv_at_end =
           copies() && !p.waits && op.kind == fb::OpKind::KvWrite && done.publish_flag < 0;
       kv_rows_written = kv_rows_written || kv_at_end;
-      const bool read_back = copies() && !kv_at_end &&
-                             (p.waits || done.publish_flag >= 0 || op.kind == fb::OpKind::Logits ||
-                              op.kind == fb::OpKind::KvWrite);
-      cl_event readback =
-          read_back ? read_back_output(p, at, op, rows, page_tables, step, t0, t1) : nullptr;
+      // A fused launch's ops each bring back what they would apart (the last one's event says
+      // when all of it is back: the queue is in order).
+      cl_event readback = nullptr;
+      for (size_t c = group_begin; copies() && !kv_at_end && c <= i; ++c) {
+        const fb::OpT& o = *prog.ops[c];
+        if (!(p.waits || (c == i && o.publish_flag >= 0) || o.kind == fb::OpKind::Logits ||
+              o.kind == fb::OpKind::KvWrite))
+          continue;
+        const uint32_t c0 = std::min(o.seq_begin, n);
+        const uint32_t c1 = o.seq_end ? std::min(o.seq_end, n) : n;
+        if (cl_event e = read_back_output(p, at, o, rows, page_tables, step, c0, c1)) {
+          if (readback) clReleaseEvent(readback);
+          readback = e;
+        }
+      }
       if (done.publish_flag >= 0) {
         pending_callbacks_.fetch_add(1, std::memory_order_acq_rel);
         auto* ctx = new PublishContext{flags, static_cast<uint32_t>(done.publish_flag), step.seq,

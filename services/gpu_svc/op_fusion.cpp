@@ -35,12 +35,14 @@ bool norm_feeding_matmul(const fb::OpT& norm, const fb::OpT& mm) {
          matmul_of(mm, norm.out.get());
 }
 
-// A matmul the integer path can run with siblings: a type of matmul_siblings_cpu.cl's, all of
-// its tensor's rows (never a tensor plan's split), every token.
-bool whole_matmul(const fb::OpT& op) {
+// A matmul that can run with siblings: all of its tensor's rows (never a tensor plan's split),
+// every token, and for the integer path a type of matmul_siblings_cpu.cl's (the GPU kernels'
+// types are GpuKernels::siblings_fuse's to check at run time).
+bool whole_matmul(const fb::OpT& op, FusionTarget target) {
   if (op.kind != fb::OpKind::MatMul || !op.weight || !op.in0 || !op.out) return false;
   const auto t = static_cast<DType>(op.weight->dtype());
-  const bool typed = t == DType::Q4_0 || t == DType::Q8_0 || dtype_is_k_quant(t);
+  const bool typed = target == FusionTarget::gpu_kernels || t == DType::Q4_0 || t == DType::Q8_0 ||
+                     dtype_is_k_quant(t);
   return typed && op.seq_begin == 0 && op.seq_end == 0 && op.row_begin == 0 &&
          (op.row_end == 0 || op.row_end == op.weight->rows()) &&
          op.weight->cols() == op.in0->cols();
@@ -54,16 +56,19 @@ bool same_input_quantisation(const fb::OpT& a, const fb::OpT& b) {
 }
 
 // How many matmuls from ops[i] form a sibling group (0 or 1: none): whole matmuls of the same
-// input, none but the last publishing a flag, none after the first waiting for one.
-uint32_t siblings_at(const std::vector<std::unique_ptr<fb::OpT>>& ops, size_t i) {
+// input (on the integer path: quantised alike), none but the last publishing a flag, none after
+// the first waiting for one.
+uint32_t siblings_at(const std::vector<std::unique_ptr<fb::OpT>>& ops, size_t i,
+                     FusionTarget target) {
   const fb::OpT& first = *ops[i];
-  if (!whole_matmul(first)) return 0;
+  if (!whole_matmul(first, target)) return 0;
   uint32_t n = 1;
   while (n < GpuKernels::kMaxSiblings && i + n < ops.size()) {
     const fb::OpT& prev = *ops[i + n - 1];
     const fb::OpT& op = *ops[i + n];
-    if (prev.publish_flag >= 0 || !whole_matmul(op) || !op.wait_flags.empty() ||
-        !same_tensor(op.in0.get(), first.in0.get()) || !same_input_quantisation(first, op) ||
+    if (prev.publish_flag >= 0 || !whole_matmul(op, target) || !op.wait_flags.empty() ||
+        !same_tensor(op.in0.get(), first.in0.get()) ||
+        (target == FusionTarget::cpu_integer && !same_input_quantisation(first, op)) ||
         same_tensor(op.out.get(), first.in0.get()))
       break;
     ++n;
@@ -80,7 +85,7 @@ bool same_rope(const fb::OpT& a, const fb::OpT& b) {
 
 }  // namespace
 
-std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog) {
+std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog, FusionTarget target) {
   const auto& ops = prog.ops;
   std::vector<FusedGroup> plan(ops.size());
   for (size_t i = 0; i < ops.size();) {
@@ -100,7 +105,7 @@ std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog) {
                op.out && op.out->cols() % 32 == 0 && op.in0->cols() == op.out->cols() &&
                op.in1->cols() == op.out->cols() && next && matmul_of(*next, op.out.get())) {
       g = {Fusion::swiglu_quantize, 1};
-    } else if (const uint32_t n = siblings_at(ops, i); n >= 2) {
+    } else if (const uint32_t n = siblings_at(ops, i, target); n >= 2) {
       g = {Fusion::sibling_matmuls, n};
     } else if (op.kind == fb::OpKind::Rope && op.publish_flag < 0 && op.in0 && next &&
                next->kind == fb::OpKind::Rope && joinable(*next) && next->in0 &&
@@ -113,30 +118,37 @@ std::vector<FusedGroup> plan_fusion(const fb::ProgramT& prog) {
   return plan;
 }
 
-cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, FusedGroup g,
-                      cl_mem arena, const ArenaOffsets& at, cl_mem weights, uint64_t tok_off,
-                      TokenRange all, std::span<const MatmulArgs> matmuls) {
+FusedLaunch launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, FusedGroup g,
+                         cl_mem arena, const ArenaOffsets& at, cl_mem weights, uint64_t tok_off,
+                         TokenRange all, std::span<const MatmulArgs> matmuls) {
   const fb::OpT& op = *prog.ops[i];
   const MatmulArgs* next = matmuls.size() == 1 ? matmuls.data() : nullptr;
   switch (g.kind) {
     case Fusion::add_norm_quantize:
     case Fusion::norm_quantize: {
-      if (!next || !kernels.quantizes_input(*next)) return nullptr;
       const fb::OpT& norm = g.kind == Fusion::norm_quantize ? op : *prog.ops[i + 1];
       std::optional<GpuKernels::ResidualAdd> add;
       if (g.kind == Fusion::add_norm_quantize)
         add = GpuKernels::ResidualAdd{at(*op.in0), op.in0->cols(), at(*op.in1), op.in1->cols()};
-      return kernels.add_rmsnorm_quantize(
-          arena, add, at(*norm.in0), norm.in0->cols(), at(*norm.out), norm.out->cols(), weights,
-          norm.weight->offset(), norm.in0->cols(), norm.eps, all, *next);
+      if (next && kernels.quantizes_input(*next))
+        return {kernels.add_rmsnorm_quantize(
+                    arena, add, at(*norm.in0), norm.in0->cols(), at(*norm.out), norm.out->cols(),
+                    weights, norm.weight->offset(), norm.in0->cols(), norm.eps, all, *next),
+                g.ops};
+      // The GPU kernels fuse the add and the norm; the matmul after runs apart.
+      if (!add || !kernels.gpu_kernels()) return {};
+      cl_event e = kernels.add_rmsnorm(arena, *add, at(*norm.in0), norm.in0->cols(), at(*norm.out),
+                                       norm.out->cols(), weights, norm.weight->offset(),
+                                       norm.in0->cols(), norm.eps, all);
+      return {e, e ? g.ops : 0};
     }
     case Fusion::swiglu_quantize:
-      if (!next || !kernels.quantizes_input(*next)) return nullptr;
-      return kernels.swiglu_quantize(arena, at(*op.in0), op.in0->cols(), at(*op.in1),
-                                     op.in1->cols(), at(*op.out), op.out->cols(), op.out->cols(),
-                                     all, *next);
+      if (!next || !kernels.quantizes_input(*next)) return {};
+      return {
+          kernels.swiglu_quantize(arena, at(*op.in0), op.in0->cols(), at(*op.in1), op.in1->cols(),
+                                  at(*op.out), op.out->cols(), op.out->cols(), all, *next),
+          g.ops};
     case Fusion::rope_pair: {
-      if (kernels.device().info().type != "cpu") return nullptr;
       const fb::OpT& k = *prog.ops[i + 1];
       RopeArgs r;
       r.freq_base = op.freq_base;
@@ -145,16 +157,23 @@ cl_event launch_fused(GpuKernels& kernels, const fb::ProgramT& prog, size_t i, F
       r.w = weights;
       r.has_factors = op.freq_factors != nullptr;
       if (op.freq_factors) r.factors_off = op.freq_factors->offset();
-      return kernels.rope_pair(arena, at(*op.in0), op.in0->cols(), op.n_heads, at(*k.in0),
-                               k.in0->cols(), k.n_heads, op.head_dim, r, tok_off, all);
+      return {kernels.rope_pair(arena, at(*op.in0), op.in0->cols(), op.n_heads, at(*k.in0),
+                                k.in0->cols(), k.n_heads, op.head_dim, r, tok_off, all),
+              g.ops};
     }
-    case Fusion::sibling_matmuls:
-      if (matmuls.size() != g.ops) return nullptr;
-      return kernels.matmul_siblings(arena, matmuls);
+    case Fusion::sibling_matmuls: {
+      if (matmuls.size() != g.ops) return {};
+      // The GPU kernels: where the group's GEMVs differ, its first two may still fuse.
+      const size_t least = kernels.gpu_kernels() ? 2 : g.ops;
+      for (size_t n = g.ops; n >= least && n >= 2; --n)
+        if (cl_event e = kernels.matmul_siblings(arena, matmuls.first(n)))
+          return {e, static_cast<uint32_t>(n)};
+      return {};
+    }
     case Fusion::none:
       break;
   }
-  return nullptr;
+  return {};
 }
 
 bool fusion_from_env() {

@@ -44,6 +44,39 @@ kernel void rmsnorm(global uchar* arena, ulong x_off, uint x_stride, ulong out_o
   for (uint i = lid; i < dim; i += lsz) out[i] = x[i] * scale * wt[i];
 }
 
+// The residual add x = a + b (x may be a or b), then rmsnorm of x, in one launch (GPUs: the
+// runner's op_fusion.h). A work-group per token, as rmsnorm's: each work-item adds the columns it
+// then sums the squares of (the add kernel's a + b, rmsnorm's sum), so with rmsnorm's group size
+// the same bits as add then rmsnorm. out may be a or b row for row (a token's reads of them come
+// before its barrier, its writes after), but no other rows of theirs (the host checks).
+kernel void add_rmsnorm(global uchar* arena, ulong a_off, uint a_stride, ulong b_off, uint b_stride,
+                        ulong x_off, uint x_stride, ulong out_off, uint out_stride,
+                        global const uchar* w, ulong w_off, uint dim, float eps, uint t_begin,
+                        local float* partial) {
+  const uint lid = get_local_id(0);
+  const uint lsz = get_local_size(0);
+  const uint t = t_begin + get_group_id(1);
+  global const float* a = (global const float*)(arena + a_off) + (ulong)t * a_stride;
+  global const float* b = (global const float*)(arena + b_off) + (ulong)t * b_stride;
+  global float* x = (global float*)(arena + x_off) + (ulong)t * x_stride;
+  float s = 0.0f;
+  for (uint i = lid; i < dim; i += lsz) {
+    const float v = a[i] + b[i];
+    x[i] = v;
+    s += v * v;
+  }
+  partial[lid] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint half_n = lsz / 2; half_n > 0; half_n /= 2) {
+    if (lid < half_n) partial[lid] += partial[lid + half_n];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float scale = rsqrt(partial[0] / (float)dim + eps);
+  global const float* wt = (global const float*)(w + w_off);
+  global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride;
+  for (uint i = lid; i < dim; i += lsz) out[i] = x[i] * scale * wt[i];  // x[i]: its own write
+}
+
 // In place on interleaved pairs; the angle is computed in double where the device has it
 // (long positions lose digits in float), as the reference does.
 #ifdef cl_khr_fp64
@@ -63,13 +96,13 @@ ROPE_REAL rope_freq(uint i, uint head_dim, float freq_base, float freq_scale,
   return f;
 }
 
-// mode 0 (normal) rotates values (2i, 2i+1) of a head, mode 2 (neox) values (i, i + head_dim/2).
-kernel void rope(global uchar* arena, ulong x_off, uint x_stride, uint head_dim, float freq_base,
-                 ulong tok_off, uint t_begin, float freq_scale, uint mode,
-                 global const uchar* w, ulong ff_off, uint has_ff) {
-  const uint i = get_global_id(0);  // pair index within the head
-  const uint h = get_global_id(1);
-  const uint t = t_begin + get_global_id(2);
+// Pair i of head h of token t, in place: mode 0 (normal) rotates values (2i, 2i+1) of the head,
+// mode 2 (neox) values (i, i + head_dim/2). rope and rope_pair share it, so they give the same
+// bits.
+inline void rope_rotate_pair(global uchar* arena, ulong x_off, uint x_stride, uint head_dim,
+                             float freq_base, ulong tok_off, float freq_scale, uint mode,
+                             global const uchar* w, ulong ff_off, uint has_ff, uint i, uint h,
+                             uint t) {
   global const int* tok = (global const int*)(arena + tok_off);
   const int pos = tok[4 * t + TOK_POS];
   const ROPE_REAL theta =
@@ -82,6 +115,28 @@ kernel void rope(global uchar* arena, ulong x_off, uint x_stride, uint head_dim,
   const float a = pair[0], b = pair[partner];
   pair[0] = a * c - b * s;
   pair[partner] = a * s + b * c;
+}
+
+// A work-item per pair, head and token.
+kernel void rope(global uchar* arena, ulong x_off, uint x_stride, uint head_dim, float freq_base,
+                 ulong tok_off, uint t_begin, float freq_scale, uint mode,
+                 global const uchar* w, ulong ff_off, uint has_ff) {
+  rope_rotate_pair(arena, x_off, x_stride, head_dim, freq_base, tok_off, freq_scale, mode, w,
+                   ff_off, has_ff, get_global_id(0), get_global_id(1), t_begin + get_global_id(2));
+}
+
+// rope of two tensors of the same tokens in one launch (a layer's Q and K on GPUs: the runner's
+// op_fusion.h): heads [0, x_heads) are x's, the rest y's; each work-item does what rope's would,
+// so the same bits as two rope launches, one launch fewer per layer.
+kernel void rope_pair(global uchar* arena, ulong x_off, uint x_stride, uint x_heads, ulong y_off,
+                      uint y_stride, uint head_dim, float freq_base, ulong tok_off, uint t_begin,
+                      float freq_scale, uint mode, global const uchar* w, ulong ff_off,
+                      uint has_ff) {
+  const uint h = get_global_id(1);
+  const bool in_y = h >= x_heads;
+  rope_rotate_pair(arena, in_y ? y_off : x_off, in_y ? y_stride : x_stride, head_dim, freq_base,
+                   tok_off, freq_scale, mode, w, ff_off, has_ff, get_global_id(0),
+                   in_y ? h - x_heads : h, t_begin + get_global_id(2));
 }
 
 // x[t][i] += bias[i]: a biased projection's output, in place.

@@ -26,39 +26,47 @@
 
 // A work-group computes GEMV_ROWS rows of one token, GEMV_LWS work-items per row; neighbouring
 // work-items read neighbouring blocks, then each row's partial sums are reduced in local memory.
+// GEMV_COOP_GROUP is work-group `grp`'s part: the kernel below runs it for its own group, the
+// sibling kernels of matmul_siblings_gpu.cl for one of a segment's (the same code, so the same
+// bits). It reads w, w_off, k, arena, x_off, x_stride, y_off, y_stride, row_begin, row_end,
+// t_begin, tok_off and rows_from_table by name; `partial` is declared at kernel scope.
+#define GEMV_COOP_LOCALS local float partial[GEMV_LWS * GEMV_ROWS];
+#define GEMV_COOP_GROUP(NAME)                                                                  \
+  const uint lid = get_local_id(0);                                                            \
+  const uint lane = lid % GEMV_LWS;                                                            \
+  const uint r = row_begin + grp * GEMV_ROWS + lid / GEMV_LWS;                                 \
+  const uint t = t_begin + get_global_id(1);                                                   \
+  global const int* tok = (global const int*)(arena + tok_off);                                \
+  const int out_row = matmul_out_row(tok, rows_from_table, t);                                 \
+  if (out_row < 0) return; /* uniform across the work-group (one token) */                    \
+  const uint n_blocks = k / QK;                                                                \
+  float16 acc = (float16)(0.0f);                                                               \
+  if (r < row_end) {                                                                           \
+    global const uchar* wr = w + w_off + (ulong)r * n_blocks * BLOCK_BYTES_##NAME;              \
+    global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;        \
+    for (uint b = lane; b < n_blocks; b += GEMV_LWS) {                                         \
+      float16 lo, hi;                                                                          \
+      load_block_at_##NAME(wr, b, &lo, &hi);                                                     \
+      acc = mad(lo, vload16(0, x + b * QK), acc);                                              \
+      acc = mad(hi, vload16(1, x + b * QK), acc);                                              \
+    }                                                                                          \
+  }                                                                                            \
+  partial[lid] = sum16(acc);                                                                   \
+  barrier(CLK_LOCAL_MEM_FENCE);                                                                \
+  for (uint half_n = GEMV_LWS / 2; half_n > 0; half_n /= 2) {                                  \
+    if (lane < half_n) partial[lid] += partial[lid + half_n];                                  \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                              \
+  }                                                                                            \
+  if (lane == 0 && r < row_end)                                                                \
+    ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];
 #define DEFINE_GEMV_COOP(NAME)                                                                 \
   kernel void gemv_coop_##NAME(global const uchar* w, ulong w_off, uint k, global uchar* arena,     \
                                ulong x_off, uint x_stride, ulong y_off, uint y_stride,         \
                                uint row_begin, uint row_end, uint t_begin, uint t_end,         \
                                ulong tok_off, int rows_from_table) {                           \
-    local float partial[GEMV_LWS * GEMV_ROWS];                                                 \
-    const uint lid = get_local_id(0);                                                          \
-    const uint lane = lid % GEMV_LWS;                                                          \
-    const uint r = row_begin + get_group_id(0) * GEMV_ROWS + lid / GEMV_LWS;                   \
-    const uint t = t_begin + get_global_id(1);                                                 \
-    global const int* tok = (global const int*)(arena + tok_off);                              \
-    const int out_row = matmul_out_row(tok, rows_from_table, t);                               \
-    if (out_row < 0) return; /* uniform across the work-group (one token) */                  \
-    const uint n_blocks = k / QK;                                                              \
-    float16 acc = (float16)(0.0f);                                                             \
-    if (r < row_end) {                                                                         \
-      global const uchar* wr = w + w_off + (ulong)r * n_blocks * BLOCK_BYTES_##NAME;            \
-      global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;      \
-      for (uint b = lane; b < n_blocks; b += GEMV_LWS) {                                       \
-        float16 lo, hi;                                                                        \
-        load_block_at_##NAME(wr, b, &lo, &hi);                                                   \
-        acc = mad(lo, vload16(0, x + b * QK), acc);                                            \
-        acc = mad(hi, vload16(1, x + b * QK), acc);                                            \
-      }                                                                                        \
-    }                                                                                          \
-    partial[lid] = sum16(acc);                                                                 \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                              \
-    for (uint half_n = GEMV_LWS / 2; half_n > 0; half_n /= 2) {                                \
-      if (lane < half_n) partial[lid] += partial[lid + half_n];                                \
-      barrier(CLK_LOCAL_MEM_FENCE);                                                            \
-    }                                                                                          \
-    if (lane == 0 && r < row_end)                                                              \
-      ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];          \
+    GEMV_COOP_LOCALS                                                                           \
+    const uint grp = get_group_id(0);                                                          \
+    GEMV_COOP_GROUP(NAME)                                                                      \
   }
 DEFINE_GEMV_COOP(q4_0)
 DEFINE_GEMV_COOP(q8_0)
@@ -69,44 +77,49 @@ DEFINE_GEMV_COOP(f32)
 // four work-items share a block, each reading 4 of its 16 quant bytes as two 16-bit loads
 // (blocks are only 2-byte aligned), so a row's 32 work-items read 8 whole consecutive blocks.
 #define GEMV4_ROWS 8
+// Work-group `grp`'s part (as GEMV_COOP_GROUP; `partial` declared at kernel scope).
+#define GEMV_COOP4_LOCALS local float partial[32 * GEMV4_ROWS];
+#define GEMV_COOP4_Q4_0_GROUP                                                                                    \
+  const uint lid = get_local_id(0);                                                                              \
+  const uint lane = lid % 32;                                                                                    \
+  const uint quarter = lane % 4;                                                                                 \
+  const uint r = row_begin + grp * GEMV4_ROWS + lid / 32;                                                        \
+  const uint t = t_begin + get_global_id(1);                                                                     \
+  global const int* tok = (global const int*)(arena + tok_off);                                                  \
+  const int out_row = matmul_out_row(tok, rows_from_table, t);                                                   \
+  if (out_row < 0) return; /* uniform across the work-group (one token) */                                       \
+  const uint n_blocks = k / QK;                                                                                  \
+  float acc = 0.0f;                                                                                              \
+  if (r < row_end) {                                                                                             \
+    global const uchar* wr = w + w_off + (ulong)r * n_blocks * BLOCK_BYTES_q4_0;                                 \
+    global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;                          \
+    for (uint b = lane / 4; b < n_blocks; b += 8) {                                                              \
+      global const uchar* p = wr + (ulong)b * BLOCK_BYTES_q4_0;                                                  \
+      const float d = vload_half(0, (global const half*)p);                                                      \
+      global const ushort* qs = (global const ushort*)(p + 2 + 4 * quarter);                                     \
+      const uint q = (uint)qs[0] | ((uint)qs[1] << 16);                                                          \
+      const float4 lo = (float4)((float)(q & 15u), (float)((q >> 8) & 15u), (float)((q >> 16) & 15u),            \
+                                 (float)((q >> 24) & 15u)) - 8.0f;                                               \
+      const float4 hi = (float4)((float)((q >> 4) & 15u), (float)((q >> 12) & 15u), (float)((q >> 20) & 15u),    \
+                                 (float)(q >> 28)) - 8.0f;                                                       \
+      const float4 xl = vload4(0, x + b * QK + 4 * quarter);                                                     \
+      const float4 xh = vload4(0, x + b * QK + 16 + 4 * quarter);                                                \
+      acc = mad(d, dot(lo, xl) + dot(hi, xh), acc);                                                              \
+    }                                                                                                            \
+  }                                                                                                              \
+  partial[lid] = acc;                                                                                            \
+  barrier(CLK_LOCAL_MEM_FENCE);                                                                                  \
+  for (uint half_n = 16; half_n > 0; half_n /= 2) {                                                              \
+    if (lane < half_n) partial[lid] += partial[lid + half_n];                                                    \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                                \
+  }                                                                                                              \
+  if (lane == 0 && r < row_end) ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];
 kernel void gemv_coop4_q4_0(global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong x_off,
                             uint x_stride, ulong y_off, uint y_stride, uint row_begin, uint row_end, uint t_begin,
                             uint t_end, ulong tok_off, int rows_from_table) {
-  local float partial[32 * GEMV4_ROWS];
-  const uint lid = get_local_id(0);
-  const uint lane = lid % 32;
-  const uint quarter = lane % 4;
-  const uint r = row_begin + get_group_id(0) * GEMV4_ROWS + lid / 32;
-  const uint t = t_begin + get_global_id(1);
-  global const int* tok = (global const int*)(arena + tok_off);
-  const int out_row = matmul_out_row(tok, rows_from_table, t);
-  if (out_row < 0) return;  // uniform across the work-group (one token)
-  const uint n_blocks = k / QK;
-  float acc = 0.0f;
-  if (r < row_end) {
-    global const uchar* wr = w + w_off + (ulong)r * n_blocks * BLOCK_BYTES_q4_0;
-    global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;
-    for (uint b = lane / 4; b < n_blocks; b += 8) {
-      global const uchar* p = wr + (ulong)b * BLOCK_BYTES_q4_0;
-      const float d = vload_half(0, (global const half*)p);
-      global const ushort* qs = (global const ushort*)(p + 2 + 4 * quarter);
-      const uint q = (uint)qs[0] | ((uint)qs[1] << 16);
-      const float4 lo = (float4)((float)(q & 15u), (float)((q >> 8) & 15u), (float)((q >> 16) & 15u),
-                                 (float)((q >> 24) & 15u)) - 8.0f;
-      const float4 hi = (float4)((float)((q >> 4) & 15u), (float)((q >> 12) & 15u), (float)((q >> 20) & 15u),
-                                 (float)(q >> 28)) - 8.0f;
-      const float4 xl = vload4(0, x + b * QK + 4 * quarter);
-      const float4 xh = vload4(0, x + b * QK + 16 + 4 * quarter);
-      acc = mad(d, dot(lo, xl) + dot(hi, xh), acc);
-    }
-  }
-  partial[lid] = acc;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (uint half_n = 16; half_n > 0; half_n /= 2) {
-    if (lane < half_n) partial[lid] += partial[lid + half_n];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  if (lane == 0 && r < row_end) ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];
+  GEMV_COOP4_LOCALS
+  const uint grp = get_group_id(0);
+  GEMV_COOP4_Q4_0_GROUP
 }
 
 // ---- the fast GPU GEMV (packed Q4_0/Q8_0; F16/F32 whose rows are 16-byte aligned)
@@ -185,42 +198,53 @@ inline float sum_x8(float4 a, float4 b, float4 c, float4 d, float4 e, float4 f, 
 
 // The shared frame: a work-group's rows, the token, the reduction and the store. BODY runs
 // with: lane, rows[RPL] (clamped row indices), acc[RPL], x (this token's row), x_aligned and
-// LOCALS (declarations at kernel scope, as OpenCL wants local arrays).
+// LOCALS (declarations at kernel scope, as OpenCL wants local arrays). GEMV_FAST_BEGIN, BODY,
+// GEMV_FAST_END is work-group `grp`'s part, for the kernel's own group (GEMV_FAST_FRAME) or one of
+// a sibling segment's (matmul_siblings_gpu.cl): the same code, so the same bits. It reads w, w_off,
+// k, arena, x_off, x_stride, y_off, y_stride, row_begin, row_end, t_begin, tok_off,
+// rows_from_table and w_rows by name. (BODY goes between, not as an argument: expanded, it holds
+// commas that would split a macro's arguments.)
+#define GEMV_FAST_LOCALS(LANES, RPL) local float partial[PG_GROUPS * RPL * LANES];
+#define GEMV_FAST_BEGIN(LANES, RPL)                                                                      \
+  const uint lane = get_local_id(0) % LANES;                                                                  \
+  const uint group = get_local_id(0) / LANES;                                                                 \
+  const uint r0 = row_begin + (grp * PG_GROUPS + group) * RPL;                                                \
+  const uint t = t_begin + get_global_id(1);                                                                  \
+  global const int* tok = (global const int*)(arena + tok_off);                                               \
+  const int out_row = matmul_out_row(tok, rows_from_table, t);                                                \
+  if (out_row < 0) return; /* uniform across the work-group (one token) */                                   \
+  const ulong x_byte = x_off + (ulong)t * x_stride * 4;                                                       \
+  global const float* x = (global const float*)(arena + x_byte);                                              \
+  const int x_aligned = (x_byte % 16) == 0;                                                                   \
+  uint rows[RPL];                                                                                             \
+  float acc[RPL];                                                                                             \
+  for (uint i = 0; i < RPL; ++i) {                                                                            \
+    rows[i] = min(r0 + i, row_end - 1);                                                                       \
+    acc[i] = 0.0f;                                                                                            \
+  }
+#define GEMV_FAST_END(LANES, RPL)                                                                             \
+  for (uint i = 0; i < RPL; ++i) partial[(group * RPL + i) * LANES + lane] = acc[i];                          \
+  barrier(CLK_LOCAL_MEM_FENCE);                                                                               \
+  for (uint half_n = LANES / 2; half_n > 0; half_n /= 2) {                                                    \
+    if (lane < half_n)                                                                                        \
+      for (uint i = 0; i < RPL; ++i)                                                                          \
+        partial[(group * RPL + i) * LANES + lane] += partial[(group * RPL + i) * LANES + lane + half_n];      \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
+  }                                                                                                           \
+  if (lane < RPL && r0 + lane < row_end)                                                                      \
+    ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r0 + lane] =                                 \
+        partial[(group * RPL + lane) * LANES];
 #define GEMV_FAST_FRAME(KNAME, LANES, RPL, LOCALS, BODY)                                                         \
   kernel __attribute__((reqd_work_group_size(LANES * PG_GROUPS, 1, 1))) void KNAME(                      \
       global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong x_off, uint x_stride,        \
       ulong y_off, uint y_stride, uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, \
       int rows_from_table, uint w_rows) {                                                                \
-    local float partial[PG_GROUPS * RPL * LANES];                                                        \
+    GEMV_FAST_LOCALS(LANES, RPL)                                                                         \
     LOCALS                                                                                               \
-    const uint lane = get_local_id(0) % LANES;                                                           \
-    const uint group = get_local_id(0) / LANES;                                                          \
-    const uint r0 = row_begin + (get_group_id(0) * PG_GROUPS + group) * RPL;                             \
-    const uint t = t_begin + get_global_id(1);                                                           \
-    global const int* tok = (global const int*)(arena + tok_off);                                        \
-    const int out_row = matmul_out_row(tok, rows_from_table, t);                                         \
-    if (out_row < 0) return; /* uniform across the work-group (one token) */                            \
-    const ulong x_byte = x_off + (ulong)t * x_stride * 4;                                                \
-    global const float* x = (global const float*)(arena + x_byte);                                       \
-    const int x_aligned = (x_byte % 16) == 0;                                                            \
-    uint rows[RPL];                                                                                      \
-    float acc[RPL];                                                                                      \
-    for (uint i = 0; i < RPL; ++i) {                                                                     \
-      rows[i] = min(r0 + i, row_end - 1);                                                                \
-      acc[i] = 0.0f;                                                                                     \
-    }                                                                                                    \
+    const uint grp = get_group_id(0);                                                                    \
+    GEMV_FAST_BEGIN(LANES, RPL)                                                                          \
     BODY                                                                                                 \
-    for (uint i = 0; i < RPL; ++i) partial[(group * RPL + i) * LANES + lane] = acc[i];                   \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                                        \
-    for (uint half_n = LANES / 2; half_n > 0; half_n /= 2) {                                             \
-      if (lane < half_n)                                                                                 \
-        for (uint i = 0; i < RPL; ++i)                                                                   \
-          partial[(group * RPL + i) * LANES + lane] += partial[(group * RPL + i) * LANES + lane + half_n]; \
-      barrier(CLK_LOCAL_MEM_FENCE);                                                                      \
-    }                                                                                                    \
-    if (lane < RPL && r0 + lane < row_end)                                                               \
-      ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r0 + lane] =                          \
-          partial[(group * RPL + lane) * LANES];                                                         \
+    GEMV_FAST_END(LANES, RPL)                                                                            \
   }
 
 // Packed Q4_0: one block (16 quant bytes, one fp16 scale) per row per lane per step. With PF,

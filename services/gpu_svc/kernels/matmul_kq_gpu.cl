@@ -187,36 +187,48 @@ inline float kq_sum4(float4 v) {
     acc = mad(d, part, acc);                                                                       \
   }
 
+// KQ_GEMV_BEGIN, a lane body, KQ_GEMV_END is work-group `grp`'s part, for the kernel's own group
+// (DEFINE_GEMV_KQ) or one of a sibling segment's (matmul_siblings_gpu.cl): the same code, so the
+// same bits. BLOCK_BYTES and QS_AT (the quants' offset in a super-block) may be expressions; the
+// lane body accumulates a lane's part of row r into acc (between, not an argument: expanded, it
+// holds commas). It reads w, w_off, k, arena, x_off, x_stride, y_off, y_stride, row_begin,
+// row_end, t_begin, tok_off and rows_from_table by name.
+#define KQ_GEMV_LOCALS local float partial[32 * KQ_GEMV_ROWS];
+#define KQ_GEMV_BEGIN(BLOCK_BYTES, QS_AT)                                               \
+  const uint lid = get_local_id(0);                                                                \
+  const uint lane = lid % 32;                                                                      \
+  const uint r = row_begin + grp * KQ_GEMV_ROWS + lid / 32;                                        \
+  const uint t = t_begin + get_global_id(1);                                                       \
+  global const int* tok = (global const int*)(arena + tok_off);                                    \
+  const int out_row = matmul_out_row(tok, rows_from_table, t);                                     \
+  if (out_row < 0) return; /* uniform across the work-group (one token) */                        \
+  const uint n_super = k / 256;                                                                    \
+  const ulong block_bytes = BLOCK_BYTES;                                                           \
+  const uint qs_at = QS_AT;                                                                        \
+  float acc = 0.0f;                                                                                \
+  if (r < row_end) {                                                                               \
+    global const uchar* wr = w + w_off + (ulong)r * n_super * block_bytes;                         \
+    global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;
+#define KQ_GEMV_END                                                                                \
+  }                                                                                                \
+  partial[lid] = acc;                                                                              \
+  barrier(CLK_LOCAL_MEM_FENCE);                                                                    \
+  for (uint half_n = 16; half_n > 0; half_n /= 2) {                                                \
+    if (lane < half_n) partial[lid] += partial[lid + half_n];                                      \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
+  }                                                                                                \
+  if (lane == 0 && r < row_end)                                                                    \
+    ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];
 #define DEFINE_GEMV_KQ(NAME, LANE_BODY, QS_AT)                                                     \
   kernel __attribute__((reqd_work_group_size(32 * KQ_GEMV_ROWS, 1, 1))) void gemv_kq_##NAME(      \
       global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong x_off, uint x_stride, \
       ulong y_off, uint y_stride, uint row_begin, uint row_end, uint t_begin, uint t_end,          \
       ulong tok_off, int rows_from_table) {                                                        \
-    local float partial[32 * KQ_GEMV_ROWS];                                                        \
-    const uint lid = get_local_id(0);                                                              \
-    const uint lane = lid % 32;                                                                    \
-    const uint r = row_begin + get_group_id(0) * KQ_GEMV_ROWS + lid / 32;                          \
-    const uint t = t_begin + get_global_id(1);                                                     \
-    global const int* tok = (global const int*)(arena + tok_off);                                  \
-    const int out_row = matmul_out_row(tok, rows_from_table, t);                                   \
-    if (out_row < 0) return; /* uniform across the work-group (one token) */                      \
-    const uint n_super = k / 256;                                                                  \
-    const ulong block_bytes = KQ_BYTES_##NAME;                                                     \
-    const uint qs_at = QS_AT;                                                                      \
-    float acc = 0.0f;                                                                              \
-    if (r < row_end) {                                                                             \
-      global const uchar* wr = w + w_off + (ulong)r * n_super * block_bytes;                       \
-      global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;          \
-      LANE_BODY                                                                                    \
-    }                                                                                              \
-    partial[lid] = acc;                                                                            \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
-    for (uint half_n = 16; half_n > 0; half_n /= 2) {                                              \
-      if (lane < half_n) partial[lid] += partial[lid + half_n];                                    \
-      barrier(CLK_LOCAL_MEM_FENCE);                                                                \
-    }                                                                                              \
-    if (lane == 0 && r < row_end)                                                                  \
-      ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];              \
+    KQ_GEMV_LOCALS                                                                                 \
+    const uint grp = get_group_id(0);                                                              \
+    KQ_GEMV_BEGIN(KQ_BYTES_##NAME, QS_AT)                                                          \
+    LANE_BODY                                                                                      \
+    KQ_GEMV_END                                                                                    \
   }
 DEFINE_GEMV_KQ(q4_k, KQ_GEMV_LANE_SCALED(0), 16)
 DEFINE_GEMV_KQ(q5_k, KQ_GEMV_LANE_SCALED(1), 48)
