@@ -12,6 +12,8 @@ set -uo pipefail
 source bench/gpu/device_env.sh || exit 2
 bin=$dev/bin
 export DUET_SOC_DIR=$root/deploy/soc
+# Per-op device times in the traces (gpu.op_timing: auto leaves them off on discrete GPUs).
+export DUET_GPU_OP_TIMING=${DUET_GPU_OP_TIMING:-on}
 status=0
 for entry in ${MODELS:-fortune=tests/data/tiny-fortune/fortune-q8_0.gguf 1b=mkmodel:llama3.2-1b:q4_0}; do
   name=${entry%%=*}

@@ -27,6 +27,8 @@
 #      --shared-cores`: unset = the fit's 1, the two device processes on the same cores; 0 on a
 #      machine whose gpu_svc drives a discrete GPU).
 set -euo pipefail
+# Per-op device times in the traces (gpu.op_timing: auto leaves them off on discrete GPUs).
+export DUET_GPU_OP_TIMING=${DUET_GPU_OP_TIMING:-on}
 cd "$(dirname "$0")/../.."
 bin=${DUET_BIN_DIR:-build/bin}
 model=${MODEL:-tests/data/tiny-fortune/fortune-q8_0.gguf}

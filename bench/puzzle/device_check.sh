@@ -19,6 +19,8 @@ set -uo pipefail
 source bench/gpu/device_env.sh || exit 2
 bin=$dev/bin
 export DUET_SOC_DIR=$root/deploy/soc
+# Per-op device times in the traces (gpu.op_timing: auto leaves them off on discrete GPUs).
+export DUET_GPU_OP_TIMING=${DUET_GPU_OP_TIMING:-on}
 log=$out/log.txt
 fortune=tests/data/tiny-fortune/fortune-q8_0.gguf
 qwen=/tmp/tiny-qwen2.gguf

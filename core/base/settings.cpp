@@ -97,6 +97,11 @@ const std::array kSettings = {
             "quantise, swiglu + quantise, the q/k ropes, the q/k/v and gate/up matmuls; on GPUs "
             "add + rmsnorm, the q/k ropes, the q/k/v and gate/up GEMVs; the same bits either way; "
             "0: off"},
+    Setting{"DUET_GPU_OP_TIMING", "gpu.op_timing", T::choice, "auto", 0, 0, "auto|on|off",
+            "per-op device times from OpenCL profiling events (duet trace's op spans, the "
+            "steps' device time); auto: on for zero-copy devices (CPU, integrated GPUs), off for "
+            "discrete GPUs, where a profiled launch costs ~6 us more host time (NVIDIA: 18 vs 12 "
+            "us); off: a step's device time is its wall time"},
     Setting{"DUET_GPU_ATTENTION", "gpu.attention", T::choice, "shared", 0, 0,
             "shared|per_head|portable|work_group",
             "attention kernels: shared (CPU devices: a KV head's query heads read its K/V once; "

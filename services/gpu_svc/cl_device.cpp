@@ -226,6 +226,8 @@ std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
   check_cl(err, "clCreateContext");
   dev->queue_ = clCreateCommandQueue(dev->context_, dev->device_, CL_QUEUE_PROFILING_ENABLE, &err);
   check_cl(err, "clCreateCommandQueue");
+  dev->untimed_queue_ = clCreateCommandQueue(dev->context_, dev->device_, 0, &err);
+  check_cl(err, "clCreateCommandQueue(untimed)");
   if (dev->narrow_device_) {
     dev->narrow_queue_ =
         clCreateCommandQueue(dev->context_, dev->narrow_device_, CL_QUEUE_PROFILING_ENABLE, &err);
@@ -289,6 +291,12 @@ std::vector<cl_device_id> ClDevice::devices() const {
   std::vector<cl_device_id> d{device_};
   if (narrow_device_) d.push_back(narrow_device_);
   return d;
+}
+
+void ClDevice::use_op_timing(bool on) {
+  if (on == op_timing_) return;
+  check_cl(clFinish(queue()), "clFinish(queue switch)");
+  op_timing_ = on;
 }
 
 void ClDevice::use_narrow(bool on) {
@@ -465,6 +473,7 @@ ClDevice::~ClDevice() {
   if (program_) clReleaseProgram(program_);
   if (narrow_program_) clReleaseProgram(narrow_program_);
   if (queue_) clReleaseCommandQueue(queue_);
+  if (untimed_queue_) clReleaseCommandQueue(untimed_queue_);
   if (narrow_queue_) clReleaseCommandQueue(narrow_queue_);
   if (low_queue_) clReleaseCommandQueue(low_queue_);
   if (context_) clReleaseContext(context_);

@@ -87,7 +87,10 @@ class ClDevice {
   // narrow_ready), and kernels get the same work-group sizes on both (the wide device's), so a
   // step gives the same bits on either.
   cl_command_queue queue() const {
-    return low_active_ ? low_queue_ : narrow_active_ ? narrow_queue_ : queue_;
+    return low_active_      ? low_queue_
+           : narrow_active_ ? narrow_queue_
+           : op_timing_     ? queue_
+                            : untimed_queue_;
   }
   bool has_narrow() const { return narrow_queue_ != nullptr; }
   // The narrow device's program is built on a thread of its own after open() returns: loading
@@ -109,6 +112,16 @@ class ClDevice {
   bool has_low_priority() const { return low_queue_ != nullptr; }
   void use_low_priority(bool on);
   bool low_priority_active() const { return low_active_; }
+  // Per-command device times (CL_QUEUE_PROFILING_ENABLE) on the wide queue: on by default. Off,
+  // the commands that follow go to a second queue of the device without profiling, the other
+  // drained first, as use_narrow; their events carry no times. On NVIDIA's OpenCL a launch that
+  // asks for an event costs 18 us of host time on a profiling queue and 12 without
+  // (launch_bench burst_raw), a third of a decode step there (gpu.op_timing, gpu_runner.h). The
+  // narrow and low-priority queues keep their profiling.
+  void use_op_timing(bool on);
+  bool op_timing() const { return op_timing_; }
+  // Whether queue()'s commands carry device times (every queue but the untimed one).
+  bool queue_timed() const { return low_active_ || narrow_active_ || op_timing_; }
   // Flushes the queue and waits for `e` until `deadline`: a short spin, then a blocking wait on
   // the event's completion callback (on a discrete GPU: polling to the deadline). Throws
   // Error(timeout) at the deadline, Error(internal) when the command failed; both name `what`.
@@ -146,6 +159,8 @@ class ClDevice {
   bool narrow_active_ = false;
   cl_command_queue low_queue_ = nullptr;
   bool low_active_ = false;
+  cl_command_queue untimed_queue_ = nullptr;
+  bool op_timing_ = true;
   cl_program program_ = nullptr;
   std::map<std::string, cl_kernel> kernels_;
   cl_program narrow_program_ = nullptr;  // written by narrow_build_, read after narrow_ready_

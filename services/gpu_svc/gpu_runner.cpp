@@ -27,11 +27,14 @@ std::string op_label(const fb::OpT& op, size_t index) {
 GpuRunner::GpuRunner(ClDevice& dev, const SocProfile* soc)
     : dev_(dev), kernels_(dev), soc_(soc), picker_(QueuePicker::from_env()) {
   if (copies()) publisher_ = std::make_unique<EventPoller>();
+  const std::string timing = setting_text("DUET_GPU_OP_TIMING");  // checked: auto|on|off
+  op_timing_ = timing == "on" || (timing == "auto" && dev.zero_copy());
 }
 
 GpuRunner::~GpuRunner() {
   dev_.use_low_priority(false);  // drains the low-priority queue
   dev_.use_narrow(false);        // drains the narrow queue
+  dev_.use_op_timing(true);      // drains the untimed queue
   clFinish(dev_.queue());
   wait_callbacks(Clock::now() + std::chrono::seconds(5));
   for (auto& [key, mem] : buffers_) clReleaseMemObject(mem);

@@ -88,6 +88,13 @@ class GpuRunner {
   // on unless DUET_GPU_FUSE=0; the same bits either way (tests compare both).
   void set_fusion(bool on) { fuse_ = on; }
   bool fusion() const { return fuse_; }
+  // Per-op device times (OpTiming::measured_us and the trace's op spans) from the queue's
+  // profiling events: gpu.op_timing, auto (the default) on where the device is zero-copy (PoCL,
+  // integrated GPUs: free there) and off on discrete GPUs, where profiled launches cost a third
+  // of a decode step (ClDevice::use_op_timing). Off, a step reports its wall time as its
+  // measured time and its ops carry none.
+  void set_op_timing(bool on) { op_timing_ = on; }
+  bool op_timing() const { return op_timing_; }
 
   bool copies() const { return !dev_.zero_copy(); }
   ClDevice& device() { return dev_; }
@@ -149,6 +156,7 @@ class GpuRunner {
   std::unique_ptr<EventPoller> publisher_;
   QueuePicker picker_;
   bool fuse_ = fusion_from_env();
+  bool op_timing_ = true;  // set by the constructor from gpu.op_timing
   uint64_t low_priority_steps_ = 0;
 };
 

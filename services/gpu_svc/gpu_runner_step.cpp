@@ -313,6 +313,7 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   const StepQueue on = !low && narrow_usable ? picker_.pick(id, n, context) : StepQueue::wide;
   dev_.use_low_priority(low);
   dev_.use_narrow(on == StepQueue::narrow);
+  dev_.use_op_timing(op_timing_);
   if (low) ++low_priority_steps_;
   const auto enqueued = Clock::now();
   cl_command_queue q = dev_.queue();
@@ -632,6 +633,10 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
     report.ops.push_back(ot);
   }
   report.wall_us = std::chrono::duration<double, std::micro>(Clock::now() - started).count();
+  // Without op timing (an untimed queue) the ops have no device times: the step's own measure
+  // is then its time from the first enqueue to done.
+  if (!dev_.queue_timed())
+    report.measured_us = std::chrono::duration<double, std::micro>(done_at - enqueued).count();
   return report;
 }
 

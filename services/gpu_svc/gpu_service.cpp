@@ -123,6 +123,7 @@ msg::Bytes GpuService::profile_op(const fb::Message& request) {
     // A profile describes the device itself (all cores), whichever queue the last step used.
     dev_.use_low_priority(false);
     dev_.use_narrow(false);
+    dev_.use_op_timing(true);  // measure_op reads the kernels' device times
     measured = measure_op(kernels_, shape, body->reps());
   }
   flatbuffers::FlatBufferBuilder fbb;
@@ -148,6 +149,7 @@ nlohmann::json GpuService::status_json() const {
           {"driver", d.driver},
           {"type", d.type},
           {"compute_units", d.compute_units},
+          {"op_timing", runner_.op_timing()},
           {"global_mem_bytes", d.global_mem_bytes},
           {"local_mem_bytes", d.local_mem_bytes},
           {"max_alloc_bytes", d.max_alloc_bytes},

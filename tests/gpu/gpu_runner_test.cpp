@@ -365,6 +365,48 @@ TEST(GpuRunner, ReportsMeasuredAndModelledTimePerOp) {
   for (uint32_t f : run.built().done_flags) EXPECT_EQ(run.flags().load(f), 1u);
 }
 
+// gpu.op_timing: auto profiles the ops on a zero-copy device (PoCL) and not on one that copies (a
+// discrete GPU, where a profiled launch costs more host time). Off, the steps run on
+// the device's untimed queue: the same bits, the step's wall time as its measure.
+TEST(GpuRunner, OpTimingOffRunsOnTheUntimedQueueWithTheSameBits) {
+  {
+    GpuRunner own(shared_device(), &soc());  // PoCL: zero-copy; a discrete GPU: copies
+    EXPECT_EQ(own.op_timing(), shared_device().zero_copy());
+    auto dev = copying_device();
+    GpuRunner copying(*dev, &soc());
+    EXPECT_FALSE(copying.op_timing());
+  }
+  auto m = LlamaModel::load(tiny_fortune_path("q4_0"));
+  const std::vector<int32_t> prompt = {1, 703, 1975, 310, 263};
+  auto run_all = [&](const char* timing) {
+    const testing::ScopedEnv env("DUET_GPU_OP_TIMING", timing);
+    GpuProgramRun run(*m, Plan::gpu_only(), 8);
+    std::vector<float> all = run.step(prompt, 0);
+    for (int pos = 5; pos < 8; ++pos) {
+      const std::vector<float> got = run.step({100 + pos}, pos);
+      all.insert(all.end(), got.begin(), got.end());
+      const StepReport& r = run.last();
+      EXPECT_EQ(shared_device().op_timing(), std::string(timing) == "on");
+      EXPECT_GT(r.measured_us, 0) << timing;
+      // Off, the step's measure is its wall time from the first enqueue, at least its ops'
+      // (NVIDIA's untimed events carry no times; PoCL's carry some anyway).
+      double op_us = 0;
+      for (const auto& op : r.ops) op_us += op.measured_us;
+      if (std::string(timing) == "on") {
+        EXPECT_GT(op_us, 0);
+      } else {
+        EXPECT_GE(r.measured_us, op_us);
+      }
+    }
+    return all;
+  };
+  const std::vector<float> timed = run_all("on"), untimed = run_all("off");
+  ASSERT_EQ(timed.size(), untimed.size());
+  EXPECT_EQ(std::memcmp(timed.data(), untimed.data(), timed.size() * sizeof(float)), 0)
+      << "max difference " << max_abs_diff(timed, untimed);
+  shared_device().use_op_timing(true);
+}
+
 using test_support::expect_error;
 
 TEST(GpuRunner, BadProgramsAndStepsGetClearErrors) {
