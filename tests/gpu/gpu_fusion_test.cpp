@@ -165,6 +165,9 @@ Run run_steps(const LlamaModel& m, const Plan& plan, bool fuse) {
   test_support::LocalFlags flags(4096, std::chrono::seconds(30));
   GpuRunner runner(dev, nullptr);
   runner.set_fusion(fuse);
+  // The ops a fused launch also did are told apart by their missing device times: profiled
+  // queues on every device (gpu.op_timing's auto leaves a copying device's off).
+  runner.set_op_timing(true);
   runner.register_program(1, built.gpu, mem);
   Run out;
   uint64_t seq = 0;

@@ -327,6 +327,9 @@ Run run_steps(ClDevice& dev, const LlamaModel& m, const Plan& plan, bool fuse) {
   GpuRunner runner(dev, nullptr);
   runner.kernels().set_gpu_kernels(true);
   runner.set_fusion(fuse);
+  // The ops a fused launch also did are told apart by their missing device times: profiled
+  // queues on every device (gpu.op_timing's auto leaves a copying device's off).
+  runner.set_op_timing(true);
   runner.register_program(1, built.gpu, mem);
   Run out;
   uint64_t seq = 0;
