@@ -450,10 +450,11 @@ inline float sum_x8(float4 a, float4 b, float4 c, float4 d, float4 e, float4 f, 
 // Variants "l<LANES>r<RPL>[p|x]" (p: prefetching; x: x staged in local memory, prefetching;
 // both for the packed bodies only). GpuKernels picks one per shape from the four measured best on
 // the devices it runs on (bench/gpu/RESULTS.md: l32r2 / l128r4 for F16/F32, l16r4x / l64r4x for
-// packed tensors; PoCL never runs these kernels): only those are in the default program. The
-// other eleven are built only under DUET_GEMV_TUNING (DeviceOptions::gemv_tuning, which gpu_bench
-// --gemv-variants sets) so that a new device can be tuned without every program carrying 60
-// kernels. Keep in step with GpuKernels::kGemvVariants and kGemvTuningVariants.
+// packed tensors; PoCL runs them only in tests, GpuKernels::set_gpu_kernels): only those are in
+// the default program. The other eleven are built only under DUET_GEMV_TUNING
+// (DeviceOptions::gemv_tuning, which gpu_bench --gemv-variants sets) so that a new device can be
+// tuned without every program carrying 60 kernels. Keep in step with GpuKernels::kGemvVariants
+// and kGemvTuningVariants.
 #define DEFINE_GEMV_FAST(TYPE, BODY, LANES, RPL) \
   GEMV_FAST_FRAME(gemv_##TYPE##_l##LANES##r##RPL, LANES, RPL, , BODY(LANES, RPL, 0))
 #define DEFINE_GEMV_FAST_PF(TYPE, BODY, LANES, RPL) \
