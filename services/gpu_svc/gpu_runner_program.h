@@ -28,4 +28,21 @@ struct GpuRunner::Program {
   std::vector<FusedGroup> fusion;  // per op (op_fusion.h); empty where nothing can fuse
 };
 
+// A step's token table row (core/program: the frontend writes them at tokens_offset).
+struct TokenRow {
+  int32_t token, pos, seq, logits_row;
+};
+
+// Where a token's K and V rows live: its sequence's page for its position, and the row in it.
+struct KvSlot {
+  uint32_t page, row;
+};
+inline KvSlot kv_slot_of(const TokenRow& r, const int32_t* page_tables, const StepArgs& step,
+                         const fb::KvLayoutT& kvl) {
+  const auto pos = static_cast<uint32_t>(r.pos);
+  return {static_cast<uint32_t>(
+              page_tables[uint64_t(r.seq) * step.page_table_cols + pos / kvl.page_tokens]),
+          pos % kvl.page_tokens};
+}
+
 }  // namespace duet::gpu
