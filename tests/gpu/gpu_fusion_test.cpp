@@ -24,6 +24,7 @@
 #include "services/gpu_svc/gpu_runner.h"
 #include "services/gpu_svc/op_fusion.h"
 #include "services/gpu_svc/tiled_weights.h"
+#include "tests/gpu/fusion_run.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/kquant_test_util.h"
 #include "tests/support/local_flags.h"
@@ -144,70 +145,16 @@ TEST(OpFusion, TheSwitchIsZeroOrOne) {
   }
 }
 
-// A prefill of 11 tokens and 3 decode steps of `plan`, fused or not: every step's logits, and
-// how many ops of the last step a fused launch did (no span of their own).
-struct Run {
-  std::vector<float> logits;
-  size_t ops_folded = 0;
-  size_t matmuls_folded = 0;   // of them matmuls (into a sibling's launch)
-  size_t sibling_ops = 0;      // the program's sibling groups' ops past their first
-  uint32_t launches = 0;       // kernels the last step enqueued
-  size_t quantize_groups = 0;  // the program's *_quantize groups (each also saves a launch)
-};
-
-Run run_steps(const LlamaModel& m, const Plan& plan, bool fuse) {
-  ClDevice& dev = shared_device();
-  const BuiltPrograms built = build(m, plan);
-  testing::HostBuffer arena(dev, built.arena.bytes), kv(dev, built.kv.bytes());
-  const ProgramMemory mem{arena.at(0),      built.arena.bytes, kv.at(0),
-                          built.kv.bytes(), m.file().data(),   m.file().size()};
-  test_support::fill_page_table(mem.arena, built, test_support::PageOrder::reversed);
-  test_support::LocalFlags flags(4096, std::chrono::seconds(30));
-  GpuRunner runner(dev, nullptr);
-  runner.set_fusion(fuse);
-  // The ops a fused launch also did are told apart by their missing device times: profiled
-  // queues on every device (gpu.op_timing's auto leaves a copying device's off).
-  runner.set_op_timing(true);
-  runner.register_program(1, built.gpu, mem);
-  Run out;
-  uint64_t seq = 0;
-  auto step = [&](const std::vector<int32_t>& tokens, int pos) {
-    test_support::write_token_rows(mem.arena, built, tokens, pos,
-                                   test_support::LogitsRows::every_token);
-    const StepArgs args =
-        test_support::step_args(built, ++seq, static_cast<uint32_t>(tokens.size()));
-    StepReport report;
-    test_support::run_both_halves(
-        [&] {
-          if (!built.npu.ops.empty()) interpret_program(built.npu, mem, args, flags);
-        },
-        [&] { report = runner.run_step(1, args, std::chrono::seconds(60), &flags); });
-    const float* l = reinterpret_cast<const float*>(mem.arena + built.arena.logits);
-    out.logits.insert(out.logits.end(), l, l + tokens.size() * m.hp().n_vocab);
-    out.ops_folded = out.matmuls_folded = 0;
-    for (const OpTiming& op : report.ops) {
-      const bool folded = op.start_ns == 0 && op.end_ns == 0;
-      out.ops_folded += folded;
-      out.matmuls_folded += folded && built.gpu.ops[op.op_index]->kind == fb::OpKind::MatMul;
-    }
-    out.launches = report.launches;
-  };
-  for (const FusedGroup& g : plan_fusion(built.gpu)) {
-    out.quantize_groups +=
-        fuse && (g.kind == Fusion::add_norm_quantize || g.kind == Fusion::norm_quantize ||
-                 g.kind == Fusion::swiglu_quantize);
-    if (g.kind == Fusion::sibling_matmuls) out.sibling_ops += g.ops - 1;
-  }
-  step({1, 703, 1975, 310, 263, 1243, 322, 42, 17, 5, 900}, 0);
-  int pos = 11;
-  for (int32_t tok : {100, 7, 1500}) step({tok}, pos++);
-  return out;
+// A prefill of 11 tokens and 3 decode steps of `plan` on the CPU integer path (fusion_run.h).
+testing::FusionRun run_steps(const LlamaModel& m, const Plan& plan, bool fuse) {
+  return testing::run_fusion_steps(shared_device(), m, build(m, plan), fuse,
+                                   FusionTarget::cpu_integer, std::chrono::seconds(60));
 }
 
 void expect_same_bits(const LlamaModel& m, const Plan& plan) {
   SCOPED_TRACE(plan.name);
-  const Run apart = run_steps(m, plan, false);
-  const Run fused = run_steps(m, plan, true);
+  const testing::FusionRun apart = run_steps(m, plan, false);
+  const testing::FusionRun fused = run_steps(m, plan, true);
   EXPECT_EQ(apart.ops_folded, 0u);
   if (GpuKernels(shared_device()).int8_matmul()) {
     EXPECT_GT(fused.ops_folded, 0u);
