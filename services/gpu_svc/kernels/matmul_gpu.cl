@@ -24,6 +24,19 @@
 
 // ---- file layout, cooperative GEMV (any GPU; the fallback for unpacked tensors)
 
+// The end of a row-per-lanes GEMV group: each work-item's partial sum `VALUE` into local memory,
+// a tree over the row's LANES work-items (lane = lid % LANES), and lane 0 stores the row's y. The
+// cooperative GEMVs here and the K-quant ones (matmul_kq_gpu.cl) end with it.
+#define GEMV_LANES_SUM_STORE(VALUE, LANES)                                                     \
+  partial[lid] = (VALUE);                                                                      \
+  barrier(CLK_LOCAL_MEM_FENCE);                                                                \
+  for (uint half_n = (LANES) / 2; half_n > 0; half_n /= 2) {                                   \
+    if (lane < half_n) partial[lid] += partial[lid + half_n];                                  \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                              \
+  }                                                                                            \
+  if (lane == 0 && r < row_end)                                                                \
+    ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];
+
 // A work-group computes GEMV_ROWS rows of one token, GEMV_LWS work-items per row; neighbouring
 // work-items read neighbouring blocks, then each row's partial sums are reduced in local memory.
 // GEMV_COOP_GROUP is work-group `grp`'s part: the kernel below runs it for its own group, the
@@ -51,14 +64,7 @@
       acc = mad(hi, vload16(1, x + b * QK), acc);                                              \
     }                                                                                          \
   }                                                                                            \
-  partial[lid] = sum16(acc);                                                                   \
-  barrier(CLK_LOCAL_MEM_FENCE);                                                                \
-  for (uint half_n = GEMV_LWS / 2; half_n > 0; half_n /= 2) {                                  \
-    if (lane < half_n) partial[lid] += partial[lid + half_n];                                  \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                              \
-  }                                                                                            \
-  if (lane == 0 && r < row_end)                                                                \
-    ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];
+  GEMV_LANES_SUM_STORE(sum16(acc), GEMV_LWS)
 #define DEFINE_GEMV_COOP(NAME)                                                                 \
   kernel void gemv_coop_##NAME(global const uchar* w, ulong w_off, uint k, global uchar* arena,     \
                                ulong x_off, uint x_stride, ulong y_off, uint y_stride,         \
@@ -107,13 +113,7 @@ DEFINE_GEMV_COOP(f32)
       acc = mad(d, dot(lo, xl) + dot(hi, xh), acc);                                                              \
     }                                                                                                            \
   }                                                                                                              \
-  partial[lid] = acc;                                                                                            \
-  barrier(CLK_LOCAL_MEM_FENCE);                                                                                  \
-  for (uint half_n = 16; half_n > 0; half_n /= 2) {                                                              \
-    if (lane < half_n) partial[lid] += partial[lid + half_n];                                                    \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                                                \
-  }                                                                                                              \
-  if (lane == 0 && r < row_end) ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];
+  GEMV_LANES_SUM_STORE(acc, 32)
 kernel void gemv_coop4_q4_0(global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong x_off,
                             uint x_stride, ulong y_off, uint y_stride, uint row_begin, uint row_end, uint t_begin,
                             uint t_end, ulong tok_off, int rows_from_table) {

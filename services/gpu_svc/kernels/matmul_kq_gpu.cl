@@ -211,14 +211,7 @@ inline float kq_sum4(float4 v) {
     global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;
 #define KQ_GEMV_END                                                                                \
   }                                                                                                \
-  partial[lid] = acc;                                                                              \
-  barrier(CLK_LOCAL_MEM_FENCE);                                                                    \
-  for (uint half_n = 16; half_n > 0; half_n /= 2) {                                                \
-    if (lane < half_n) partial[lid] += partial[lid + half_n];                                      \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
-  }                                                                                                \
-  if (lane == 0 && r < row_end)                                                                    \
-    ((global float*)(arena + y_off))[(ulong)out_row * y_stride + r] = partial[lid];
+  GEMV_LANES_SUM_STORE(acc, 32)
 #define DEFINE_GEMV_KQ(NAME, LANE_BODY, QS_AT)                                                     \
   kernel __attribute__((reqd_work_group_size(32 * KQ_GEMV_ROWS, 1, 1))) void gemv_kq_##NAME(      \
       global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong x_off, uint x_stride, \
