@@ -21,6 +21,20 @@ DEFINE_EMBED(q8_0)
 DEFINE_EMBED(f16)
 DEFINE_EMBED(f32)
 
+// The work-group's sum of every work-item's s, a tree in `partial` (one float a work-item, the
+// local size a power of two): every work-item gets it. rmsnorm's and add_rmsnorm's, so the two
+// give the same bits.
+inline float group_sum(local float* partial, float s) {
+  const uint lid = get_local_id(0);
+  partial[lid] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint half_n = get_local_size(0) / 2; half_n > 0; half_n /= 2) {
+    if (lid < half_n) partial[lid] += partial[lid + half_n];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  return partial[0];
+}
+
 // One work-group per token: sum of squares reduced in local memory, then scaled by weight.
 // out may alias x: every work-item reads its elements before the barrier and writes after.
 kernel void rmsnorm(global uchar* arena, ulong x_off, uint x_stride, ulong out_off, uint out_stride,
@@ -32,13 +46,7 @@ kernel void rmsnorm(global uchar* arena, ulong x_off, uint x_stride, ulong out_o
   global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;
   float s = 0.0f;
   for (uint i = lid; i < dim; i += lsz) s += x[i] * x[i];
-  partial[lid] = s;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (uint half_n = lsz / 2; half_n > 0; half_n /= 2) {
-    if (lid < half_n) partial[lid] += partial[lid + half_n];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float scale = rsqrt(partial[0] / (float)dim + eps);
+  const float scale = rsqrt(group_sum(partial, s) / (float)dim + eps);
   global const float* wt = (global const float*)(w + w_off);
   global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride;
   for (uint i = lid; i < dim; i += lsz) out[i] = x[i] * scale * wt[i];
@@ -65,13 +73,7 @@ kernel void add_rmsnorm(global uchar* arena, ulong a_off, uint a_stride, ulong b
     x[i] = v;
     s += v * v;
   }
-  partial[lid] = s;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (uint half_n = lsz / 2; half_n > 0; half_n /= 2) {
-    if (lid < half_n) partial[lid] += partial[lid + half_n];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float scale = rsqrt(partial[0] / (float)dim + eps);
+  const float scale = rsqrt(group_sum(partial, s) / (float)dim + eps);
   global const float* wt = (global const float*)(w + w_off);
   global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride;
   for (uint i = lid; i < dim; i += lsz) out[i] = x[i] * scale * wt[i];  // x[i]: its own write
