@@ -1,4 +1,5 @@
-// gpu_svc's attention kernels alone on Llama 3.2 1B's shape (32 heads, 8 KV heads, head_dim 64)
+// gpu_svc's attention kernels alone on Llama 3.2 1B's shape (32 heads, 8 KV heads, head_dim 64;
+// --heads / --kv-heads another grouping of the same head_dim)
 // over f16 (or --kv-type) pages: a decode token at each --contexts length and a 64-token
 // prefill step ending there, per least chunk size (--min-chunks; "whole" = one chunk per token,
 // which is the kernel before the split: one work-item per head over the whole context). Median
@@ -27,8 +28,7 @@ namespace {
 using duet::DType;
 using namespace duet::gpu;
 
-constexpr uint32_t kHeads = 32, kKvHeads = 8, kHeadDim = 64, kKvDim = kKvHeads * kHeadDim,
-                   kQDim = kHeads * kHeadDim, kPageTokens = 16;
+constexpr uint32_t kHeadDim = 64, kPageTokens = 16;
 
 struct Buffer {
   Buffer(ClDevice& dev, size_t bytes) : host((bytes + 63) / 64 * 64) {
@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> kernels = {"shared", "per_head"};
   int reps = 5;
   bool cold = false;
+  uint32_t kHeads = 32, kKvHeads = 8;
+  app.add_option("--heads", kHeads, "query heads (32 on the 1B)");
+  app.add_option("--kv-heads", kKvHeads, "KV heads (8 on the 1B)");
   app.add_option("--contexts", contexts)->delimiter(',');
   app.add_option("--min-chunks", min_chunks, "least chunk sizes (multiples of 16) or whole")
       ->delimiter(',');
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
                "read 96 MiB of other memory before each launch, so the KV comes from DRAM as in "
                "a decode step, where the weights have just gone through the caches");
   CLI11_PARSE(app, argc, argv);
+  const uint32_t kKvDim = kKvHeads * kHeadDim, kQDim = kHeads * kHeadDim;
   try {
     const DType type = duet::parse_kv_type(kv_type_text);
     ClDevice& dev = shared_device();

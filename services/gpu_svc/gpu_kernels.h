@@ -246,10 +246,10 @@ class GpuKernels {
   // once when a program is registered (grown, never shrunk): no allocation in a step.
   void reserve_attention(uint32_t n_heads, uint32_t head_dim, uint32_t max_tokens);
   // How the context is split (attn_chunk_keys in attention.cl): a token with n_keys keys has
-  // chunks of attention_chunk_keys(n_keys) keys: at least kAttnMinChunkKeys, at most
-  // kAttnMaxChunks chunks, a multiple of 16. A function of the position alone, so a token's bits
-  // do not depend on the step around it. bench/longctx/RESULTS.md has the measurements behind
-  // the numbers.
+  // chunks of attention_chunk_keys(n_keys) keys: as many chunks of at least kAttnMinChunkKeys as
+  // fit, at most kAttnMaxChunks, of equal size (a multiple of 16). A function of the position
+  // alone, so a token's bits do not depend on the step around it. bench/longctx/RESULTS.md has the
+  // measurements behind the numbers.
   static constexpr uint32_t kAttnMinChunkKeys = 256;
   static constexpr uint32_t kAttnMaxChunks = 64;
   static constexpr uint32_t kAttnWorkGroup = 64;  // attention.cl's ATTN_WG

@@ -59,8 +59,8 @@ cl_event GpuKernels::kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, u
 }
 
 uint32_t GpuKernels::attention_chunk_keys(uint32_t n_keys) const {
-  const uint32_t per = ((n_keys + kAttnMaxChunks - 1) / kAttnMaxChunks + 15) & ~15u;
-  return std::max(per, attn_min_chunk_keys_);
+  const uint32_t chunks = std::clamp(n_keys / attn_min_chunk_keys_, 1u, kAttnMaxChunks);
+  return ((n_keys + chunks - 1) / chunks + 15) & ~15u;
 }
 
 void GpuKernels::set_attention_min_chunk_keys(uint32_t keys) {
@@ -129,6 +129,11 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
   const bool work_group = split.rfind("attention_split_wg_", 0) == 0;
   const size_t group = work_group ? kAttnWorkGroup : 1;
   const size_t local[3] = {group, 1, 1};
+  // The shared CPU kernel and its merge run a work-item a work-group (each serves its own KV
+  // head: no rows to share in cache). launch()'s pinned CPU group made a group of every KV head
+  // of a (token, chunk): a decode token at 64 keys was one group, one thread's work, and at 513
+  // keys three (256, 256 and 1 keys), of which PoCL deals the first thread ceil(3 / 2) = 2.
+  const bool pick_local = work_group || split.rfind("attention_gqa_cpu_", 0) == 0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const uint32_t chunks = attention_chunks(std::max(max_keys, 1u));
   const size_t per_token = attention_partials_per_token(n_heads, head_dim);
@@ -146,7 +151,7 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
              cl_uint{n_kv_heads}, cl_uint{head_dim}, cl_float{scale}, cl_uint{b}, attn_partials_,
              cl_uint{attn_min_chunk_keys_}, cl_uint{kAttnMaxChunks});
     const size_t global[3] = {n_heads / heads_per_item * group, count, chunks};
-    last = launch(split.c_str(), k, 3, global, work_group ? local : nullptr);
+    last = launch(split.c_str(), k, 3, global, pick_local ? local : nullptr);
     if (first && !*first) {
       *first = last;
       clRetainEvent(*first);  // its own reference: `last` moves on
@@ -159,7 +164,7 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
                cl_uint{n_heads}, cl_uint{head_dim}, cl_uint{b}, attn_partials_,
                cl_uint{attn_min_chunk_keys_}, cl_uint{kAttnMaxChunks});
       const size_t merge_global[2] = {n_heads * group, count};
-      last = launch(merge, m, 2, merge_global, work_group ? local : nullptr);
+      last = launch(merge, m, 2, merge_global, pick_local ? local : nullptr);
     }
     b += count;
   } while (b < t.end);

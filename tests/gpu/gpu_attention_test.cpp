@@ -188,6 +188,26 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(dtype_name(i.param.type)) + "_" + kernel_name(i.param.kernel);
     });
 
+// The chunks of a token are the work-groups the device's threads share, so they are as equal
+// as multiples of 16 allow: 513 keys as 272 + 241, not 256 + 256 + 1 (two chunks of work on one
+// thread while the other got one key).
+TEST(GpuAttention, AContextIsSplitIntoChunksOfEqualSize) {
+  GpuKernels k{shared_device()};
+  for (uint32_t keys : {1u, 255u, 256u, 511u, 513u, 1000u, 4097u, 20000u}) {
+    const uint32_t per = k.attention_chunk_keys(keys), chunks = k.attention_chunks(keys);
+    EXPECT_EQ(per % 16, 0u) << keys;
+    EXPECT_LE(chunks, GpuKernels::kAttnMaxChunks) << keys;
+    if (chunks > 1) {
+      EXPECT_GE(per, GpuKernels::kAttnMinChunkKeys) << keys;
+    }
+    // the last chunk is short by less than 16 keys a chunk
+    EXPECT_LT(chunks * per - keys, 16 * chunks) << keys;
+  }
+  EXPECT_EQ(k.attention_chunks(513), 2u);
+  EXPECT_EQ(k.attention_chunk_keys(513), 272u);
+  EXPECT_EQ(k.attention_chunks(255), 1u);
+}
+
 // A token's output bits depend on its position alone: the same decode token alone in a step and
 // behind another sequence's prefill of 31 tokens.
 TEST(GpuAttention, ATokensBitsDoNotDependOnTheOtherTokensOfTheStep) {

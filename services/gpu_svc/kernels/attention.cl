@@ -5,10 +5,12 @@
 // long context thus runs n_heads x chunks work-items instead of n_heads.
 //
 // Chunking is a function of the token's position alone (attn_chunk_keys; the host mirrors it in
-// gpu_kernels.cpp): at least min_keys keys a chunk, at most max_chunks chunks, a multiple of 16.
-// So a token's output bits do not depend on the other tokens of the step. A token with one chunk
-// writes its output directly and the merge skips it. Partials are [token][head][chunk] x
-// (head_dim values, max, sum) floats in a scratch buffer gpu_svc allocates once.
+// gpu_kernels_attention.cpp): as many chunks of at least min_keys keys as fit, at most
+// max_chunks, of equal size rounded up to a multiple of 16 (so 513 keys go as 272 + 241, not
+// 256 + 256 + 1: the chunks are the work-groups the device's threads share). So a token's output
+// bits do not depend on the other tokens of the step. A token with one chunk writes its output
+// directly and the merge skips it. Partials are [token][head][chunk] x (head_dim values, max,
+// sum) floats in a scratch buffer gpu_svc allocates once.
 //
 // Every KV value type has its kernels, made by the macros below from one body: rows are units of
 // KV_UNIT_BYTES (a value for F32/F16, a 32-value block for Q8_0) and kv_load1/kv_load16 read a
@@ -18,8 +20,8 @@
 #endif
 
 inline uint attn_chunk_keys(uint n_keys, uint min_keys, uint max_chunks) {
-  const uint per = ((n_keys + max_chunks - 1) / max_chunks + 15) & ~15u;
-  return max(per, min_keys);
+  const uint chunks = clamp(n_keys / min_keys, 1u, max_chunks);
+  return ((n_keys + chunks - 1) / chunks + 15) & ~15u;
 }
 
 #define KV_UNIT_BYTES_f32 4
