@@ -54,7 +54,10 @@ size_t cpu_group_size(size_t global, size_t multiple, size_t max_group, size_t c
 }  // namespace
 
 GpuKernels::GpuKernels(ClDevice& dev)
-    : dev_(dev), coop_gemv_(dev.info().type == "gpu"), gpu_kernels_(dev.info().type == "gpu") {
+    : dev_(dev),
+      coop_gemv_(dev.info().type == "gpu"),
+      gpu_kernels_(dev.info().type == "gpu"),
+      attn_min_chunk_keys_(dev.info().type == "gpu" ? kAttnMinChunkKeysGpu : kAttnMinChunkKeys) {
   int8_matmul_ = !env_off("DUET_GPU_INT8_MATMUL") && int8_kernels_available();
   int8_vnni_ = int8_matmul_ && !env_off("DUET_GPU_INT8_VNNI") && host_has_vnni();
   if (dev_.info().type == "cpu") {

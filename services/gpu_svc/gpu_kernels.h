@@ -246,18 +246,26 @@ class GpuKernels {
   // once when a program is registered (grown, never shrunk): no allocation in a step.
   void reserve_attention(uint32_t n_heads, uint32_t head_dim, uint32_t max_tokens);
   // How the context is split (attn_chunk_keys in attention.cl): a token with n_keys keys has
-  // chunks of attention_chunk_keys(n_keys) keys: as many chunks of at least kAttnMinChunkKeys as
-  // fit, at most kAttnMaxChunks, of equal size (a multiple of 16). A function of the position
-  // alone, so a token's bits do not depend on the step around it. bench/longctx/RESULTS.md has the
-  // measurements behind the numbers.
+  // chunks of attention_chunk_keys(n_keys) keys: as many chunks of at least
+  // attention_min_chunk_keys() as fit, at most kAttnMaxChunks, of equal size (a multiple of 16).
+  // A function of the position alone, so a token's bits do not depend on the step around it.
+  // The least chunk is kAttnMinChunkKeys on CPU devices (two threads share a decode token's
+  // chunks) and kAttnMinChunkKeysGpu on GPUs (more chunks, more work-groups for the SMs).
+  // bench/longctx/RESULTS.md and bench/gpu/RESULTS.md have the measurements behind the numbers.
   static constexpr uint32_t kAttnMinChunkKeys = 256;
+  static constexpr uint32_t kAttnMinChunkKeysGpu = 64;
   static constexpr uint32_t kAttnMaxChunks = 64;
   static constexpr uint32_t kAttnWorkGroup = 64;  // attention.cl's ATTN_WG
   static_assert(kAttnMaxChunks <= kAttnWorkGroup, "attention_merge_wg: a chunk per work-item");
   uint32_t attention_chunk_keys(uint32_t n_keys) const;
   uint32_t attention_chunks(uint32_t n_keys) const;
+  // The chunk slots a launch whose tokens hold at most max_keys keys has: at least the chunks of
+  // every shorter context (attention_chunks is not monotonic: rounding chunks up to 16 keys can
+  // leave a longer context fewer), at most one or two more than max_keys' own.
+  uint32_t attention_chunk_slots(uint32_t max_keys) const;
   // Another least chunk size (a multiple of 16; bench/longctx/attention_bench measures them).
   void set_attention_min_chunk_keys(uint32_t keys);
+  uint32_t attention_min_chunk_keys() const { return attn_min_chunk_keys_; }
   // Which split kernel runs: `shared` (CPU devices: a work-item serves the query heads that
   // share a KV head, where head_dim is 64 or 128 and the group divides; else `per_head`),
   // `per_head` (CPU devices: a work-item per query head), `work_group` (a work-group per head,

@@ -60,7 +60,7 @@ cl_event GpuKernels::kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, u
 
 uint32_t GpuKernels::attention_chunk_keys(uint32_t n_keys) const {
   const uint32_t chunks = std::clamp(n_keys / attn_min_chunk_keys_, 1u, kAttnMaxChunks);
-  return ((n_keys + chunks - 1) / chunks + 15) & ~15u;
+  return std::max(((n_keys + chunks - 1) / chunks + 15) & ~15u, 16u);
 }
 
 void GpuKernels::set_attention_min_chunk_keys(uint32_t keys) {
@@ -73,6 +73,11 @@ void GpuKernels::set_attention_min_chunk_keys(uint32_t keys) {
 uint32_t GpuKernels::attention_chunks(uint32_t n_keys) const {
   const uint32_t per = attention_chunk_keys(n_keys);
   return (n_keys + per - 1) / per;
+}
+
+uint32_t GpuKernels::attention_chunk_slots(uint32_t max_keys) const {
+  // attention_chunk_keys' target count, which grows with the keys and bounds the actual count
+  return std::clamp(max_keys / attn_min_chunk_keys_, 1u, kAttnMaxChunks);
 }
 
 void GpuKernels::reserve_attention(uint32_t n_heads, uint32_t head_dim, uint32_t max_tokens) {
@@ -135,7 +140,7 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
   // keys three (256, 256 and 1 keys), of which PoCL deals the first thread ceil(3 / 2) = 2.
   const bool pick_local = work_group || split.rfind("attention_gqa_cpu_", 0) == 0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const uint32_t chunks = attention_chunks(std::max(max_keys, 1u));
+  const uint32_t chunks = attention_chunk_slots(max_keys);
   const size_t per_token = attention_partials_per_token(n_heads, head_dim);
   const uint32_t batch = static_cast<uint32_t>(attn_partials_bytes_ / per_token);
   cl_event last = nullptr;

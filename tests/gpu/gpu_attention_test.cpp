@@ -163,6 +163,14 @@ TEST_P(GpuAttentionTest, DecodePastTheLargestChunkCountMatchesReference) {
   check_step(19999, 1);
 }
 
+// Rounding chunks up to 16 keys can leave a longer context fewer chunks than a shorter one (with
+// 64-key chunks: 448 keys go in 7, 464 in 6 of 80): every token of the step keeps all of its.
+TEST_P(GpuAttentionTest, PrefillWhoseEarlierTokensHaveMoreChunksMatchesReference) {
+  k.set_attention_min_chunk_keys(64);
+  ASSERT_GT(k.attention_chunks(448), k.attention_chunks(470));
+  check_step(440, 30);
+}
+
 TEST_P(GpuAttentionTest, PrefillMatchesReference) {
   check_step(0, 33);
   check_step(240, 40);  // tokens with one and with two chunks in one step
@@ -193,16 +201,25 @@ INSTANTIATE_TEST_SUITE_P(
 // thread while the other got one key).
 TEST(GpuAttention, AContextIsSplitIntoChunksOfEqualSize) {
   GpuKernels k{shared_device()};
-  for (uint32_t keys : {1u, 255u, 256u, 511u, 513u, 1000u, 4097u, 20000u}) {
-    const uint32_t per = k.attention_chunk_keys(keys), chunks = k.attention_chunks(keys);
-    EXPECT_EQ(per % 16, 0u) << keys;
-    EXPECT_LE(chunks, GpuKernels::kAttnMaxChunks) << keys;
-    if (chunks > 1) {
-      EXPECT_GE(per, GpuKernels::kAttnMinChunkKeys) << keys;
+  for (uint32_t least : {k.attention_min_chunk_keys(), GpuKernels::kAttnMinChunkKeys,
+                         GpuKernels::kAttnMinChunkKeysGpu}) {
+    k.set_attention_min_chunk_keys(least);
+    uint32_t most = 0;  // the most chunks of any context so far
+    for (uint32_t keys = 1; keys <= 20000; keys += keys < 600 ? 1 : 37) {
+      const uint32_t per = k.attention_chunk_keys(keys), chunks = k.attention_chunks(keys);
+      ASSERT_EQ(per % 16, 0u) << keys;
+      ASSERT_LE(chunks, GpuKernels::kAttnMaxChunks) << keys;
+      if (chunks > 1) {
+        ASSERT_GE(per, least) << keys;
+      }
+      // the last chunk is short by less than 16 keys a chunk
+      ASSERT_LT(chunks * per - keys, 16 * chunks) << keys;
+      // a step's launch has a chunk slot for every chunk of its tokens, the longest or not
+      most = std::max(most, chunks);
+      ASSERT_GE(k.attention_chunk_slots(keys), most) << keys;
     }
-    // the last chunk is short by less than 16 keys a chunk
-    EXPECT_LT(chunks * per - keys, 16 * chunks) << keys;
   }
+  k.set_attention_min_chunk_keys(GpuKernels::kAttnMinChunkKeys);  // the CPU devices' least chunk
   EXPECT_EQ(k.attention_chunks(513), 2u);
   EXPECT_EQ(k.attention_chunk_keys(513), 272u);
   EXPECT_EQ(k.attention_chunks(255), 1u);
