@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,10 +22,10 @@
 #include "core/program/program.h"
 #include "services/gpu_svc/gpu_runner.h"
 #include "services/gpu_svc/op_fusion.h"
-#include "services/gpu_svc/tiled_weights.h"
 #include "tests/gpu/fusion_run.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/kquant_test_util.h"
+#include "tests/gpu/siblings.h"
 #include "tests/support/local_flags.h"
 #include "tests/support/program_setup.h"
 
@@ -34,6 +33,8 @@ namespace duet::gpu {
 namespace {
 
 using test_support::tiny_fortune_path;
+using testing::SiblingLayout;
+using testing::Siblings;
 
 Plan weight_split_plan(const LlamaModel& m) {
   Plan p;
@@ -201,48 +202,9 @@ TEST(OpFusion, FusedStepsGiveTheBitsOfTheOpsApartForAKQuantMix) {
   std::filesystem::remove_all(dir);
 }
 
-// Sibling matmuls of one token: each weight tensor in the file's layout and its tiled copy, an
-// arena with the input row at x_off and each matmul's outputs (rows floats) at its own y_off.
-struct Siblings {
-  static constexpr uint32_t kToken = 2;  // the launch's token (rows 0..1 unused)
-  Siblings(ClDevice& dev, const std::vector<DType>& types, const std::vector<uint32_t>& rows,
-           uint32_t cols)
-      : x(testing::random_floats(size_t{kToken + 1} * cols, 11 + cols, 2.0f)) {
-    uint64_t y = 4096 + uint64_t{kToken + 1} * cols * 4;
-    for (size_t s = 0; s < types.size(); ++s) {
-      const auto bytes = dtype_is_k_quant(types[s])
-                             ? testing::random_kq_weights(types[s], rows[s], cols, 3 + rows[s])
-                             : testing::random_weights(types[s], rows[s], cols, 3 + rows[s]);
-      weights.push_back(std::make_unique<testing::HostBuffer>(dev, bytes));
-      tiled.push_back(std::make_unique<TiledTensor>(dev, types[s], rows[s], cols, bytes.data()));
-      MatmulArgs a = testing::matmul_args(types[s], weights.back()->mem(), 0, rows[s], cols, 4096,
-                                          y, {kToken, kToken + 1});
-      a.tiled = tiled.back()->mem();
-      args.push_back(a);
-      y += uint64_t{kToken + 1} * rows[s] * 4 + 64;  // a gap: writes past a tensor show there
-    }
-    arena = std::make_unique<testing::HostBuffer>(dev, y);
-  }
-  // Every byte past the input after run(launch): the outputs and the gaps.
-  std::vector<uint8_t> outputs(const std::function<void()>& launch) {
-    std::memset(arena->at(0), 0, arena->bytes());
-    std::memcpy(arena->at(4096), x.data(), x.size() * 4);
-    for (const MatmulArgs& a : args) {
-      float* y = arena->at<float>(a.y_off);
-      std::fill(y, y + size_t{kToken + 1} * a.y_stride, -7.0f);
-    }
-    arena->upload();
-    launch();
-    arena->download();
-    const uint64_t from = args.front().y_off;
-    return {arena->at(from), arena->at(0) + arena->bytes()};
-  }
-  std::vector<float> x;
-  std::vector<std::unique_ptr<testing::HostBuffer>> weights;
-  std::vector<std::unique_ptr<TiledTensor>> tiled;
-  std::vector<MatmulArgs> args;
-  std::unique_ptr<testing::HostBuffer> arena;
-};
+// The sibling matmuls' launch: one token, the third row of the arena's input (rows 0 and 1 unused).
+constexpr uint32_t kToken = 2;
+constexpr TokenRange kLaunch{kToken, kToken + 1};
 
 TEST(SiblingMatmuls, OneLaunchWritesTheBitsOfTheMatmulsApartOnOddRowCounts) {
   ClDevice& dev = shared_device();
@@ -262,7 +224,7 @@ TEST(SiblingMatmuls, OneLaunchWritesTheBitsOfTheMatmulsApartOnOddRowCounts) {
       {{DType::Q6_K, DType::Q4_K}, {1, 16}, 256},
   };
   for (const Case& c : cases) {
-    Siblings sib(dev, c.types, c.rows, c.cols);
+    Siblings sib(dev, c.types, c.rows, c.cols, kLaunch, SiblingLayout::tiled);
     for (const bool vnni : isas)
       for (const int bits : {8, 16}) {
         SCOPED_TRACE(std::string(dtype_name(c.types.front())) + " then " +
@@ -284,7 +246,7 @@ TEST(SiblingMatmuls, OneLaunchWritesTheBitsOfTheMatmulsApartOnOddRowCounts) {
           differ += std::memcmp(&apart[i], &fused[i], 4) != 0;
         EXPECT_EQ(differ, 0u) << "of " << apart.size() / 4 << " floats";
         const float* y0 = reinterpret_cast<const float*>(fused.data());
-        EXPECT_NE(y0[size_t{Siblings::kToken} * sib.args[0].y_stride], -7.0f);  // it wrote
+        EXPECT_NE(y0[size_t{kToken} * sib.args[0].y_stride], -7.0f);  // it wrote
       }
   }
 }
@@ -293,15 +255,11 @@ TEST(SiblingMatmuls, WhatOneLaunchCannotDoIsLeftToTheMatmulsApart) {
   ClDevice& dev = shared_device();
   GpuKernels kernels(dev);
   if (!testing::int8_path_available(kernels)) GTEST_SKIP() << "no integer path here";
-  Siblings sib(dev, {DType::Q4_K, DType::Q6_K, DType::Q4_K}, {31, 33, 16}, 256);
+  Siblings sib(dev, {DType::Q4_K, DType::Q6_K, DType::Q4_K}, {31, 33, 16}, 256, kLaunch,
+               SiblingLayout::tiled);
   ASSERT_TRUE(kernels.siblings_fuse(sib.args));
   const auto refused = [&](const char* why, auto change) {
-    std::vector<MatmulArgs> a = sib.args;
-    change(a);
-    EXPECT_FALSE(kernels.siblings_fuse(a)) << why;
-    const uint64_t before = kernels.launches();
-    EXPECT_EQ(kernels.matmul_siblings(sib.arena->mem(), a), nullptr) << why;
-    EXPECT_EQ(kernels.launches(), before) << why << ": something was enqueued";
+    testing::expect_siblings_refused(kernels, sib, why, change);
   };
   using Args = std::vector<MatmulArgs>;
   refused("one matmul", [](Args& a) { a.resize(1); });
@@ -313,13 +271,13 @@ TEST(SiblingMatmuls, WhatOneLaunchCannotDoIsLeftToTheMatmulsApart) {
   refused("no tiled copy", [](Args& a) { a[2].tiled = nullptr; });
   refused("another input", [](Args& a) { a[1].x_off += 4 * a[1].k; });
   refused("an output over the input", [](Args& a) {  // the token's output row at its input row
-    a[2].y_off = a[2].x_off + uint64_t{Siblings::kToken} * (a[2].k - a[2].y_stride) * 4;
+    a[2].y_off = a[2].x_off + uint64_t{kToken} * (a[2].k - a[2].y_stride) * 4;
   });
   refused("two outputs over each other", [](Args& a) { a[1].y_off = a[0].y_off + 8; });
   refused("Logits rows", [](Args& a) { a[0].rows_from_table = true; });
   kernels.set_int8_act_bits(MatmulRole::o, 8);  // the others keep 16
   refused("another activation width", [](Args& a) { a[1].role = MatmulRole::o; });
-  Siblings mixed(dev, {DType::Q4_0, DType::Q8_0}, {31, 33}, 64);
+  Siblings mixed(dev, {DType::Q4_0, DType::Q8_0}, {31, 33}, 64, kLaunch, SiblingLayout::tiled);
   EXPECT_FALSE(kernels.siblings_fuse(mixed.args)) << "Q4_0 and Q8_0 quantise their input apart";
 }
 

@@ -14,7 +14,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -26,10 +25,10 @@
 #include "core/program/program.h"
 #include "services/gpu_svc/gpu_runner.h"
 #include "services/gpu_svc/op_fusion.h"
-#include "services/gpu_svc/weight_pack.h"
 #include "tests/gpu/fusion_run.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/kquant_test_util.h"
+#include "tests/gpu/siblings.h"
 #include "tests/support/arch_models.h"
 #include "tests/support/local_flags.h"
 #include "tests/support/program_setup.h"
@@ -39,6 +38,8 @@ namespace duet::gpu {
 namespace {
 
 using test_support::tiny_fortune_path;
+using testing::SiblingLayout;
+using testing::Siblings;
 
 // A PoCL device that copies in and out as a discrete GPU does (DeviceOptions::force_copies).
 ClDevice& copying_device() {
@@ -58,52 +59,6 @@ size_t floats_differing(const std::vector<uint8_t>& a, const std::vector<uint8_t
     differ += std::memcmp(&a[i], &b[i], 4) != 0;
   return differ;
 }
-
-// Sibling GEMVs of `tokens` tokens: each weight tensor in a buffer of its own at w_off (packed
-// when `packed`), an arena with the input rows at x_off and each GEMV's outputs at its own y_off.
-struct Siblings {
-  static constexpr uint64_t kX = 4096;
-  Siblings(ClDevice& dev, const std::vector<DType>& types, const std::vector<uint32_t>& rows,
-           uint32_t cols, uint32_t tokens, bool packed, uint64_t w_off = 0)
-      : x(testing::random_floats(size_t{tokens} * cols, 11 + cols, 2.0f)) {
-    uint64_t y = kX + uint64_t{tokens} * cols * 4;
-    for (size_t s = 0; s < types.size(); ++s) {
-      const auto bytes = dtype_is_k_quant(types[s])
-                             ? testing::random_kq_weights(types[s], rows[s], cols, 3 + rows[s])
-                             : testing::random_weights(types[s], rows[s], cols, 3 + rows[s]);
-      auto w = std::make_unique<testing::HostBuffer>(dev, w_off + bytes.size());
-      if (packed)
-        pack_weights(types[s], rows[s], cols, bytes.data(), w->at(w_off));
-      else
-        std::memcpy(w->at(w_off), bytes.data(), bytes.size());
-      w->upload();
-      MatmulArgs a =
-          testing::matmul_args(types[s], w->mem(), w_off, rows[s], cols, kX, y, {0, tokens});
-      if (packed) a.packed_rows = rows[s];
-      args.push_back(a);
-      weights.push_back(std::move(w));
-      y += uint64_t{tokens} * rows[s] * 4 + 64;  // a gap: writes past a tensor show there
-    }
-    arena = std::make_unique<testing::HostBuffer>(dev, y);
-  }
-  // Every byte past the input after run(launch): the outputs and the gaps.
-  std::vector<uint8_t> outputs(const std::function<void()>& launch) {
-    std::memset(arena->at(0), 0, arena->bytes());
-    std::memcpy(arena->at(kX), x.data(), x.size() * 4);
-    for (const MatmulArgs& a : args) {
-      float* y = arena->at<float>(a.y_off);
-      std::fill(y, y + size_t{a.tokens.count()} * a.y_stride, -7.0f);
-    }
-    arena->upload();
-    launch();
-    arena->download();
-    return {arena->at(args.front().y_off), arena->at(0) + arena->bytes()};
-  }
-  std::vector<float> x;
-  std::vector<std::unique_ptr<testing::HostBuffer>> weights;
-  std::vector<MatmulArgs> args;
-  std::unique_ptr<testing::HostBuffer> arena;
-};
 
 class GpuSiblingGemvs : public ::testing::Test {
  protected:
@@ -138,7 +93,8 @@ TEST_F(GpuSiblingGemvs, OneLaunchWritesTheBitsOfTheGemvsApartOnOddRowCounts) {
   for (const Case& c : cases)
     for (const uint32_t tokens : {1u, 3u}) {
       SCOPED_TRACE(std::string(c.what) + ", " + std::to_string(tokens) + " tokens");
-      Siblings sib(dev, c.types, c.rows, c.cols, tokens, c.packed, c.w_off);
+      Siblings sib(dev, c.types, c.rows, c.cols, {0, tokens},
+                   c.packed ? SiblingLayout::packed : SiblingLayout::file, c.w_off);
       ASSERT_TRUE(kernels.siblings_fuse(sib.args));
       const auto apart = sib.outputs([&] {
         for (const MatmulArgs& a : sib.args) testing::run(kernels.matmul(sib.arena->mem(), a));
@@ -160,15 +116,11 @@ TEST_F(GpuSiblingGemvs, OneLaunchWritesTheBitsOfTheGemvsApartOnOddRowCounts) {
 }
 
 TEST_F(GpuSiblingGemvs, WhatOneLaunchCannotDoIsLeftToTheGemvsApart) {
-  Siblings sib(dev, {DType::Q8_0, DType::Q8_0, DType::Q8_0}, {31, 33, 16}, 64, 1, true);
+  Siblings sib(dev, {DType::Q8_0, DType::Q8_0, DType::Q8_0}, {31, 33, 16}, 64, {0, 1},
+               SiblingLayout::packed);
   ASSERT_TRUE(kernels.siblings_fuse(sib.args));
   const auto refused = [&](const char* why, auto change) {
-    std::vector<MatmulArgs> a = sib.args;
-    change(a);
-    EXPECT_FALSE(kernels.siblings_fuse(a)) << why;
-    const uint64_t before = kernels.launches();
-    EXPECT_EQ(kernels.matmul_siblings(sib.arena->mem(), a), nullptr) << why;
-    EXPECT_EQ(kernels.launches(), before) << why << ": something was enqueued";
+    testing::expect_siblings_refused(kernels, sib, why, change);
   };
   using Args = std::vector<MatmulArgs>;
   refused("one GEMV", [](Args& a) { a.resize(1); });
@@ -185,9 +137,9 @@ TEST_F(GpuSiblingGemvs, WhatOneLaunchCannotDoIsLeftToTheGemvsApart) {
   refused("another variant (a tall tensor)", [](Args& a) {
     a[1].row_end = a[1].packed_rows = 16385;  // the arguments only: never launched
   });
-  Siblings mixed(dev, {DType::Q4_0, DType::Q8_0}, {31, 33}, 64, 1, true);
+  Siblings mixed(dev, {DType::Q4_0, DType::Q8_0}, {31, 33}, 64, {0, 1}, SiblingLayout::packed);
   EXPECT_FALSE(kernels.siblings_fuse(mixed.args)) << "two GEMV kernels";
-  Siblings q4k_q4_0(dev, {DType::Q4_K, DType::Q4_0}, {31, 33}, 256, 1, false);
+  Siblings q4k_q4_0(dev, {DType::Q4_K, DType::Q4_0}, {31, 33}, 256, {0, 1}, SiblingLayout::file);
   EXPECT_FALSE(kernels.siblings_fuse(q4k_q4_0.args)) << "the K-quant GEMV and gemv_coop4";
   // A group whose last GEMV differs: its first two still fuse (launch_fused tries them).
   Args three = sib.args;
