@@ -24,6 +24,15 @@
 
 // ---- file layout, cooperative GEMV (any GPU; the fallback for unpacked tensors)
 
+// A GEMV work-group's token t (global id 1) and its output row out_row (matmul_out_row); the
+// group returns where the token has none (uniform across the group: it holds one token). Reads
+// t_begin, arena, tok_off and rows_from_table by name.
+#define GEMV_GROUP_TOKEN                                                  \
+  const uint t = t_begin + get_global_id(1);                              \
+  global const int* tok = (global const int*)(arena + tok_off);           \
+  const int out_row = matmul_out_row(tok, rows_from_table, t);            \
+  if (out_row < 0) return;
+
 // The end of a row-per-lanes GEMV group: each work-item's partial sum `VALUE` into local memory,
 // a tree over the row's LANES work-items (lane = lid % LANES), and lane 0 stores the row's y. The
 // cooperative GEMVs here and the K-quant ones (matmul_kq_gpu.cl) end with it.
@@ -48,10 +57,7 @@
   const uint lid = get_local_id(0);                                                            \
   const uint lane = lid % GEMV_LWS;                                                            \
   const uint r = row_begin + grp * GEMV_ROWS + lid / GEMV_LWS;                                 \
-  const uint t = t_begin + get_global_id(1);                                                   \
-  global const int* tok = (global const int*)(arena + tok_off);                                \
-  const int out_row = matmul_out_row(tok, rows_from_table, t);                                 \
-  if (out_row < 0) return; /* uniform across the work-group (one token) */                    \
+  GEMV_GROUP_TOKEN                                                                             \
   const uint n_blocks = k / QK;                                                                \
   float16 acc = (float16)(0.0f);                                                               \
   if (r < row_end) {                                                                           \
@@ -90,10 +96,7 @@ DEFINE_GEMV_COOP(f32)
   const uint lane = lid % 32;                                                                                    \
   const uint quarter = lane % 4;                                                                                 \
   const uint r = row_begin + grp * GEMV4_ROWS + lid / 32;                                                        \
-  const uint t = t_begin + get_global_id(1);                                                                     \
-  global const int* tok = (global const int*)(arena + tok_off);                                                  \
-  const int out_row = matmul_out_row(tok, rows_from_table, t);                                                   \
-  if (out_row < 0) return; /* uniform across the work-group (one token) */                                       \
+  GEMV_GROUP_TOKEN                                                                                               \
   const uint n_blocks = k / QK;                                                                                  \
   float acc = 0.0f;                                                                                              \
   if (r < row_end) {                                                                                             \
@@ -209,10 +212,7 @@ inline float sum_x8(float4 a, float4 b, float4 c, float4 d, float4 e, float4 f, 
   const uint lane = get_local_id(0) % LANES;                                                                  \
   const uint group = get_local_id(0) / LANES;                                                                 \
   const uint r0 = row_begin + (grp * PG_GROUPS + group) * RPL;                                                \
-  const uint t = t_begin + get_global_id(1);                                                                  \
-  global const int* tok = (global const int*)(arena + tok_off);                                               \
-  const int out_row = matmul_out_row(tok, rows_from_table, t);                                                \
-  if (out_row < 0) return; /* uniform across the work-group (one token) */                                   \
+  GEMV_GROUP_TOKEN                                                                                            \
   const ulong x_byte = x_off + (ulong)t * x_stride * 4;                                                       \
   global const float* x = (global const float*)(arena + x_byte);                                              \
   const int x_aligned = (x_byte % 16) == 0;                                                                   \

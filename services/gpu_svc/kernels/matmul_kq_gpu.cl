@@ -198,10 +198,7 @@ inline float kq_sum4(float4 v) {
   const uint lid = get_local_id(0);                                                                \
   const uint lane = lid % 32;                                                                      \
   const uint r = row_begin + grp * KQ_GEMV_ROWS + lid / 32;                                        \
-  const uint t = t_begin + get_global_id(1);                                                       \
-  global const int* tok = (global const int*)(arena + tok_off);                                    \
-  const int out_row = matmul_out_row(tok, rows_from_table, t);                                     \
-  if (out_row < 0) return; /* uniform across the work-group (one token) */                        \
+  GEMV_GROUP_TOKEN                                                                                 \
   const uint n_super = k / 256;                                                                    \
   const ulong block_bytes = BLOCK_BYTES;                                                           \
   const uint qs_at = QS_AT;                                                                        \
