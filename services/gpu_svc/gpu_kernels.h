@@ -311,7 +311,14 @@ class GpuKernels {
   };
   std::optional<GemvPick> gemv_pick(const MatmulArgs& a) const;
   cl_event gemv_gpu(cl_mem arena, const MatmulArgs& a, const GemvPick& g);
-  cl_event gemv_siblings(cl_mem arena, std::span<const MatmulArgs> mm);
+  // How matmul_siblings launches mm (none where siblings_fuse is false): on the integer path, or
+  // as gemv's sibling kernel, picked once for both the check and the launch.
+  struct SiblingPick {
+    bool int8 = false;
+    GemvPick gemv;
+  };
+  std::optional<SiblingPick> sibling_pick(std::span<const MatmulArgs> mm) const;
+  cl_event gemv_siblings(cl_mem arena, std::span<const MatmulArgs> mm, const GemvPick& g);
   cl_event int8_siblings(cl_mem arena, std::span<const MatmulArgs> mm);
   // The group size rmsnorm() launches on this device (add_rmsnorm must match it).
   size_t rmsnorm_group(uint32_t dim) const;

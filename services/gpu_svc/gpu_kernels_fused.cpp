@@ -48,42 +48,48 @@ int sibling_type_code(DType t) {
 }  // namespace
 
 bool GpuKernels::siblings_fuse(std::span<const MatmulArgs> mm) const {
-  if (mm.size() < 2 || mm.size() > kMaxSiblings) return false;
+  return sibling_pick(mm).has_value();
+}
+
+std::optional<GpuKernels::SiblingPick> GpuKernels::sibling_pick(
+    std::span<const MatmulArgs> mm) const {
+  if (mm.size() < 2 || mm.size() > kMaxSiblings) return std::nullopt;
   const MatmulArgs& a = mm[0];
   const ArenaRows input(a.x_off, a.x_stride, a.tokens);
   for (size_t s = 0; s < mm.size(); ++s) {
     const MatmulArgs& m = mm[s];
     if (m.rows_from_table || m.row_begin != 0 || m.x_off != a.x_off || m.x_stride != a.x_stride ||
         m.k != a.k || m.tokens.begin != a.tokens.begin || m.tokens.end != a.tokens.end)
-      return false;
+      return std::nullopt;
     // Apart, a matmul writing its siblings' input (or outputs) would change what they compute.
     const ArenaRows out(m.y_off, m.y_stride, m.tokens);
-    if (out.overlaps(input)) return false;
+    if (out.overlaps(input)) return std::nullopt;
     for (size_t o = 0; o < s; ++o)
-      if (out.overlaps(ArenaRows(mm[o].y_off, mm[o].y_stride, mm[o].tokens))) return false;
+      if (out.overlaps(ArenaRows(mm[o].y_off, mm[o].y_stride, mm[o].tokens))) return std::nullopt;
   }
   if (quantizes_input(a)) {  // the integer path: the T = 1 kernels only (decode)
-    if (a.tokens.count() != 1) return false;
+    if (a.tokens.count() != 1) return std::nullopt;
     const auto bits_zp = int8_bits_zp(a);
     for (const MatmulArgs& m : mm)
       if (!quantizes_input(m) || !m.tiled || sibling_type_code(m.wtype) < 0 ||
           int8_bits_zp(m) != bits_zp)
-        return false;
-    return true;
+        return std::nullopt;
+    return SiblingPick{.int8 = true};
   }
   // The GPU GEMVs: every one the same sibling kernel (matmul_siblings_gpu.cl).
-  const std::optional<GemvPick> first = gemv_pick(a);
-  if (!first || first->siblings.empty() || a.tokens.count() == 0) return false;
-  for (const MatmulArgs& m : mm) {
+  std::optional<GemvPick> first = gemv_pick(a);
+  if (!first || first->siblings.empty() || a.tokens.count() == 0) return std::nullopt;
+  for (const MatmulArgs& m : mm.subspan(1)) {
     const std::optional<GemvPick> g = gemv_pick(m);
-    if (quantizes_input(m) || !g || g->siblings != first->siblings) return false;
+    if (quantizes_input(m) || !g || g->siblings != first->siblings) return std::nullopt;
   }
-  return true;
+  return SiblingPick{.gemv = std::move(*first)};
 }
 
 cl_event GpuKernels::matmul_siblings(cl_mem arena, std::span<const MatmulArgs> mm) {
-  if (!siblings_fuse(mm)) return nullptr;
-  return quantizes_input(mm[0]) ? int8_siblings(arena, mm) : gemv_siblings(arena, mm);
+  const std::optional<SiblingPick> pick = sibling_pick(mm);
+  if (!pick) return nullptr;
+  return pick->int8 ? int8_siblings(arena, mm) : gemv_siblings(arena, mm, pick->gemv);
 }
 
 cl_event GpuKernels::int8_siblings(cl_mem arena, std::span<const MatmulArgs> mm) {
@@ -115,10 +121,10 @@ cl_event GpuKernels::int8_siblings(cl_mem arena, std::span<const MatmulArgs> mm)
 
 // Each segment's work-groups are the ones its GEMV apart would launch, one after another
 // (GEMV_SIB_SEGMENT in matmul_siblings_gpu.cl finds a group's segment by the same counts).
-cl_event GpuKernels::gemv_siblings(cl_mem arena, std::span<const MatmulArgs> mm) {
+cl_event GpuKernels::gemv_siblings(cl_mem arena, std::span<const MatmulArgs> mm,
+                                   const GemvPick& g) {
   forget_quantized_input();
   const MatmulArgs& a = mm[0];
-  const GemvPick g = *gemv_pick(a);
   cl_kernel k = dev_.kernel(g.siblings);
   set_args(k, cl_uint{a.k}, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.tokens.begin},
            cl_ulong{a.tok_off});
