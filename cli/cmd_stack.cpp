@@ -24,6 +24,7 @@
 #include "cli/stack_settings.h"
 #include "core/base/error.h"
 #include "core/base/settings.h"
+#include "core/ipc/client.h"
 #include "core/ipc/messaging.h"
 #include "core/ipc/run_dir.h"
 #include "core/ipc/stack_config.h"
@@ -54,6 +55,7 @@ struct StackArgs {
   std::string kv_type;       // f16 (default), f32 or q8_0
   std::string config;        // a stack.toml of settings (core/ipc/stack_config.h)
   bool keys = false;         // `stack config --keys`: the registry, not a stack
+  bool no_warmup = false;    // `stack up --no-warmup` (DUET_WARMUP off)
   int timeout_s = 30;
   int max_restarts = 5;
   int restart_window_ms = 10000;
@@ -241,6 +243,41 @@ std::optional<std::string> read_ready_line(int fd, std::chrono::seconds timeout,
   }
 }
 
+// llama-server's warm-up at load: each model's engines built and run once (schemas/client.fbs
+// Warmup), so the first request does not pay for it. A failure is only reported: the stack is
+// up, and the next request tries to build the engine again.
+void warm_up(const StackArgs& a, const std::string& run_dir,
+             const std::vector<ServedModel>& models) {
+  client::Client client(client::stack_endpoint(a.stack, run_dir));
+  for (const ServedModel& m : models) {
+    if (models.size() > 1) client.set_model(m.name);
+    const std::string name =
+        m.name.empty() ? std::filesystem::path(m.path).stem().string() : m.name;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      const nlohmann::json j = client.warmup(std::chrono::seconds(a.timeout_s));
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+      if (j.contains("skipped")) {
+        std::printf("  %s: warm-up skipped (%s)\n", name.c_str(),
+                    j["skipped"].get<std::string>().c_str());
+        continue;
+      }
+      size_t steps = 0;
+      for (const auto& e : j.value("engines", nlohmann::json::array()))
+        steps += e.value("steps", nlohmann::json::array()).size();
+      std::printf("  %s: warmed up in %lld ms (%zu steps)\n", name.c_str(),
+                  static_cast<long long>(ms), steps);
+    } catch (const Error& e) {
+      std::fprintf(stderr,
+                   "duet: warning: %s: warm-up failed [%s]: %s (the first request builds the "
+                   "engine; `duet stack up --no-warmup` skips the warm-up)\n",
+                   name.c_str(), std::string(errc_name(e.code())).c_str(), e.what());
+    }
+  }
+}
+
 void stack_up(const StackArgs& a) {
   validate_stack_id(a.stack);
   const std::string run_dir = run_dir_of(a.stack);
@@ -256,7 +293,8 @@ void stack_up(const StackArgs& a) {
                                       {"DUET_KV_TYPE", a.kv_type},
                                       {"DUET_MODELS", cli::models_flag(a.models)},
                                       {"DUET_MODEL_PLANS", cli::joined(a.model_plans)},
-                                      {"DUET_MODEL_PRIORITIES", cli::joined(a.model_priorities)}});
+                                      {"DUET_MODEL_PRIORITIES", cli::joined(a.model_priorities)},
+                                      {"DUET_WARMUP", a.no_warmup ? "off" : ""}});
   export_stack_settings(settings);
   const std::vector<ServedModel> models = cli::resolve_models(a.models);
   // A plan or priority naming a model the stack does not serve, or a bad one, stops here.
@@ -296,6 +334,7 @@ void stack_up(const StackArgs& a) {
         a.stack.c_str(), a.http.empty() ? 4 : 5, static_cast<long long>(ms), pid, run_dir.c_str(),
         line->size() > 2 ? "\n  " : "", line->size() > 4 ? line->c_str() + 4 : "");
     if (!kv_note.empty()) std::printf("  %s\n", kv_note.c_str());
+    if (setting_on("DUET_WARMUP")) warm_up(a, run_dir, models);
     return;
   }
   if (line && line->starts_with("degraded: "))
@@ -523,7 +562,10 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
   up->add_option("--config", args->config,
                  "a TOML file of settings (`duet stack config --keys` lists them); flags and "
                  "DUET_* variables override it");
-  up->add_option("--timeout", args->timeout_s, "seconds to wait for healthy")
+  up->add_flag("--no-warmup", args->no_warmup,
+               "do not warm the engines up once healthy (the first request builds them)");
+  up->add_option("--timeout", args->timeout_s,
+                 "seconds to wait for healthy (and then for each model's warm-up)")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
   up->add_option("--max-restarts", args->max_restarts, "restart intensity: restarts ...")

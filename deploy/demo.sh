@@ -12,8 +12,9 @@ duet=build/bin/duet
 stack="demo-$$"
 $duet stack up --stack "$stack" "$@"
 trap '$duet stack down --stack "$stack" >/dev/null' EXIT
-# The first run on a machine compiles OpenCL kernel variants (seconds; once per machine) and
-# gpu_svc measures its two queues for small steps: a short warm-up first, not measured.
+# `stack up` warmed the engines up (built them, ran each token bucket once); gpu_svc still
+# measures its two queues for small steps over the first decodes: a short request first, not
+# measured.
 echo "--- warm-up (16 tokens, not measured):"
 $duet generate --stack "$stack" --max-tokens 16 --ignore-eos "$prompt" >/dev/null
 echo "--- generate (greedy, 64 tokens) through frontend -> gpu_svc (OpenCL) + npu_svc (NPU emulator):"

@@ -36,6 +36,11 @@ const std::array kSettings = {
     Setting{"DUET_TIMING", "timing", T::choice, "", 0, 0, "|modeled|measured",
             "what the solver optimises the executed plan for; empty: the plan's own (auto: "
             "measured, tensor: modeled) (`stack up --timing`)"},
+    Setting{"DUET_WARMUP", "warmup", T::choice, "on", 0, 0, "on|off",
+            "`stack up` warms each model's engines up once the stack is healthy (one step per "
+            "token bucket on a scratch sequence, outside the metrics), so the first request does "
+            "not pay for building them; off: the first request builds them (`stack up "
+            "--no-warmup`)"},
     // The KV pool.
     Setting{"DUET_KV_MEMORY", "kv.memory", T::size, "", 0, 0, "",
             "memory for the KV page pool, e.g. 2G; empty: a quarter of the memory available, "

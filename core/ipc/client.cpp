@@ -133,6 +133,10 @@ Event decode_event(const std::vector<uint8_t>& bytes) {
       e.kind = Event::Kind::status;  // JSON, as status
       e.json = to_str(m->body_as_TraceReply()->json());
       return e;
+    case fbc::ClientBody::WarmupReply:
+      e.kind = Event::Kind::status;
+      e.json = to_str(m->body_as_WarmupReply()->json());
+      return e;
     case fbc::ClientBody::TokenizeReply: {
       const auto* r = m->body_as_TokenizeReply();
       e.kind = Event::Kind::tokenize;
@@ -451,6 +455,14 @@ nlohmann::json Client::trace(uint64_t number, std::chrono::milliseconds timeout)
   auto body = fbc::CreateTrace(fbb, number, model_.empty() ? 0 : fbb.CreateString(model_));
   send(finish(fbb, id, fbc::ClientBody::Trace, body.Union()));
   return json_reply(id, timeout, "trace");
+}
+
+nlohmann::json Client::warmup(std::chrono::milliseconds timeout) {
+  const uint64_t id = next_request_id_++;
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = fbc::CreateWarmup(fbb, model_.empty() ? 0 : fbb.CreateString(model_));
+  send(finish(fbb, id, fbc::ClientBody::Warmup, body.Union()));
+  return json_reply(id, timeout, "warmup");
 }
 
 nlohmann::json Client::status(std::chrono::milliseconds timeout) {

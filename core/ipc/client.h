@@ -142,6 +142,9 @@ class Client {
   // (set_model; "" = the stack's default).
   nlohmann::json trace(uint64_t number,
                        std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // Warms the model's engines up (schemas/client.fbs Warmup): what ran, as JSON. Throws the
+  // frontend's Error when an engine cannot start.
+  nlohmann::json warmup(std::chrono::milliseconds timeout = std::chrono::minutes(5));
   EvalResult eval(const std::vector<int32_t>& ids, const std::string& plan = "",
                   const std::string& model_path = "",
                   std::chrono::milliseconds timeout = std::chrono::minutes(5));

@@ -233,6 +233,7 @@ nlohmann::json Frontend::status() const {
           {"executed_plan", engine_->executed_plan()},
           {"modeled_plan", engine_->modeled_plan()},
           {"trace", trace_status()},
+          {"warmup", last_warmup_},
           {"uptime_ms", now - started_ms_},
           {"queue",
            {{"reactive", scheduler_.queued(Priority::reactive)},

@@ -13,6 +13,9 @@
 //                if still listening, gets Error(timeout) saying so)
 //   CloseSession -> Done (finish_reason "closed"); the session's KV is freed
 //   Trace     -> TraceReply: one request's steps as Chrome trace-event JSON (frontend_trace.cpp)
+//   Warmup    -> WarmupReply (JSON): one step of each token bucket on a scratch sequence, outside
+//                the metrics (frontend_warmup.cpp); `duet stack up` sends it; Error when the
+//                engine cannot start
 //   Resume    -> (issue 22, frontend_resume.cpp) for a request this frontend adopted from the
 //                request journal after a restart: the stream from the client's position on
 //                (TokenChunk*, then Done), or an empty TokenChunk as the ack; Error(not_found)
@@ -182,6 +185,10 @@ class Frontend {
   nlohmann::json build_trace(uint64_t number) const;
   void record_step(std::vector<uint64_t> request_numbers, const StepStats& stats);
   nlohmann::json trace_status() const;
+  // frontend_warmup.cpp: Warmup (engines built, one step per token bucket, then a decode)
+  void on_warmup(const std::vector<std::string>& routing, uint64_t id, const fb::client::Warmup& w);
+  nlohmann::json warm_up_engine(Engine& engine, const char* lane,
+                                std::span<const int> prefill_steps);
   // frontend_tokenize.cpp: the model's tokenizer for clients (http_svc's /tokenize, /detokenize)
   void on_tokenize(const std::vector<std::string>& routing, uint64_t id,
                    const fb::client::Tokenize& t);
@@ -242,6 +249,7 @@ class Frontend {
   std::map<Key, std::unique_ptr<Request>> requests_;
   std::map<uint64_t, Session> sessions_;
   uint64_t next_seq_id_ = 1;
+  nlohmann::json last_warmup_;  // the last Warmup's reply (status "warmup"); null: none yet
   double started_ms_ = 0;
   double last_reap_ms_ = 0;
   StackMetrics metrics_;

@@ -114,6 +114,9 @@ void Frontend::handle(msg::Envelope& env) {
       case fbc::ClientBody::Trace:
         on_trace(routing, id, *m->body_as_Trace());
         return;
+      case fbc::ClientBody::Warmup:
+        on_warmup(routing, id, *m->body_as_Warmup());
+        return;
       case fbc::ClientBody::Status: {
         flatbuffers::FlatBufferBuilder fbb;
         auto body = fbc::CreateStatusReplyDirect(fbb, status().dump().c_str());
@@ -127,7 +130,7 @@ void Frontend::handle(msg::Envelope& env) {
                     std::string("the frontend does not accept ") +
                         fbc::EnumNameClientBody(m->body_type()) +
                         " from clients (send Generate, Cancel, Status, Eval, KeepAlive, "
-                        "CloseSession, Tokenize, Detokenize, Resume or Trace)");
+                        "CloseSession, Tokenize, Detokenize, Resume, Trace or Warmup)");
     }
   } catch (const Error& e) {
     ++metrics_.rejected;

@@ -143,6 +143,9 @@ void ModelRouter::route(msg::Envelope& env) {
     case fbc::ClientBody::Trace:
       named = m->body_as_Trace()->model();
       break;
+    case fbc::ClientBody::Warmup:
+      named = m->body_as_Warmup()->model();
+      break;
     case fbc::ClientBody::Resume:
       named = m->body_as_Resume()->model();
       if (!named || named->size() == 0) {

@@ -58,10 +58,12 @@ class MultiModelStack : public ::testing::Test {
 
   // `models`: the --model flags. The tensor plan (the solver's split for the SoC) is the same
   // plan in every stack, so a model's tokens do not depend on a host measurement.
-  void up(const std::string& models, const std::string& extra = "") {
+  // Returns `stack up`'s output.
+  std::string up(const std::string& models, const std::string& extra = "") {
     const CliResult r = run_duet("stack up --timeout 120 --plan tensor --stack " + id_ + " " +
                                  models + " " + extra);
-    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return r.out;
   }
   void down() { test_support::tear_down_stack(id_, default_run_dir(id_)); }
   std::string two_models() const {
@@ -144,8 +146,11 @@ TEST_F(MultiModelStack, EachModelsTokensEqualItsOwnStacksUnderInterleavedRequest
   }
   ASSERT_NE(alone["fortune"][0], alone["qwen"][0]) << "the two models must differ to tell apart";
 
+  // `stack up` warms every model's engines up, each by its name.
+  const std::string out = up(two_models());
+  EXPECT_NE(out.find("fortune: warmed up in"), std::string::npos) << out;
+  EXPECT_NE(out.find("qwen: warmed up in"), std::string::npos) << out;
   // Both at once: every request of one model between two of the other.
-  up(two_models());
   std::vector<Ask> asks;
   for (size_t i = 0; i <= prompts.size(); ++i)
     for (const std::string model : {"fortune", "qwen"})
