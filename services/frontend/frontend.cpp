@@ -108,6 +108,7 @@ Frontend::~Frontend() {
 }
 
 bool Frontend::has_work() const {
+  if (warmup_) return true;
   for (Request* r : scheduler_.running_requests())
     if (r->finish_reason.empty() && (r->prefilling() || r->decoding())) return true;
   return scheduler_.queued() > 0 && scheduler_.can_admit();
@@ -127,7 +128,10 @@ void Frontend::pump_io() {
 }
 
 void Frontend::step_once() {
-  step();
+  if (warmup_)
+    warm_up_next();  // until it ends, or a request comes
+  else
+    step();
   flush_outboxes();
 }
 
@@ -233,7 +237,10 @@ nlohmann::json Frontend::status() const {
           {"executed_plan", engine_->executed_plan()},
           {"modeled_plan", engine_->modeled_plan()},
           {"trace", trace_status()},
-          {"warmup", last_warmup_},
+          {"warmup", warmup_ ? nlohmann::json{{"running", true},
+                                              {"engine", warmup_->lanes[warmup_->lane].name},
+                                              {"engines_done", warmup_->engines.size()}}
+                             : last_warmup_},
           {"uptime_ms", now - started_ms_},
           {"queue",
            {{"reactive", scheduler_.queued(Priority::reactive)},

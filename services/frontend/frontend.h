@@ -14,8 +14,9 @@
 //   CloseSession -> Done (finish_reason "closed"); the session's KV is freed
 //   Trace     -> TraceReply: one request's steps as Chrome trace-event JSON (frontend_trace.cpp)
 //   Warmup    -> WarmupReply (JSON): one step of each token bucket on a scratch sequence, outside
-//                the metrics (frontend_warmup.cpp); `duet stack up` sends it; Error when the
-//                engine cannot start
+//                the metrics, one unit per pump; skipped while requests run, ended by one that
+//                arrives (frontend_warmup.cpp); `duet stack up` sends it; Error when the engine
+//                cannot start
 //   Resume    -> (issue 22, frontend_resume.cpp) for a request this frontend adopted from the
 //                request journal after a restart: the stream from the client's position on
 //                (TokenChunk*, then Done), or an empty TokenChunk as the ack; Error(not_found)
@@ -185,10 +186,31 @@ class Frontend {
   nlohmann::json build_trace(uint64_t number) const;
   void record_step(std::vector<uint64_t> request_numbers, const StepStats& stats);
   nlohmann::json trace_status() const;
-  // frontend_warmup.cpp: Warmup (engines built, one step per token bucket, then a decode)
+  // frontend_warmup.cpp: Warmup (engines built, one step per token bucket, then a decode), a job
+  // step_once() advances one unit at a time while no request is open.
+  struct WarmupJob {
+    std::vector<std::string> routing;  // the asking client's
+    uint64_t id = 0;
+    struct Lane {
+      Engine* engine;
+      const char* name;                // "main", "proactive"
+      std::vector<int> prefill_steps;  // tokens of each prefill step, before the decode
+    };
+    std::vector<Lane> lanes;
+    size_t lane = 0;    // the engine being warmed
+    bool open = false;  // its scratch sequence is open
+    uint64_t seq = 0;
+    int32_t pos = 0;
+    std::vector<int> sizes;  // this engine's steps (the last one the decode)
+    nlohmann::json steps, engines = nlohmann::json::array();
+    double open_ms = 0;
+    std::chrono::steady_clock::time_point started, lane_started;
+  };
   void on_warmup(const std::vector<std::string>& routing, uint64_t id, const fb::client::Warmup& w);
-  nlohmann::json warm_up_engine(Engine& engine, const char* lane,
-                                std::span<const int> prefill_steps);
+  void warm_up_next();
+  WarmupJob take_warmup();  // ends the job (its scratch sequence closed)
+  void end_warmup(nlohmann::json reply);
+  void reply_warmup(const std::vector<std::string>& routing, uint64_t id, const nlohmann::json& j);
   // frontend_tokenize.cpp: the model's tokenizer for clients (http_svc's /tokenize, /detokenize)
   void on_tokenize(const std::vector<std::string>& routing, uint64_t id,
                    const fb::client::Tokenize& t);
@@ -249,7 +271,8 @@ class Frontend {
   std::map<Key, std::unique_ptr<Request>> requests_;
   std::map<uint64_t, Session> sessions_;
   uint64_t next_seq_id_ = 1;
-  nlohmann::json last_warmup_;  // the last Warmup's reply (status "warmup"); null: none yet
+  std::optional<WarmupJob> warmup_;  // a Warmup in progress
+  nlohmann::json last_warmup_;       // the last Warmup's reply (status "warmup"); null: none yet
   double started_ms_ = 0;
   double last_reap_ms_ = 0;
   StackMetrics metrics_;

@@ -5,9 +5,12 @@
 // (PoCL compiles a kernel again per work-group size and caches it on disk, so on a fresh machine
 // that is seconds). Here the engines run one step of each token bucket on a scratch sequence;
 // nothing of it reaches the request metrics or the trace ring.
+//
+// The warm-up is a job the pump advances one unit at a time (an engine's build, then one step),
+// as it steps requests, so the control socket's heartbeats are answered between units. A request
+// that arrives ends it at the next unit (the reply says what ran): requests come first.
 #include <algorithm>
 #include <chrono>
-#include <span>
 #include <string>
 
 #include "core/base/error.h"
@@ -22,8 +25,8 @@ namespace {
 // The main engine's prefill steps: one per token bucket of a stack's engines (1, 4, 16, 64:
 // make_stack_engine), largest first, then a decode step. The proactive engine shares gpu_svc's
 // kernels and weights with it, so a short prefill and a decode build and touch what is its own.
-constexpr int kMainSteps[] = {64, 16, 4};
-constexpr int kProactiveSteps[] = {4};
+const std::vector<int> kMainSteps = {64, 16, 4};
+const std::vector<int> kProactiveSteps = {4};
 
 double elapsed_ms(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since)
@@ -32,83 +35,117 @@ double elapsed_ms(std::chrono::steady_clock::time_point since) {
 
 }  // namespace
 
-nlohmann::json Frontend::warm_up_engine(Engine& engine, const char* lane,
-                                        std::span<const int> prefill_steps) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const LlamaModel& model = engine.model();
-  // Ordinary tokens of the model's own vocabulary, as many as the steps need; a context too short
-  // for all of them gets smaller steps.
-  const int max_step = engine.max_step_tokens();
-  const int n_ctx = options_.max_context > 0 ? std::min(options_.max_context, model.hp().n_ctx)
-                                             : model.hp().n_ctx;
-  std::vector<int> sizes;
-  int positions = 0;
-  for (int n : prefill_steps) {
-    n = std::min(n, max_step);
-    if (positions + n + 1 > n_ctx) continue;
-    sizes.push_back(n);
-    positions += n;
-  }
-  std::vector<int32_t> text =
-      tokenizer_.encode("The quick brown fox jumps over the lazy dog.", true);
-  if (text.empty()) text.push_back(0);
-  const uint64_t seq = next_seq_id_++;
-  engine.open_seq(seq, positions + 1);  // builds the engine on its first use
-  const double open_ms = elapsed_ms(t0);
-  nlohmann::json steps = nlohmann::json::array();
-  try {
-    engine.reserve_seq(seq, positions + 1);
-    int32_t pos = 0;
-    auto run = [&](int n, bool decode) {
-      SeqStep s;
-      s.seq_id = seq;
-      s.pos0 = pos;
-      s.decode = decode;
-      for (int i = 0; i < n; ++i)
-        s.tokens.push_back(text[static_cast<size_t>(pos + i) % text.size()] % model.hp().n_vocab);
-      StepStats stats;
-      const auto t = std::chrono::steady_clock::now();
-      (void)engine.step({s}, &stats);
-      steps.push_back({{"tokens", n}, {"decode", decode}, {"ms", elapsed_ms(t)}});
-      pos += n;
-    };
-    for (int n : sizes) run(n, false);
-    run(1, true);
-  } catch (...) {
-    engine.close_seq(seq);
-    throw;
-  }
-  // Its complete blocks stay cached for prefix sharing, as any finished request's do: evictable,
-  // so they count as free for admission.
-  engine.close_seq(seq);
-  return {{"engine", lane},
-          {"plan", engine.executed_plan()},
-          {"open_ms", open_ms},
-          {"steps", steps},
-          {"ms", elapsed_ms(t0)}};
-}
-
 void Frontend::on_warmup(const std::vector<std::string>& routing, uint64_t id,
                          const fbc::Warmup& w) {
   check_model(w.model());
-  nlohmann::json j = {{"model", options_.model_name}};
-  const auto t0 = std::chrono::steady_clock::now();
-  if (has_work() || !requests_.empty() || !sessions_.empty()) {
-    // Requests are already warming it, and a scratch step must not delay theirs.
-    j["skipped"] = "requests are running";
-  } else {
-    try {
-      nlohmann::json engines = nlohmann::json::array();
-      engines.push_back(warm_up_engine(*engine_, "main", kMainSteps));
-      if (proactive_engine_)
-        engines.push_back(warm_up_engine(*proactive_engine_, "proactive", kProactiveSteps));
-      j["engines"] = engines;
-    } catch (const Error& e) {
-      reply_error(routing, id, e.code(), "warm-up of " + options_.model_name + ": " + e.what());
+  std::string skipped;
+  if (!requests_.empty() || !sessions_.empty())
+    skipped = "requests are running";  // they warm it, and a scratch step must not delay them
+  else if (warmup_)
+    skipped = "a warm-up is running";
+  if (!skipped.empty()) {
+    reply_warmup(routing, id, {{"model", options_.model_name}, {"skipped", skipped}, {"ms", 0.0}});
+    return;
+  }
+  WarmupJob job;
+  job.routing = routing;
+  job.id = id;
+  job.started = std::chrono::steady_clock::now();
+  job.lanes.push_back({engine_.get(), "main", kMainSteps});
+  if (proactive_engine_)
+    job.lanes.push_back({proactive_engine_.get(), "proactive", kProactiveSteps});
+  warmup_ = std::move(job);
+}
+
+void Frontend::warm_up_next() {
+  WarmupJob& job = *warmup_;
+  if (!requests_.empty()) {  // a request came: it goes first
+    end_warmup({{"interrupted", "a request arrived"}});
+    return;
+  }
+  WarmupJob::Lane& lane = job.lanes[job.lane];
+  Engine& engine = *lane.engine;
+  try {
+    if (!job.open) {
+      // The steps that fit the context, then the sequence that holds them (the first use builds
+      // the engine).
+      const LlamaModel& model = engine.model();
+      const int n_ctx = options_.max_context > 0 ? std::min(options_.max_context, model.hp().n_ctx)
+                                                 : model.hp().n_ctx;
+      job.sizes.clear();
+      int positions = 0;
+      for (int n : lane.prefill_steps) {
+        n = std::min(n, engine.max_step_tokens());
+        if (positions + n + 1 > n_ctx) continue;
+        job.sizes.push_back(n);
+        positions += n;
+      }
+      job.sizes.push_back(1);  // the decode
+      job.lane_started = std::chrono::steady_clock::now();
+      job.seq = next_seq_id_++;
+      job.pos = 0;
+      job.steps = nlohmann::json::array();
+      engine.open_seq(job.seq, positions + 1);
+      job.open = true;
+      engine.reserve_seq(job.seq, positions + 1);
+      job.open_ms = elapsed_ms(job.lane_started);
       return;
     }
+    const size_t k = job.steps.size();
+    const int n = job.sizes[k];
+    const bool decode = k + 1 == job.sizes.size();
+    // Ordinary tokens of the model's own vocabulary.
+    const std::vector<int32_t> text =
+        tokenizer_.encode("The quick brown fox jumps over the lazy dog.", true);
+    SeqStep s;
+    s.seq_id = job.seq;
+    s.pos0 = job.pos;
+    s.decode = decode;
+    for (int i = 0; i < n; ++i)
+      s.tokens.push_back(text.empty() ? 0
+                                      : text[static_cast<size_t>(job.pos + i) % text.size()] %
+                                            engine.model().hp().n_vocab);
+    StepStats stats;
+    const auto t = std::chrono::steady_clock::now();
+    (void)engine.step({s}, &stats);
+    job.steps.push_back({{"tokens", n}, {"decode", decode}, {"ms", elapsed_ms(t)}});
+    job.pos += n;
+    if (job.steps.size() < job.sizes.size()) return;
+    // Its complete blocks stay cached for prefix sharing, as any finished request's do:
+    // evictable, so they count as free for admission.
+    engine.close_seq(job.seq);
+    job.open = false;
+    job.engines.push_back({{"engine", lane.name},
+                           {"plan", engine.executed_plan()},
+                           {"open_ms", job.open_ms},
+                           {"steps", job.steps},
+                           {"ms", elapsed_ms(job.lane_started)}});
+    if (++job.lane == job.lanes.size()) end_warmup({});
+  } catch (const Error& e) {
+    const WarmupJob ended = take_warmup();
+    reply_error(ended.routing, ended.id, e.code(),
+                "warm-up of " + options_.model_name + ": " + e.what());
+    last_warmup_ = {{"model", options_.model_name}, {"error", e.what()}};
   }
-  j["ms"] = elapsed_ms(t0);
+}
+
+Frontend::WarmupJob Frontend::take_warmup() {
+  WarmupJob job = std::move(*warmup_);
+  warmup_.reset();
+  if (job.open) job.lanes[job.lane].engine->close_seq(job.seq);
+  return job;
+}
+
+void Frontend::end_warmup(nlohmann::json j) {
+  const WarmupJob job = take_warmup();
+  j["model"] = options_.model_name;
+  j["engines"] = job.engines;
+  j["ms"] = elapsed_ms(job.started);
+  reply_warmup(job.routing, job.id, j);
+}
+
+void Frontend::reply_warmup(const std::vector<std::string>& routing, uint64_t id,
+                            const nlohmann::json& j) {
   last_warmup_ = j;
   flatbuffers::FlatBufferBuilder fbb;
   auto body = fbc::CreateWarmupReplyDirect(fbb, j.dump().c_str());
