@@ -22,9 +22,9 @@
 
 #include "cli/command.h"
 #include "cli/stack_settings.h"
+#include "cli/stack_warmup.h"
 #include "core/base/error.h"
 #include "core/base/settings.h"
-#include "core/ipc/client.h"
 #include "core/ipc/messaging.h"
 #include "core/ipc/run_dir.h"
 #include "core/ipc/stack_config.h"
@@ -243,41 +243,6 @@ std::optional<std::string> read_ready_line(int fd, std::chrono::seconds timeout,
   }
 }
 
-// llama-server's warm-up at load: each model's engines built and run once (schemas/client.fbs
-// Warmup), so the first request does not pay for it. A failure is only reported: the stack is
-// up, and the next request tries to build the engine again.
-void warm_up(const StackArgs& a, const std::string& run_dir,
-             const std::vector<ServedModel>& models) {
-  client::Client client(client::stack_endpoint(a.stack, run_dir));
-  for (const ServedModel& m : models) {
-    if (models.size() > 1) client.set_model(m.name);
-    const std::string name =
-        m.name.empty() ? std::filesystem::path(m.path).stem().string() : m.name;
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      const nlohmann::json j = client.warmup(std::chrono::seconds(a.timeout_s));
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::steady_clock::now() - t0)
-                          .count();
-      if (j.contains("skipped")) {
-        std::printf("  %s: warm-up skipped (%s)\n", name.c_str(),
-                    j["skipped"].get<std::string>().c_str());
-        continue;
-      }
-      size_t steps = 0;
-      for (const auto& e : j.value("engines", nlohmann::json::array()))
-        steps += e.value("steps", nlohmann::json::array()).size();
-      std::printf("  %s: warmed up in %lld ms (%zu steps)\n", name.c_str(),
-                  static_cast<long long>(ms), steps);
-    } catch (const Error& e) {
-      std::fprintf(stderr,
-                   "duet: warning: %s: warm-up failed [%s]: %s (the first request builds the "
-                   "engine; `duet stack up --no-warmup` skips the warm-up)\n",
-                   name.c_str(), std::string(errc_name(e.code())).c_str(), e.what());
-    }
-  }
-}
-
 void stack_up(const StackArgs& a) {
   validate_stack_id(a.stack);
   const std::string run_dir = run_dir_of(a.stack);
@@ -334,7 +299,16 @@ void stack_up(const StackArgs& a) {
         a.stack.c_str(), a.http.empty() ? 4 : 5, static_cast<long long>(ms), pid, run_dir.c_str(),
         line->size() > 2 ? "\n  " : "", line->size() > 4 ? line->c_str() + 4 : "");
     if (!kv_note.empty()) std::printf("  %s\n", kv_note.c_str());
-    if (setting_on("DUET_WARMUP")) warm_up(a, run_dir, models);
+    // llama-server's warm-up at load (cli/stack_warmup.h): the first request does not pay for
+    // building the engines.
+    if (setting_on("DUET_WARMUP")) {
+      std::vector<cli::WarmupTarget> targets;
+      for (const ServedModel& m : models)
+        targets.push_back(
+            {models.size() > 1 ? m.name : "",
+             m.name.empty() ? std::filesystem::path(m.path).stem().string() : m.name});
+      cli::warm_up(a.stack, run_dir, a.timeout_s, targets);
+    }
     return;
   }
   if (line && line->starts_with("degraded: "))
@@ -477,6 +451,12 @@ void stack_restart(const StackArgs& a) {
                     .count();
       std::printf("%s restarted: pid %d -> %d, healthy in %lld ms\n", name.c_str(), old_pid, pid,
                   static_cast<long long>(ms));
+      // A restarted frontend or device service leaves the engines to rebuild or re-register:
+      // warm them up again, as `up` did (unless the stack runs without the warm-up).
+      if (!a.no_warmup &&
+          (id == ServiceId::frontend || id == ServiceId::gpu || id == ServiceId::npu) &&
+          cli::recorded_warmup_on(run_dir))
+        cli::warm_up(a.stack, run_dir, a.timeout_s, cli::served_models(a.stack, run_dir));
       return;
     }
     if (std::chrono::steady_clock::now() > deadline)
@@ -598,7 +578,11 @@ duet::cli::RegisterCommand reg([](CLI::App& app) {
   restart
       ->add_option("service", args->service, "frontend, gpu_svc, npu_svc, solver_svc or http_svc")
       ->required();
-  restart->add_option("--timeout", args->timeout_s, "seconds to wait")->capture_default_str();
+  restart->add_option("--timeout", args->timeout_s, "seconds to wait (and then for the warm-up)")
+      ->capture_default_str();
+  restart->add_flag(
+      "--no-warmup", args->no_warmup,
+      "do not warm the engines up again after a frontend, gpu_svc or npu_svc restart");
   restart->callback([args] { stack_restart(*args); });
 
   auto* config = stack->add_subcommand(

@@ -1,8 +1,9 @@
 // The warm-up at `duet stack up` (services/frontend/frontend_warmup.cpp): once the stack is
 // healthy its engines are built and run one step per token bucket on a scratch sequence, so the
 // first request does not pay for them; none of it shows in the request metrics or the trace
-// ring, and it holds no KV page. `--no-warmup` leaves the build to the first request, and a
-// warm-up while requests run is skipped.
+// ring, and it holds no KV page. `--no-warmup` leaves the build to the first request, a restart
+// of the frontend or a device service warms up again, and a warm-up while requests run is
+// skipped.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -78,6 +79,27 @@ TEST_F(WarmupStack, UpRunsEveryBucketOnceOutsideTheMetricsHoldingNoKvPage) {
   EXPECT_EQ(after["metrics"]["requests"]["completed"], 1) << after["metrics"].dump();
 }
 
+// A restarted gpu_svc holds none of the engine's programs until a step registers them again: the
+// restart warms the engine up once more, so the new gpu_svc has run steps before any request.
+TEST_F(WarmupStack, RestartingADeviceServiceWarmsTheEnginesUpAgain) {
+  up();
+  const CliResult r = run_duet("stack restart --timeout 60 --stack " + id_ + " gpu_svc");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("warmed up in"), std::string::npos) << r.out;
+  const CliResult st = run_duet("status --json --stack " + id_);
+  ASSERT_EQ(st.rc, 0) << st.out;
+  const nlohmann::json j = nlohmann::json::parse(st.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << st.out;
+  EXPECT_GT(j["devices"]["gpu_svc"].value("steps", 0), 0) << j["devices"].dump();
+  EXPECT_EQ(j["frontend"]["metrics"]["requests"]["received"], 0);
+  // solver_svc holds no engine: nothing to warm.
+  const CliResult solver = run_duet("stack restart --timeout 60 --stack " + id_ + " solver_svc");
+  ASSERT_EQ(solver.rc, 0) << solver.out;
+  EXPECT_EQ(solver.out.find("warmed up"), std::string::npos) << solver.out;
+  const CliResult g = generate();
+  EXPECT_EQ(g.rc, 0) << g.out;
+}
+
 TEST_F(WarmupStack, NoWarmupLeavesTheBuildToTheFirstRequest) {
   const CliResult r = up("--no-warmup");
   EXPECT_EQ(r.out.find("warmed up"), std::string::npos) << r.out;
@@ -86,6 +108,10 @@ TEST_F(WarmupStack, NoWarmupLeavesTheBuildToTheFirstRequest) {
   EXPECT_FALSE(f["engine"].contains("registration")) << f["engine"].dump();
   EXPECT_NE(f["engine"].value("engine", "").find("not built yet"), std::string::npos)
       << f["engine"].dump();
+  // A restart of a stack that runs without the warm-up does not warm it either.
+  const CliResult restart = run_duet("stack restart --timeout 60 --stack " + id_ + " frontend");
+  ASSERT_EQ(restart.rc, 0) << restart.out;
+  EXPECT_EQ(restart.out.find("warmed up"), std::string::npos) << restart.out;
   const CliResult g = generate();
   ASSERT_EQ(g.rc, 0) << g.out;
   EXPECT_TRUE(frontend_status()["engine"].contains("registration"));
