@@ -71,7 +71,9 @@ TEST_F(FrontendWarmup, ARequestArrivingMidWarmupEndsItAndIsServedAsAlone) {
   auto warmer = connect();
   auto warm = std::async(std::launch::async, [&] { return warmer->warmup(30s); });
   // Once the warm-up is under way (and before it ends), a request.
-  wait_status([](const nlohmann::json& s) { return s["warmup"].value("running", false); });
+  wait_status([](const nlohmann::json& s) {
+    return s["warmup"].is_object() && s["warmup"].value("running", false);
+  });
   auto c = connect();
   client::GenerateRequest req;
   req.prompt = "Once upon a time";
