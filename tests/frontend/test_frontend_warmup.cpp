@@ -13,28 +13,28 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// The reference engine, each step held for `step_ms` first: the warm-up lasts long enough for a
-// request to arrive in the middle of it.
+// The reference engine, its first `slow_steps` steps held for `step_ms` each: the warm-up lasts
+// long enough for a request to arrive in the middle of it.
 class SlowEngine : public ReferenceEngine {
  public:
-  explicit SlowEngine(int step_ms) : ReferenceEngine(tiny_model()), step_ms_(step_ms) {}
+  SlowEngine(int step_ms, int slow_steps)
+      : ReferenceEngine(tiny_model()), step_ms_(step_ms), slow_steps_(slow_steps) {}
   std::vector<float> step(const std::vector<SeqStep>& batch, StepStats* stats) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(step_ms_));
-    ++steps;
+    if (steps++ < slow_steps_) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms_));
     return ReferenceEngine::step(batch, stats);
   }
   std::atomic<int> steps{0};
 
  private:
-  int step_ms_;
+  int step_ms_, slow_steps_;
 };
 
 class FrontendWarmup : public FrontendTest {
  protected:
   // A frontend over a SlowEngine; engine_ stays readable from the test's thread.
-  void start_slow(int step_ms) {
-    serve_on_thread([this, step_ms](const std::function<void()>& ready) {
-      auto engine = std::make_unique<SlowEngine>(step_ms);
+  void start_slow(int step_ms, int slow_steps = 1 << 30) {
+    serve_on_thread([this, step_ms, slow_steps](const std::function<void()>& ready) {
+      auto engine = std::make_unique<SlowEngine>(step_ms, slow_steps);
       engine_ = engine.get();
       Frontend fe(std::move(engine), run_dir_);
       ready();
@@ -67,7 +67,7 @@ TEST_F(FrontendWarmup, RunsEachBucketOnceAndCountsNoRequest) {
 }
 
 TEST_F(FrontendWarmup, ARequestArrivingMidWarmupEndsItAndIsServedAsAlone) {
-  start_slow(150);  // a warm-up of 4 steps: 0.6 s
+  start_slow(500, 4);  // the first 4 steps, the warm-up's: 2 s
   auto warmer = connect();
   auto warm = std::async(std::launch::async, [&] { return warmer->warmup(30s); });
   // Once the warm-up is under way (and before it ends), a request.

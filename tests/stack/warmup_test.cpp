@@ -122,7 +122,7 @@ TEST_F(WarmupStack, AWarmupWhileARequestRunsIsSkippedAndAnUnknownModelRefused) {
   client::Client c(client::stack_endpoint(id_));
   client::GenerateRequest req;
   req.prompt = "Once upon a time";
-  req.max_tokens = 200;
+  req.max_tokens = 480;  // long enough to outlast the second client's warm-up call
   req.ignore_eos = true;
   req.heartbeat_ms = 0;
   const uint64_t id = c.submit(req);
