@@ -209,6 +209,7 @@ class Frontend {
   void on_warmup(const std::vector<std::string>& routing, uint64_t id, const fb::client::Warmup& w);
   void warm_up_next();
   WarmupJob take_warmup();  // ends the job (its scratch sequence closed)
+  void fail_warmup(Errc code, const std::string& message);
   void end_warmup(nlohmann::json reply);
   void reply_warmup(const std::vector<std::string>& routing, uint64_t id, const nlohmann::json& j);
   // frontend_tokenize.cpp: the model's tokenizer for clients (http_svc's /tokenize, /detokenize)

@@ -122,17 +122,26 @@ void Frontend::warm_up_next() {
                            {"ms", elapsed_ms(job.lane_started)}});
     if (++job.lane == job.lanes.size()) end_warmup({});
   } catch (const Error& e) {
-    const WarmupJob ended = take_warmup();
-    reply_error(ended.routing, ended.id, e.code(),
-                "warm-up of " + options_.model_name + ": " + e.what());
-    last_warmup_ = {{"model", options_.model_name}, {"error", e.what()}};
+    fail_warmup(e.code(), e.what());
+  } catch (const std::exception& e) {  // a bug: the job must still end, or every pump retries it
+    fail_warmup(Errc::internal, e.what());
   }
+}
+
+void Frontend::fail_warmup(Errc code, const std::string& message) {
+  const WarmupJob ended = take_warmup();
+  reply_error(ended.routing, ended.id, code, "warm-up of " + options_.model_name + ": " + message);
+  last_warmup_ = {{"model", options_.model_name}, {"error", message}};
 }
 
 Frontend::WarmupJob Frontend::take_warmup() {
   WarmupJob job = std::move(*warmup_);
   warmup_.reset();
-  if (job.open) job.lanes[job.lane].engine->close_seq(job.seq);
+  try {
+    if (job.open) job.lanes[job.lane].engine->close_seq(job.seq);
+  } catch (const std::exception&) {
+    // The engine is failing already (the reply says why); its next build starts afresh.
+  }
   return job;
 }
 
