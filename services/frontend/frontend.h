@@ -201,10 +201,10 @@ class Frontend {
     bool open = false;  // its scratch sequence is open
     uint64_t seq = 0;
     int32_t pos = 0;
-    std::vector<int> sizes;  // this engine's steps (the last one the decode)
+    std::vector<int> sizes;     // this engine's steps (the last one the decode)
+    std::vector<int32_t> text;  // the steps' tokens, cycled
     nlohmann::json steps, engines = nlohmann::json::array();
-    double open_ms = 0;
-    std::chrono::steady_clock::time_point started, lane_started;
+    double started_ms = 0, lane_started_ms = 0, open_ms = 0;  // now_ms()'s clock
   };
   void on_warmup(const std::vector<std::string>& routing, uint64_t id, const fb::client::Warmup& w);
   void warm_up_next();

@@ -10,7 +10,6 @@
 // as it steps requests, so the control socket's heartbeats are answered between units. A request
 // that arrives ends it at the next unit (the reply says what ran): requests come first.
 #include <algorithm>
-#include <chrono>
 #include <string>
 
 #include "core/base/error.h"
@@ -27,11 +26,6 @@ namespace {
 // kernels and weights with it, so a short prefill and a decode build and touch what is its own.
 const std::vector<int> kMainSteps = {64, 16, 4};
 const std::vector<int> kProactiveSteps = {4};
-
-double elapsed_ms(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since)
-      .count();
-}
 
 }  // namespace
 
@@ -50,7 +44,10 @@ void Frontend::on_warmup(const std::vector<std::string>& routing, uint64_t id,
   WarmupJob job;
   job.routing = routing;
   job.id = id;
-  job.started = std::chrono::steady_clock::now();
+  job.started_ms = now_ms();
+  // Ordinary tokens of the model's own vocabulary, cycled to each step's length.
+  job.text = tokenizer_.encode("The quick brown fox jumps over the lazy dog.", true);
+  if (job.text.empty()) job.text.push_back(0);
   job.lanes.push_back({engine_.get(), "main", kMainSteps});
   if (proactive_engine_)
     job.lanes.push_back({proactive_engine_.get(), "proactive", kProactiveSteps});
@@ -81,34 +78,30 @@ void Frontend::warm_up_next() {
         positions += n;
       }
       job.sizes.push_back(1);  // the decode
-      job.lane_started = std::chrono::steady_clock::now();
+      job.lane_started_ms = now_ms();
       job.seq = next_seq_id_++;
       job.pos = 0;
       job.steps = nlohmann::json::array();
       engine.open_seq(job.seq, positions + 1);
       job.open = true;
       engine.reserve_seq(job.seq, positions + 1);
-      job.open_ms = elapsed_ms(job.lane_started);
+      job.open_ms = now_ms() - job.lane_started_ms;
       return;
     }
     const size_t k = job.steps.size();
     const int n = job.sizes[k];
     const bool decode = k + 1 == job.sizes.size();
-    // Ordinary tokens of the model's own vocabulary.
-    const std::vector<int32_t> text =
-        tokenizer_.encode("The quick brown fox jumps over the lazy dog.", true);
     SeqStep s;
     s.seq_id = job.seq;
     s.pos0 = job.pos;
     s.decode = decode;
     for (int i = 0; i < n; ++i)
-      s.tokens.push_back(text.empty() ? 0
-                                      : text[static_cast<size_t>(job.pos + i) % text.size()] %
-                                            engine.model().hp().n_vocab);
+      s.tokens.push_back(job.text[static_cast<size_t>(job.pos + i) % job.text.size()] %
+                         engine.model().hp().n_vocab);
     StepStats stats;
-    const auto t = std::chrono::steady_clock::now();
+    const double t = now_ms();
     (void)engine.step({s}, &stats);
-    job.steps.push_back({{"tokens", n}, {"decode", decode}, {"ms", elapsed_ms(t)}});
+    job.steps.push_back({{"tokens", n}, {"decode", decode}, {"ms", now_ms() - t}});
     job.pos += n;
     if (job.steps.size() < job.sizes.size()) return;
     // Its complete blocks stay cached for prefix sharing, as any finished request's do:
@@ -119,7 +112,7 @@ void Frontend::warm_up_next() {
                            {"plan", engine.executed_plan()},
                            {"open_ms", job.open_ms},
                            {"steps", job.steps},
-                           {"ms", elapsed_ms(job.lane_started)}});
+                           {"ms", now_ms() - job.lane_started_ms}});
     if (++job.lane == job.lanes.size()) end_warmup({});
   } catch (const Error& e) {
     fail_warmup(e.code(), e.what());
@@ -149,7 +142,7 @@ void Frontend::end_warmup(nlohmann::json j) {
   const WarmupJob job = take_warmup();
   j["model"] = options_.model_name;
   j["engines"] = job.engines;
-  j["ms"] = elapsed_ms(job.started);
+  j["ms"] = now_ms() - job.started_ms;
   reply_warmup(job.routing, job.id, j);
 }
 
