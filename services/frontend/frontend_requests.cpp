@@ -395,12 +395,14 @@ void Frontend::eval_on_plan(const std::vector<std::string>& routing, uint64_t id
                 "unknown plan '" + plan + "' (plans: " + stack_plan_list() + ")");
   auto& engine = plan_engines_[plan];
   if (!engine) engine = options_.make_engine(plan);
-  // Every position's logits: one-token entries of the one sequence, in chunks a step can take.
+  // Every position's logits: one-token entries of the one sequence, in chunks a step can take
+  // (the engines take max_running entries a step, as the scheduler's eval chunks).
   const uint64_t seq = next_seq_id_++;
   engine->open_seq(seq, static_cast<int>(ids.size()));
   std::vector<float> logits;
   try {
-    const size_t chunk = static_cast<size_t>(std::max(1, std::min(engine->max_step_tokens(), 16)));
+    const size_t chunk =
+        static_cast<size_t>(std::max(1, std::min(engine->max_step_tokens(), options_.max_running)));
     for (size_t p = 0; p < ids.size(); p += chunk) {
       std::vector<SeqStep> batch;
       for (size_t q = p; q < std::min(ids.size(), p + chunk); ++q)

@@ -78,6 +78,19 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
     b.parts.push_back(part);
     budget -= n;
   };
+  // The engines take max_running entries (sequences) a step, each with at most one logit row.
+  // Every request adds one entry, except an eval: one per position (every position's logits),
+  // so its chunk is cut to the entries left, less those kept for the carried decoders.
+  const size_t max_entries = static_cast<size_t>(std::max(1, max_running_));
+  size_t kept_entries = 0;
+  auto entries_left = [&] {
+    const size_t used = b.entries.size() + kept_entries;
+    return used < max_entries ? max_entries - used : 0;
+  };
+  auto prefill_chunk = [&](const Request* r) {
+    const size_t n = std::min(budget, r->prompt.size() - r->n_prefilled);
+    return r->kind == RequestKind::eval ? std::min(n, entries_left()) : n;
+  };
 
   // Decode first: Algorithm 2 (agent_policy.h) picks the decoders: every reactive one, and the
   // proactive ones up to the cap while a reactive request runs, shortest contexts first; aged
@@ -191,25 +204,28 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   }
   // Carried decoders keep their rows: the prefill gets what they leave of the budget (as FCFS's
   // steps give decode its tokens first), and they go after the prompt rows.
-  const size_t carried = carrying ? std::min(riders.size(), budget - 1) : 0;
+  const size_t carried =
+      carrying ? std::min({riders.size(), budget - 1, std::max<size_t>(entries_left(), 1) - 1}) : 0;
   budget -= carried;
+  kept_entries = carried;
   for (Request* r : urgent_prefill) {
-    if (budget == 0) break;
-    add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);
+    if (budget == 0 || entries_left() == 0) break;
+    add(r, prefill_chunk(r), false);
   }
   if (!carrying)
     for (Request* r : riders) {
-      if (budget == 0) break;
+      if (budget == 0 || entries_left() == 0) break;
       add(r, 1, true);
     }
   for (Request* r : running_) {
-    if (budget == 0) break;
+    if (budget == 0 || entries_left() == 0) break;
     if (!in_lane(r) || r->priority != Priority::proactive || promoted(r) || !r->prefilling() ||
         !r->finish_reason.empty())
       continue;
-    add(r, std::min(budget, r->prompt.size() - r->n_prefilled), false);
+    add(r, prefill_chunk(r), false);
   }
   budget += carried;
+  kept_entries = 0;
   for (size_t i = 0; i < carried; ++i) add(riders[i], 1, true);
   return b;
 }

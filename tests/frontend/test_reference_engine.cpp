@@ -164,5 +164,23 @@ TEST(Scheduler, MoreDecodersThanBudgetRotateSoNoneStarves) {
   for (auto& r : rs) EXPECT_EQ(served[&r], 2);
 }
 
+// An eval asks for every position's logits: an entry per position. The engines take
+// max_running entries a step, so its chunk is what the step's other entries leave of them.
+TEST(Scheduler, AnEvalsChunkIsCutToTheEntriesAStepHas) {
+  Scheduler s(/*max_running=*/4, 8);
+  Request d = make_request(Priority::reactive, 3, true);
+  Request e = make_request(Priority::reactive, 20);
+  e.kind = RequestKind::eval;
+  Request p = make_request(Priority::proactive, 6);
+  for (Request* r : {&d, &e, &p}) s.enqueue(r);
+  s.admit([](Request*) {});
+  const StepBatch b = s.build(/*max_step_tokens=*/64);
+  ASSERT_EQ(b.parts.size(), 2u);  // the decoder and 3 of the eval's positions; p waits
+  EXPECT_EQ(b.parts[1].request, &e);
+  EXPECT_EQ(b.parts[1].n_tokens, 3u);
+  EXPECT_EQ(b.entries.size(), 4u);
+  EXPECT_EQ(b.n_logit_rows, 4u);
+}
+
 }  // namespace
 }  // namespace duet::frontend::testing

@@ -258,6 +258,28 @@ TEST_F(KvPoolStack, GpuSvcF16KvLogitsStayWithinTheGateOfTheFp32Reference) {
   EXPECT_GT(worst, 0.0f);
 }
 
+// An eval on the stack's own plan goes through the scheduler, which asks for every position's
+// logits as one entry per position: 48 positions are three steps' worth of the engine's 16
+// sequences (it refused a step of 17 before the scheduler cut an eval's chunk to them).
+TEST_F(KvPoolStack, EvalOnTheStacksOwnPlanTakesAsManyPositionsAsAStepHasSequences) {
+  CliResult up = run_duet("stack up --stack " + id_ + " --plan gpu-only --kv-memory 64M");
+  ASSERT_EQ(up.rc, 0) << up.out;
+  std::string ids = "1";
+  for (int i = 0; i < 47; ++i) ids += " " + std::to_string(100 + 37 * i);
+  const std::string own = (dir_ / "own.f32").string(), ref = (dir_ / "ref.f32").string();
+  CliResult r =
+      run_duet("eval --stack " + id_ + " --ids '" + ids + "' --logits-out " + own, "timeout 120");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  CliResult oracle = run_duet("eval --ids '" + ids + "' --logits-out " + ref, "timeout 120");
+  ASSERT_EQ(oracle.rc, 0) << oracle.out;
+  const std::vector<float> a = read_floats(own), b = read_floats(ref);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GT(a.size(), 48u * 1000);
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  EXPECT_LT(worst, 0.02f);  // GpuSvcF16KvLogitsStayWithinTheGateOfTheFp32Reference's gate
+}
+
 // kill -9 of gpu_svc, then of npu_svc, while a ~4000-token prompt prefills (issue 20): the
 // supervisor restarts each, the step in flight is run again, the request ends with the tokens of
 // an undisturbed run, and no KV page is left held.
