@@ -300,13 +300,13 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
   }
   const int64_t need = int64_t(n_past) + int64_t(r->prompt.size()) + r->max_tokens;
   if (need > ctx)
-    throw Error(Errc::out_of_range,
-                (session ? "session " + std::to_string(g.session()) + " holds " +
-                               std::to_string(n_past) + " positions; with "
-                         : std::string("")) +
-                    "a prompt of " + std::to_string(r->prompt.size()) + " tokens and max_tokens " +
-                    std::to_string(r->max_tokens) + " it needs " + std::to_string(need) +
-                    " positions, more than the context of " + std::to_string(ctx));
+    throw Error(Errc::out_of_range, "the request needs " + std::to_string(need) + " positions (" +
+                                        (session ? "session " + std::to_string(g.session()) +
+                                                       "'s " + std::to_string(n_past) + " held, "
+                                                 : std::string("")) +
+                                        "a prompt of " + std::to_string(r->prompt.size()) +
+                                        " tokens, max_tokens " + std::to_string(r->max_tokens) +
+                                        "), more than the context of " + std::to_string(ctx));
   r->prompt_tokens = static_cast<uint32_t>(r->prompt.size());
   r->sampler = std::make_unique<Sampler>(sp);
   r->decoder = std::make_unique<Tokenizer::StreamDecoder>(tokenizer_);

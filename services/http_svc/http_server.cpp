@@ -276,10 +276,7 @@ struct HttpServer::Impl {
                                      "/tokenize, POST /detokenize)",
                                  "", "unknown_url"));
       else if (res.status == 413)
-        send_error(res, ApiError(413, "invalid_request_error",
-                                 "the request body exceeds the limit of " +
-                                     std::to_string(ctx.options.max_body_bytes) + " bytes",
-                                 "", "request_too_large"));
+        send_error(res, too_large());
       else
         send_error(res,
                    ApiError(res.status, "invalid_request_error",
@@ -315,25 +312,64 @@ struct HttpServer::Impl {
         return std::string("ok");
       });
     });
-    s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    post_json(s, "/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       guarded("completions", res,
               [&] { return serve_completion(ctx, Endpoint::completions, req, res); });
     });
-    s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded("chat", res, [&] { return serve_completion(ctx, Endpoint::chat, req, res); });
-    });
-    s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    post_json(
+        s, "/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+          guarded("chat", res, [&] { return serve_completion(ctx, Endpoint::chat, req, res); });
+        });
+    post_json(s, "/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
       guarded("tokenize", res, [&] {
         tokenize(req, res);
         return std::string("ok");
       });
     });
-    s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    post_json(s, "/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
       guarded("detokenize", res, [&] {
         detokenize(req, res);
         return std::string("ok");
       });
     });
+  }
+
+  // A POST route whose body is JSON whatever its Content-Type says. The body is read here, not
+  // by httplib: its own reader caps an application/x-www-form-urlencoded body (curl -d's default
+  // type) at 8 KiB (a constant compiled into Debian's libcpp-httplib) and refused longer prompts
+  // sent that way with 413. The request's size limit (set_payload_max_length) still applies.
+  template <class Handler>
+  void post_json(httplib::Server& s, const char* path, Handler handler) {
+    s.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res,
+                                 const httplib::ContentReader& read) {
+      if (req.is_multipart_form_data()) {
+        send_error(res, ApiError(415, "invalid_request_error",
+                                 "multipart/form-data bodies are not accepted: send JSON"));
+        ctx.metrics.count("other", outcome_of(res.status));
+        return;
+      }
+      httplib::Request with_body = req;
+      const bool read_all = read([&](const char* data, size_t n) {
+        with_body.body.append(data, n);
+        return true;
+      });
+      if (!read_all) {
+        const int status = res.status == 413 ? 413 : 400;
+        send_error(res, status == 413 ? too_large()
+                                      : ApiError(400, "invalid_request_error",
+                                                 "the request body could not be read"));
+        ctx.metrics.count("other", outcome_of(status));
+        return;
+      }
+      handler(with_body, res);
+    });
+  }
+
+  ApiError too_large() const {
+    return ApiError(413, "invalid_request_error",
+                    "the request body exceeds the limit of " +
+                        std::to_string(ctx.options.max_body_bytes) + " bytes",
+                    "", "request_too_large");
   }
 };
 

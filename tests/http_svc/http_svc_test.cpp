@@ -182,6 +182,29 @@ TEST_F(HttpSvcTest, BadInputGetsItsStatusAndAnOpenAiErrorAndTheStackStaysHealthy
   EXPECT_EQ(ok, 200) << body;
 }
 
+// `curl -d` sends application/x-www-form-urlencoded unless told otherwise; the body is JSON all
+// the same. Past 8 KiB httplib's own reader refused such a body with 413 (its compiled-in cap),
+// so a long prompt sent that way failed with a misleading "exceeds the limit of 4194304 bytes".
+TEST_F(HttpSvcTest, AJsonBodySentAsFormDataIsReadWhateverItsLength) {
+  const std::string prompt_words = [] {
+    std::string w;
+    for (int i = 0; i < 3000; ++i) w += "men ";  // 12 KB of prompt, ~3000 tokens
+    return w;
+  }();
+  const std::string file = "/tmp/" + id_ + "_form_body";
+  std::ofstream(file) << json{{"prompt", prompt_words}, {"max_tokens", 2}}.dump();
+  Shell s =
+      sh("curl -sS --max-time 60 -w '\\n%{http_code}' --data-binary @" + file +
+         " -H 'Content-Type: application/x-www-form-urlencoded' '" + url("/v1/completions") + "'");
+  std::remove(file.c_str());
+  // Read as JSON: the model's 512 positions are what refuses it, by its token count.
+  EXPECT_NE(s.out.find("more than the context of 512"), std::string::npos) << s.out;
+  EXPECT_EQ(s.out.substr(s.out.rfind('\n') + 1), "400") << s.out;
+  Shell multipart = sh("curl -sS --max-time 60 -w '\\n%{http_code}' -F 'prompt=x' '" +
+                       url("/v1/completions") + "'");
+  EXPECT_EQ(multipart.out.substr(multipart.out.rfind('\n') + 1), "415") << multipart.out;
+}
+
 TEST_F(HttpSvcTest, TokenizeAndDetokenizeRoundTrip) {
   auto [s1, t] = curl("/tokenize", R"({"content": "Hello world", "with_pieces": true})");
   ASSERT_EQ(s1, 200) << t;
@@ -336,8 +359,8 @@ TEST_F(HttpSvcTest, KillNineOfTheFrontendMidStreamResumesTheSseStream) {
 
 }  // namespace
 // The supervisor holds http_svc's listening socket and hands it to every http_svc it starts
-// (core/ipc/listen_socket.h): a request sent while http_svc is dead waits in the kernel's accept queue
-// and the next http_svc serves it. Without that it is refused (curl connects once, no retry).
+// (core/ipc/listen_socket.h): a request sent while http_svc is dead waits in the kernel's accept
+// queue and the next http_svc serves it. Without that it is refused (curl connects once, no retry).
 TEST_F(HttpSvcTest, RequestsSentWhileHttpSvcIsDeadAreServedByTheNextOne) {
   const auto healthy_until = std::chrono::steady_clock::now() + 20s;
   while (service("http_svc")["state"] != "healthy" &&
