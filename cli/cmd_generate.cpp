@@ -41,6 +41,7 @@ struct GenerateArgs {
   std::string chat_template;
   std::string system;
   bool special = false;  // the prompt's special token texts become their ids (not with --chat)
+  int logprobs = -1;     // --stack --json: the tokens' log-probabilities, and N likeliest
 };
 
 std::vector<duet::ChatMessage> chat_messages(const GenerateArgs& args) {
@@ -100,7 +101,7 @@ GenerateStats generate(const duet::Tokenizer& tok, const GenerateBackend& backen
                                                     std::to_string(n_ctx));
   }
   duet::Sampler sampler(sampling);
-  duet::Tokenizer::StreamDecoder stream(tok);
+  duet::Tokenizer::StreamDecoder stream(tok, tok.ends_in_text(prompt_ids));
   auto start = std::chrono::steady_clock::now();
   std::vector<float> logits = backend(prompt_ids);
   stats.prompt_s = seconds_since(start);
@@ -140,11 +141,15 @@ void run_generate_through_stack(const GenerateArgs& args) {
   a.request.plan = args.plan;
   a.request.ignore_eos = args.ignore_eos;
   a.request.model = args.model_name;
+  a.request.logprobs = args.logprobs;
   duet::client::run_generate_on_stack(a);
 }
 
 void run_generate(GenerateArgs args) {
   check_chat_flags(args);
+  if (args.logprobs >= 0 && (args.stack.empty() || !args.json))
+    throw duet::Error(duet::Errc::invalid_argument,
+                      "--logprobs needs --stack and --json (they are printed in the JSON object)");
   if (!args.stack.empty()) return run_generate_through_stack(args);
   if (!args.local) {
     throw duet::Error(duet::Errc::invalid_argument,
@@ -199,6 +204,10 @@ duet::cli::RegisterCommand register_generate([](CLI::App& app) {
   cmd->add_option("--model-name", args->model_name,
                   "With --stack: which of the stack's models (default: its first)");
   cmd->add_flag("--json", args->json, "With --stack: print text, ids and stats as one JSON object");
+  cmd->add_option("--logprobs", args->logprobs,
+                  "With --stack --json: each generated token's log-probability under the model's "
+                  "distribution, and those of the N likeliest tokens (0-20)")
+      ->check(CLI::Range(0, 20));
   cmd->add_flag("--ignore-eos", args->ignore_eos,
                 "Keep generating past EOS: exactly --max-tokens tokens (fixed-length runs)");
   cmd->add_flag("--chat", args->chat,

@@ -13,6 +13,7 @@
 
 #include "core/ipc/messaging.h"
 #include "core/ipc/run_dir.h"
+#include "core/model/utf8.h"
 
 namespace duet::client {
 
@@ -70,6 +71,30 @@ std::string to_str(const flatbuffers::String* s) {
   return s ? s->str() : std::string();
 }
 
+TokenProb to_token_prob(const fbc::TokenProb* p) {
+  TokenProb t;
+  if (!p) return t;
+  t.id = p->id();
+  t.logprob = p->logprob();
+  if (p->bytes()) t.bytes.assign(p->bytes()->begin(), p->bytes()->end());
+  return t;
+}
+
+std::vector<TokenLogprob> to_logprobs(
+    const flatbuffers::Vector<flatbuffers::Offset<fbc::TokenLogprob>>* v) {
+  std::vector<TokenLogprob> out;
+  if (!v) return out;
+  out.reserve(v->size());
+  for (const fbc::TokenLogprob* l : *v) {
+    TokenLogprob t;
+    t.chosen = to_token_prob(l->chosen());
+    if (l->top())
+      for (const fbc::TokenProb* p : *l->top()) t.top.push_back(to_token_prob(p));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 Event decode_event(const std::vector<uint8_t>& bytes) {
   const fbc::ClientMessage* m = msg::verify_client(bytes);
   Event e;
@@ -78,7 +103,7 @@ Event decode_event(const std::vector<uint8_t>& bytes) {
     case fbc::ClientBody::TokenChunk: {
       const auto* c = m->body_as_TokenChunk();
       e.kind = Event::Kind::chunk;
-      e.chunk = {e.request_id, to_ids(c->ids()), to_str(c->text())};
+      e.chunk = {e.request_id, to_ids(c->ids()), to_str(c->text()), to_logprobs(c->logprobs())};
       return e;
     }
     case fbc::ClientBody::Done: {
@@ -87,6 +112,7 @@ Event decode_event(const std::vector<uint8_t>& bytes) {
       e.done.request_id = e.request_id;
       e.done.text = to_str(d->text());
       e.done.ids = to_ids(d->ids());
+      e.done.logprobs = to_logprobs(d->logprobs());
       if (const auto* s = d->stats()) {
         e.done.stats = {s->prompt_tokens(),
                         s->generated_tokens(),
@@ -341,7 +367,7 @@ uint64_t Client::submit(const GenerateRequest& r) {
       static_cast<fbc::Priority>(r.priority), r.stream, r.plan.c_str(), r.session, r.heartbeat_ms,
       r.ignore_eos, messages.empty() ? nullptr : &messages,
       r.chat_template.empty() ? nullptr : r.chat_template.c_str(), r.parse_special,
-      f.model.empty() ? nullptr : f.model.c_str());
+      f.model.empty() ? nullptr : f.model.c_str(), r.logprobs);
   f.generate = finish(fbb, id, fbc::ClientBody::Generate, body.Union());
   try {
     send(f.generate);
@@ -557,6 +583,21 @@ int run_generate_on_stack(const StackGenerateArgs& args) {
       std::chrono::seconds(args.timeout_s));
   if (args.json) {
     nlohmann::json j = {{"text", r.text}, {"ids", r.ids}, {"stats", to_json(r.stats)}};
+    if (args.request.logprobs >= 0) {
+      auto prob = [](const TokenProb& p) {
+        std::string text;
+        utf8::decode_replacing_invalid(p.bytes, true, text);
+        return nlohmann::json{{"id", p.id}, {"token", text}, {"logprob", p.logprob}};
+      };
+      nlohmann::json lps = nlohmann::json::array();
+      for (const TokenLogprob& t : r.logprobs) {
+        nlohmann::json e = prob(t.chosen);
+        e["top"] = nlohmann::json::array();
+        for (const TokenProb& p : t.top) e["top"].push_back(prob(p));
+        lps.push_back(e);
+      }
+      j["logprobs"] = lps;  // of the last logprobs.size() ids
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");

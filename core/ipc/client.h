@@ -53,6 +53,21 @@ struct GenerateRequest {
   // Which of the stack's models serves it (issue 25); "" = the client's model (set_model), else
   // the stack's default (its first).
   std::string model;
+  // Log-probabilities of the generated tokens (schemas/client.fbs Generate.logprobs): -1 none,
+  // 0 the sampled token's, N in 1..20 also the N likeliest tokens'.
+  int logprobs = -1;
+};
+
+// A token's log-probability under the model's distribution; bytes: what it adds to the text.
+struct TokenProb {
+  int32_t id = 0;
+  float logprob = 0;
+  std::string bytes;
+};
+// A generated token's (chosen) and the likeliest tokens' at its position, most likely first.
+struct TokenLogprob {
+  TokenProb chosen;
+  std::vector<TokenProb> top;
 };
 
 struct Stats {
@@ -72,12 +87,16 @@ struct GenerateResult {
   std::string text;
   std::vector<int32_t> ids;
   Stats stats;
+  // With GenerateRequest::logprobs >= 0: those of the last logprobs.size() ids (a token
+  // generated before a frontend restart has none).
+  std::vector<TokenLogprob> logprobs;
 };
 
 struct Chunk {
   uint64_t request_id = 0;
   std::vector<int32_t> ids;
   std::string text;
+  std::vector<TokenLogprob> logprobs;  // of its last logprobs.size() ids
 };
 
 struct EvalResult {

@@ -92,4 +92,34 @@ int32_t Sampler::sample(std::span<const float> logits) {
   return order_[keep - 1];
 }
 
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top_n) {
+  if (id < 0 || static_cast<size_t>(id) >= logits.size())
+    throw Error(Errc::invalid_argument, "token_logprobs: id " + std::to_string(id) +
+                                            " is outside the " + std::to_string(logits.size()) +
+                                            " logits");
+  const float best = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (const float v : logits) sum += std::exp(double(v) - best);
+  const double log_z = best + std::log(sum);
+  TokenLogprobs out;
+  out.id = id;
+  out.logprob = static_cast<float>(double(logits[static_cast<size_t>(id)]) - log_z);
+  const size_t n = std::min(static_cast<size_t>(std::max(top_n, 0)), logits.size());
+  if (n == 0) return out;
+  // The n largest by one pass over a small sorted list (n <= 20 here; the vocab is ~1e5).
+  auto before = [](const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  };
+  std::vector<std::pair<int32_t, float>>& top = out.top;
+  top.reserve(n + 1);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const std::pair<int32_t, float> c{static_cast<int32_t>(i), logits[i]};
+    if (top.size() == n && !before(c, top.back())) continue;
+    top.insert(std::upper_bound(top.begin(), top.end(), c, before), c);
+    if (top.size() > n) top.pop_back();
+  }
+  for (auto& [tok, v] : top) v = static_cast<float>(double(v) - log_z);
+  return out;
+}
+
 }  // namespace duet

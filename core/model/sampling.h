@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace duet {
@@ -35,5 +36,15 @@ class Sampler {
   std::vector<int32_t> order_;  // candidate ids, reused between calls
   std::vector<double> probs_;
 };
+
+// A token's log-probability under the logits' own distribution (log-softmax at temperature 1,
+// in double: what OpenAI's and vLLM's logprobs report, before any sampling transform), and the
+// top_n likeliest tokens', most likely first (ties: the lower id first).
+struct TokenLogprobs {
+  int32_t id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // (id, logprob)
+};
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top_n);
 
 }  // namespace duet

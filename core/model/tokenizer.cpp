@@ -265,7 +265,32 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
-Tokenizer::StreamDecoder::StreamDecoder(const Tokenizer& t) : tok_(&t) {}
+std::string Tokenizer::token_bytes(int32_t id) const {
+  check_id(id);
+  const uint8_t attr = attrs_[static_cast<size_t>(id)];
+  const std::string& piece = vocab_.pieces[static_cast<size_t>(id)];
+  if (attr & kControl) return {};
+  if (!spm_) {
+    if (attr & kUnknown) return {};
+    if (attr & kUserDefined) return piece;
+    return attr & (kNormal | kByte) ? bpe_->token_bytes(id) : std::string();
+  }
+  if (const int16_t byte = spm_->byte_of(id); byte >= 0) return std::string(1, char(byte));
+  if (attr & kUnknown) return std::string(kUnknownSurface);
+  std::string out;
+  for (size_t pos = 0; pos < piece.size();) {
+    if (std::string_view(piece).substr(pos).starts_with(kSpaceSymbol)) {
+      out.push_back(' ');
+      pos += kSpaceSymbol.size();
+    } else {
+      out.push_back(piece[pos++]);
+    }
+  }
+  return out;
+}
+
+Tokenizer::StreamDecoder::StreamDecoder(const Tokenizer& t, bool after_text)
+    : tok_(&t), text_started_(after_text), is_bos_ws_(!after_text) {}
 
 std::string Tokenizer::StreamDecoder::push(int32_t id) {
   tok_->check_id(id);

@@ -103,12 +103,24 @@ class Tokenizer {
                                                  std::span<const TextSpan> special_spans) const;
   // Drops control and unknown tokens. Throws invalid_argument for an id outside the vocab.
   std::string decode(const std::vector<int32_t>& ids) const;
+  // What one token adds to a text after other tokens (llama.cpp's token_to_piece, special =
+  // false): nothing for a control token; SentencePiece: "▁" as ' ', a byte piece its byte,
+  // <unk> " ⁇ "; byte-level BPE: its bytes, which may be part of a UTF-8 character. For
+  // per-token output (logprobs); decode() is the text.
+  std::string token_bytes(int32_t id) const;
+  // Whether ids end in a token that adds text (StreamDecoder's after_text for what follows).
+  bool ends_in_text(std::span<const int32_t> ids) const {
+    return !ids.empty() && !token_bytes(ids.back()).empty();
+  }
 
   // Token-by-token decoding for streaming: the concatenation of every push() and the final
   // flush() equals decode() of the same ids, and no push() returns part of a UTF-8 character.
   class StreamDecoder {
    public:
-    explicit StreamDecoder(const Tokenizer& t);
+    // after_text: the ids continue a text (a prompt that ends in a token with text), so a
+    // SentencePiece "▁" at their start is that text's space, not the dummy prefix decode()
+    // drops: a completion then concatenates to its prompt (llama.cpp's and vLLM's text).
+    explicit StreamDecoder(const Tokenizer& t, bool after_text = false);
     std::string push(int32_t id);  // throws invalid_argument for an id outside the vocab
     std::string flush();           // what is still held (SentencePiece: an unfinished byte
                                    // sequence as U+FFFD; BPE: the held bytes as they are)

@@ -252,13 +252,16 @@ class Frontend {
   void collect_overlapped_step();                              // blocks until it is over
   void apply_part(const StepPart& part, std::span<const float> logits, const StepStats& stats,
                   double now);
-  void accept_token(Request& r, int32_t token, double now);
+  // lp: the token's log-probabilities when the request asked for them (kept if it is appended).
+  void accept_token(Request& r, int32_t token, double now, const TokenLogprobs* lp = nullptr);
   void stream_out(Request& r);
   void finish(Request& r, const std::string& reason);
   void fail(Request& r, Errc code, const std::string& message);
   void release(Request& r);  // frees KV (or hands it back to its session) and forgets r
   void reap(double now);
   msg::Bytes make_done(const Request& r) const;
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::client::TokenLogprob>>>
+  logprobs_of(flatbuffers::FlatBufferBuilder& fbb, const Request& r, size_t from) const;
 
   std::unique_ptr<Engine> engine_;
   std::map<std::string, std::unique_ptr<Engine>> plan_engines_;  // options_.make_engine's

@@ -191,6 +191,11 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
   r->stream = g.stream();
   r->heartbeat_ms = g.heartbeat_ms();
   r->ignore_eos = g.ignore_eos();
+  if (g.logprobs() < -1 || g.logprobs() > kMaxTopLogprobs)
+    throw Error(Errc::invalid_argument,
+                "logprobs must be -1 (none) or 0 to " + std::to_string(kMaxTopLogprobs) +
+                    " likeliest tokens, not " + std::to_string(g.logprobs()));
+  r->logprobs = g.logprobs();
   r->arrived_ms = r->last_seen_ms = now_ms();
   r->number = ++requests_numbered_;
   if (const auto* stops = g.stop()) {
@@ -309,7 +314,8 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
                                         "), more than the context of " + std::to_string(ctx));
   r->prompt_tokens = static_cast<uint32_t>(r->prompt.size());
   r->sampler = std::make_unique<Sampler>(sp);
-  r->decoder = std::make_unique<Tokenizer::StreamDecoder>(tokenizer_);
+  r->decoder =
+      std::make_unique<Tokenizer::StreamDecoder>(tokenizer_, tokenizer_.ends_in_text(r->prompt));
   r->pos = n_past;
   r->session = g.session();
   if (r->session) {

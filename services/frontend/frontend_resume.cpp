@@ -46,6 +46,7 @@ void Frontend::journal_begin(Request& r) {
   rec.priority = static_cast<uint8_t>(r.priority);
   rec.stream = r.stream;
   rec.ignore_eos = r.ignore_eos;
+  rec.logprobs = static_cast<int8_t>(r.logprobs);
   rec.max_tokens = r.max_tokens;
   rec.max_positions = r.max_positions;
   rec.heartbeat_ms = r.heartbeat_ms;
@@ -152,6 +153,7 @@ void Frontend::adopt_record(JournalRecord& rec) {
   r->max_positions = rec.max_positions;
   r->stream = rec.stream;
   r->ignore_eos = rec.ignore_eos;
+  r->logprobs = rec.logprobs;  // the tokens from before the restart keep none
   r->heartbeat_ms = rec.heartbeat_ms;
   r->stop = rec.stop;
   for (const auto& s : r->stop) r->max_stop_bytes = std::max(r->max_stop_bytes, s.size());
@@ -162,7 +164,8 @@ void Frontend::adopt_record(JournalRecord& rec) {
   r->generated = rec.generated;
   r->next_token = rec.next_token;
   r->sampler = std::make_unique<Sampler>(Sampler::restore(rec.sampling, rec.draws));
-  r->decoder = std::make_unique<Tokenizer::StreamDecoder>(tokenizer_);
+  r->decoder =
+      std::make_unique<Tokenizer::StreamDecoder>(tokenizer_, tokenizer_.ends_in_text(r->prompt));
   for (int32_t t : r->generated) r->text += r->decoder->push(t);
   r->arrived_ms = r->last_seen_ms = r->adopted_ms = now_ms();
   r->number = ++requests_numbered_;

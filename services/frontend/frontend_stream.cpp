@@ -24,6 +24,29 @@ size_t utf8_boundary(const std::string& text, size_t end) {
 
 }  // namespace
 
+// The log-probabilities of r.generated[from, end) that r holds (its last token_logprobs.size()
+// ids have them), as schemas/client.fbs TokenLogprob tables; null when the request asked for none.
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fbc::TokenLogprob>>>
+Frontend::logprobs_of(flatbuffers::FlatBufferBuilder& fbb, const Request& r, size_t from) const {
+  if (r.logprobs < 0) return 0;
+  const size_t first = r.generated.size() - r.token_logprobs.size();  // the first with one
+  auto prob = [&](int32_t id, float logprob) {
+    const std::string bytes = tokenizer_.token_bytes(id);
+    return fbc::CreateTokenProb(
+        fbb, id, logprob,
+        fbb.CreateVector(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  };
+  std::vector<flatbuffers::Offset<fbc::TokenLogprob>> out;
+  for (size_t i = std::max(from, first); i < r.generated.size(); ++i) {
+    const TokenLogprobs& lp = r.token_logprobs[i - first];
+    std::vector<flatbuffers::Offset<fbc::TokenProb>> top;
+    for (const auto& [id, logprob] : lp.top) top.push_back(prob(id, logprob));
+    const auto chosen = prob(lp.id, lp.logprob);
+    out.push_back(fbc::CreateTokenLogprob(fbb, chosen, fbb.CreateVector(top)));
+  }
+  return fbb.CreateVector(out);
+}
+
 // Device restarts the engine has seen ("restarts" in its status; 0 when it does not say).
 uint64_t engine_restarts(const Engine& e) {
   try {
@@ -75,10 +98,16 @@ void Frontend::apply_part(const StepPart& part, std::span<const float> logits,
     journal_progress(r);
     return;
   }
-  accept_token(r, r.sampler->sample(logits), now);
+  const int32_t token = r.sampler->sample(logits);
+  if (r.logprobs < 0) {
+    accept_token(r, token, now);
+    return;
+  }
+  const TokenLogprobs lp = token_logprobs(logits, token, r.logprobs);
+  accept_token(r, token, now, &lp);
 }
 
-void Frontend::accept_token(Request& r, int32_t token, double now) {
+void Frontend::accept_token(Request& r, int32_t token, double now, const TokenLogprobs* lp) {
   if (r.first_token_ms == 0) r.first_token_ms = now;
   r.last_token_ms = now;
   r.next_token = token;
@@ -88,6 +117,7 @@ void Frontend::accept_token(Request& r, int32_t token, double now) {
   }
   const size_t scan_from = r.text_sent;  // text before it was released: no stop string there
   r.generated.push_back(token);
+  if (lp) r.token_logprobs.push_back(*lp);
   r.text += r.decoder->push(token);
   if (!r.stop.empty()) {
     size_t cut = std::string::npos;
@@ -120,7 +150,9 @@ void Frontend::stream_out(Request& r) {
                            r.generated.end());
   const std::string text =
       end > r.text_sent ? r.text.substr(r.text_sent, end - r.text_sent) : std::string();
-  auto body = fbc::CreateTokenChunkDirect(fbb, r.client_request_id, &ids, text.c_str());
+  const auto logprobs = logprobs_of(fbb, r, r.ids_sent);
+  auto body = fbc::CreateTokenChunk(fbb, r.client_request_id, fbb.CreateVector(ids),
+                                    fbb.CreateString(text), logprobs);
   fbb.Finish(
       fbc::CreateClientMessage(fbb, r.client_request_id, fbc::ClientBody::TokenChunk, body.Union()),
       fbc::ClientMessageIdentifier());
@@ -145,7 +177,9 @@ msg::Bytes Frontend::make_done(const Request& r) const {
       static_cast<uint32_t>(restarts > r.restarts_at_start ? restarts - r.restarts_at_start : 0),
       engine_->plan_name().c_str(), r.finish_reason.c_str(), ran.executed_plan().c_str(),
       ran.modeled_plan().c_str());
-  auto body = fbc::CreateDoneDirect(fbb, r.client_request_id, r.text.c_str(), &r.generated, stats);
+  const auto logprobs = logprobs_of(fbb, r, 0);
+  auto body = fbc::CreateDone(fbb, r.client_request_id, fbb.CreateString(r.text),
+                              fbb.CreateVector(r.generated), stats, logprobs);
   fbb.Finish(
       fbc::CreateClientMessage(fbb, r.client_request_id, fbc::ClientBody::Done, body.Union()),
       fbc::ClientMessageIdentifier());

@@ -11,8 +11,8 @@ namespace duet::frontend {
 void ProgramEngine::attach_kv(uint32_t n_pages, uint64_t page_bytes) {
   const bool adopt = options_.adopt_kv && options_.adopt_kv->load();
   if (options_.kv_share) {
-    kv_ = join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, options_.kv_share->tag), n_pages,
-                       page_bytes, options_.page_tokens, adopt);
+    kv_ = join_kv_pool(*options_.kv_share, kv_name(options_.stack_id, options_.kv_share->tag),
+                       n_pages, page_bytes, options_.page_tokens, adopt);
   } else {
     const std::string name = kv_name(options_.stack_id, options_.segment_tag);
     if (adopt) kv_ = KvPool::attach_existing(name, n_pages, page_bytes, options_.page_tokens);

@@ -18,6 +18,9 @@ namespace duet::frontend {
 enum class Priority : uint8_t { reactive = 0, proactive = 1 };
 enum class RequestKind : uint8_t { generate, eval };
 
+// The most likeliest tokens a request may ask log-probabilities of (OpenAI's top_logprobs cap).
+constexpr int kMaxTopLogprobs = 20;
+
 struct Request {
   // Routing: the ROUTER identity frames of the client, and the id the client gave the request.
   std::vector<std::string> routing;
@@ -53,10 +56,15 @@ struct Request {
   std::unique_ptr<Tokenizer::StreamDecoder> decoder;
   std::optional<int32_t> next_token;  // sampled, not yet appended to the KV
   std::vector<int32_t> generated;     // ids (EOS excluded)
-  std::string text;                   // decoded so far (cut at a stop string)
-  size_t text_sent = 0;               // bytes of text already streamed
-  size_t ids_sent = 0;                // ids already streamed
-  std::string finish_reason;          // set when it is over
+  // Generate.logprobs (-1 none, else the likeliest tokens' count) and, when asked for, the
+  // generated ids' log-probabilities: those of its last token_logprobs.size() ids (an adopted
+  // request's tokens from before the restart have none).
+  int logprobs = -1;
+  std::vector<TokenLogprobs> token_logprobs;
+  std::string text;           // decoded so far (cut at a stop string)
+  size_t text_sent = 0;       // bytes of text already streamed
+  size_t ids_sent = 0;        // ids already streamed
+  std::string finish_reason;  // set when it is over
   // a chat session's turn: its messages and template, added with the reply to the session's
   // conversation when the turn ends
   bool chat_turn = false;

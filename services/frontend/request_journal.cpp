@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "core/base/error.h"
+#include "services/frontend/request.h"
 
 namespace duet::frontend {
 
@@ -98,6 +99,7 @@ std::vector<uint8_t> static_blob(const JournalRecord& r) {
   w.num(r.priority);
   w.num<uint8_t>(r.stream);
   w.num<uint8_t>(r.ignore_eos);
+  w.num(r.logprobs);
   w.num(r.max_tokens);
   w.num(r.max_positions);
   w.num(r.heartbeat_ms);
@@ -119,6 +121,9 @@ void read_static(const uint8_t* p, size_t n, JournalRecord& r) {
   r.priority = rd.num<uint8_t>();
   r.stream = rd.num<uint8_t>() != 0;
   r.ignore_eos = rd.num<uint8_t>() != 0;
+  r.logprobs = rd.num<int8_t>();
+  if (r.logprobs < -1 || r.logprobs > kMaxTopLogprobs)
+    throw Error(Errc::bad_format, "journal: logprobs " + std::to_string(r.logprobs));
   r.max_tokens = rd.num<int32_t>();
   r.max_positions = rd.num<int32_t>();
   r.heartbeat_ms = rd.num<uint32_t>();

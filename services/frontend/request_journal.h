@@ -51,6 +51,7 @@ struct JournalRecord {
   uint8_t priority = 0;
   bool stream = true;
   bool ignore_eos = false;
+  int8_t logprobs = -1;  // Generate.logprobs
   int32_t max_tokens = 0;
   int32_t max_positions = 0;
   uint32_t heartbeat_ms = 0;
@@ -82,7 +83,7 @@ struct JournalProgress {
 class RequestJournal {
  public:
   static constexpr uint64_t kMagic = 0x314E524A54455544ull;  // "DUETJRN1" little-endian
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;                    // 2: logprobs in the static area
   static constexpr uint32_t kMaxSlots = 4096;
   static constexpr uint32_t kMaxRoutingBytes = 256;
   struct Geometry {

@@ -127,6 +127,10 @@ bool write_event(httplib::DataSink& sink, const std::string& data) {
 // asked for, then [DONE]. Returns false (the connection is dropped) when the client went away.
 bool stream_body(ServerContext& ctx, Generation& g, httplib::DataSink& sink) {
   bool first = true;
+  // Log-probabilities of tokens whose text is still held back (a partial UTF-8 character, a
+  // possible stop string) go out with the next chunk that has text, or with the last.
+  std::vector<client::TokenLogprob> pending;
+  size_t text_offset = 0;
   auto disconnect = [&] {
     g.cancel();
     ctx.metrics.client_disconnected();
@@ -159,19 +163,22 @@ bool stream_body(ServerContext& ctx, Generation& g, httplib::DataSink& sink) {
     }
     switch (e->kind) {
       case client::Event::Kind::chunk:
+        pending.insert(pending.end(), e->chunk.logprobs.begin(), e->chunk.logprobs.end());
         if (e->chunk.text.empty()) continue;
-        if (!write_event(
-                sink, stream_chunk(g.req, g.cmpl_id, g.created, g.model, e->chunk.text, "", first)
-                          .dump(-1, ' ', false, json::error_handler_t::replace)))
+        if (!write_event(sink, stream_chunk(g.req, g.cmpl_id, g.created, g.model, e->chunk.text, "",
+                                            first, pending, text_offset)
+                                   .dump(-1, ' ', false, json::error_handler_t::replace)))
           return disconnect();
+        pending.clear();
         first = false;
         continue;
       case client::Event::Kind::done: {
         const client::Stats& st = e->done.stats;
         // With stream true every byte came in chunks; Done's text is the whole text again.
-        bool ok = write_event(sink, stream_chunk(g.req, g.cmpl_id, g.created, g.model, "",
-                                                 finish_reason(st.finish_reason), first)
-                                        .dump());
+        bool ok = write_event(
+            sink, stream_chunk(g.req, g.cmpl_id, g.created, g.model, "",
+                               finish_reason(st.finish_reason), first, pending, text_offset)
+                      .dump(-1, ' ', false, json::error_handler_t::replace));
         if (ok && g.req.include_usage)
           ok = write_event(sink, usage_chunk(g.req, g.cmpl_id, g.created, g.model, st).dump());
         ok = ok && write_event(sink, "[DONE]");

@@ -1,7 +1,10 @@
 #include "services/http_svc/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "core/model/utf8.h"
 
 namespace duet::http {
 
@@ -154,6 +157,38 @@ void parse_messages(const json& body, CompletionRequest& r) {
   }
 }
 
+// Completions: "logprobs": N, the N likeliest tokens' besides the sampled one's (0: its own
+// only). Chat: "logprobs": true, and "top_logprobs": N with it.
+void parse_logprobs(const json& body, Endpoint endpoint, client::GenerateRequest& g) {
+  constexpr int64_t kMaxTop = 20;  // frontend/request.h kMaxTopLogprobs, OpenAI's cap
+  if (endpoint == Endpoint::completions) {
+    if (present(body, "top_logprobs"))
+      throw bad_request(
+          "top_logprobs",
+          "'top_logprobs' is a chat completions field; completions take 'logprobs': N");
+    if (present(body, "logprobs")) {
+      const json& v = body["logprobs"];
+      if (v.is_boolean()) {
+        if (v.get<bool>())
+          throw bad_request("logprobs",
+                            "'logprobs' of completions is the number of likeliest tokens to "
+                            "return (0 to 20), not true");
+        return;
+      }
+      g.logprobs = static_cast<int>(integer_field(body, "logprobs", 0, kMaxTop));
+    }
+    return;
+  }
+  const bool on = present(body, "logprobs") && bool_field(body, "logprobs");
+  if (present(body, "top_logprobs")) {
+    const int top = static_cast<int>(integer_field(body, "top_logprobs", 0, kMaxTop));
+    if (!on) throw bad_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    g.logprobs = top;
+  } else if (on) {
+    g.logprobs = 0;
+  }
+}
+
 }  // namespace
 
 CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body_text,
@@ -232,8 +267,9 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   for (const char* name : {"frequency_penalty", "presence_penalty"})
     if (present(body, name) && number_field(body, name, -2.0, 2.0) != 0.0)
       throw bad_request(name, std::string("'") + name + "' is not supported (only 0)");
-  for (const char* name : {"logprobs", "top_logprobs", "logit_bias", "best_of", "suffix", "tools",
-                           "functions", "response_format"}) {
+  parse_logprobs(body, endpoint, g);
+  for (const char* name :
+       {"echo", "logit_bias", "best_of", "suffix", "tools", "functions", "response_format"}) {
     if (!present(body, name)) continue;
     const json& v = body[name];
     const bool harmless = (v.is_boolean() && !v.get<bool>()) ||
@@ -297,16 +333,78 @@ json duet_stats(const client::Stats& s) {
 
 }  // namespace
 
+namespace {
+
+// A token's bytes as a JSON string: a byte-level token may hold part of a UTF-8 character,
+// whose bytes become U+FFFD here (the "bytes" field has them as they are).
+std::string token_text(const std::string& bytes) {
+  std::string out;
+  utf8::decode_replacing_invalid(bytes, true, out);
+  return out;
+}
+
+json byte_list(const std::string& bytes) {
+  json list = json::array();
+  for (const char c : bytes) list.push_back(static_cast<uint8_t>(c));
+  return list;
+}
+
+size_t code_points(const std::string& text) {
+  return static_cast<size_t>(std::count_if(
+      text.begin(), text.end(), [](char c) { return (static_cast<uint8_t>(c) & 0xC0) != 0x80; }));
+}
+
+}  // namespace
+
+json logprobs_json(const CompletionRequest& req, const std::vector<client::TokenLogprob>& lps,
+                   size_t& text_offset) {
+  if (req.generate.logprobs < 0) return nullptr;
+  if (req.endpoint == Endpoint::chat) {
+    json content = json::array();
+    for (const client::TokenLogprob& t : lps) {
+      json top = json::array();
+      for (const client::TokenProb& p : t.top)
+        top.push_back({{"token", token_text(p.bytes)},
+                       {"logprob", p.logprob},
+                       {"bytes", byte_list(p.bytes)}});
+      content.push_back({{"token", token_text(t.chosen.bytes)},
+                         {"logprob", t.chosen.logprob},
+                         {"bytes", byte_list(t.chosen.bytes)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  for (const client::TokenLogprob& t : lps) {
+    const std::string text = token_text(t.chosen.bytes);
+    tokens.push_back(text);
+    token_logprobs.push_back(t.chosen.logprob);
+    json alternatives = json::object();
+    for (const client::TokenProb& p : t.top) {
+      const std::string alt = token_text(p.bytes);
+      if (!alternatives.contains(alt))
+        alternatives[alt] = p.logprob;  // ids of one text: the likelier
+    }
+    top.push_back(req.generate.logprobs > 0 ? alternatives : json(nullptr));
+    offsets.push_back(text_offset);
+    text_offset += code_points(text);
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
 json completion_response(const CompletionRequest& req, const std::string& id, int64_t created,
                          const std::string& model, const client::GenerateResult& r) {
   json choice = {{"index", 0}, {"finish_reason", finish_reason(r.stats.finish_reason)}};
-  if (req.endpoint == Endpoint::chat) {
+  size_t text_offset = 0;
+  if (req.endpoint == Endpoint::chat)
     choice["message"] = {{"role", "assistant"}, {"content", r.text}};
-    choice["logprobs"] = nullptr;
-  } else {
+  else
     choice["text"] = r.text;
-    choice["logprobs"] = nullptr;
-  }
+  choice["logprobs"] = logprobs_json(req, r.logprobs, text_offset);
   return {{"id", id},
           {"object", object_name(req.endpoint, false)},
           {"created", created},
@@ -318,10 +416,12 @@ json completion_response(const CompletionRequest& req, const std::string& id, in
 
 json stream_chunk(const CompletionRequest& req, const std::string& id, int64_t created,
                   const std::string& model, const std::string& text, const std::string& finish,
-                  bool first) {
-  json choice = {{"index", 0},
-                 {"finish_reason", finish.empty() ? json(nullptr) : json(finish)},
-                 {"logprobs", nullptr}};
+                  bool first, const std::vector<client::TokenLogprob>& logprobs,
+                  size_t& text_offset) {
+  json choice = {
+      {"index", 0},
+      {"finish_reason", finish.empty() ? json(nullptr) : json(finish)},
+      {"logprobs", logprobs.empty() ? json(nullptr) : logprobs_json(req, logprobs, text_offset)}};
   if (req.endpoint == Endpoint::chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

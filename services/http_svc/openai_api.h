@@ -76,9 +76,19 @@ nlohmann::json completion_response(const CompletionRequest& req, const std::stri
 
 // One streamed chunk: text (may be empty), finish_reason (null when empty), and usage when
 // given (the last chunk when stream_options.include_usage; choices is then empty as OpenAI's).
+// logprobs: those of the chunk's tokens (none: null); text_offset: where the chunk's text starts
+// in the completion (code points), advanced past its tokens (completions' text_offset).
 nlohmann::json stream_chunk(const CompletionRequest& req, const std::string& id, int64_t created,
                             const std::string& model, const std::string& text,
-                            const std::string& finish, bool first);
+                            const std::string& finish, bool first,
+                            const std::vector<client::TokenLogprob>& logprobs, size_t& text_offset);
+// OpenAI's logprobs object of a choice for these tokens (null when the request asked for none):
+// completions {tokens, token_logprobs, top_logprobs, text_offset}, chat {content: [{token,
+// logprob, bytes, top_logprobs}]}. Log-probabilities are the model's own distribution's (no
+// temperature, top-k or top-p), as vLLM's; a token's text replaces bytes of a partial UTF-8
+// character with U+FFFD ("bytes" keeps them).
+nlohmann::json logprobs_json(const CompletionRequest& req,
+                             const std::vector<client::TokenLogprob>& lps, size_t& text_offset);
 nlohmann::json usage_chunk(const CompletionRequest& req, const std::string& id, int64_t created,
                            const std::string& model, const client::Stats& s);
 

@@ -115,7 +115,7 @@ TEST_F(FrontendTest, ASessionThatOutgrowsTheContextGetsAClearErrorAndKeepsItsTur
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::out_of_range);
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("session 78 holds"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("session 78's 24 held"), std::string::npos) << msg;
     EXPECT_NE(msg.find("more than the context of 64"), std::string::npos) << msg;
   }
   turn.messages = {{"user", "why"}};

@@ -31,9 +31,13 @@ TEST_F(FrontendTest, GreedyGenerationEqualsReferenceForwardAndStreamsConcatenate
     streamed_ids.insert(streamed_ids.end(), ch.ids.begin(), ch.ids.end());
     return true;
   });
-  const auto expected = reference_greedy(tiny_tokenizer().encode(prompt, true), 40);
+  const std::vector<int32_t> prompt_ids = tiny_tokenizer().encode(prompt, true);
+  const auto expected = reference_greedy(prompt_ids, 40);
   EXPECT_EQ(r.ids, expected);
-  EXPECT_EQ(r.text, tiny_tokenizer().decode(expected));
+  // The text continues the prompt: prompt + text is the decoded whole (its leading space kept).
+  std::vector<int32_t> whole = prompt_ids;
+  whole.insert(whole.end(), expected.begin(), expected.end());
+  EXPECT_EQ(prompt + r.text, tiny_tokenizer().decode(whole));
   EXPECT_EQ(streamed, r.text);
   EXPECT_EQ(streamed_ids, r.ids);
   EXPECT_EQ(r.stats.prompt_tokens, tiny_tokenizer().encode(prompt, true).size());

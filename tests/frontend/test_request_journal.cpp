@@ -39,6 +39,7 @@ JournalRecord request(uint64_t id) {
   r.priority = 1;
   r.stream = true;
   r.ignore_eos = true;
+  r.logprobs = 5;
   r.max_tokens = 20;
   r.max_positions = 30;
   r.heartbeat_ms = 1000;
@@ -85,6 +86,7 @@ TEST(RequestJournal, ASuccessorReadsBackEveryRequestAtItsLastCommittedStep) {
   EXPECT_EQ(r.seq_id, want.seq_id);
   EXPECT_EQ(r.priority, 1);
   EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(r.logprobs, 5);
   EXPECT_EQ(r.max_tokens, 20);
   EXPECT_EQ(r.max_positions, 30);
   EXPECT_EQ(r.heartbeat_ms, 1000u);

@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <future>
@@ -157,7 +159,12 @@ TEST_F(HttpSvcTest, BadInputGetsItsStatusAndAnOpenAiErrorAndTheStackStaysHealthy
       {"/v1/completions", R"({"prompt": "x", "priority": "urgent"})", "", 400, "priority"},
       {"/v1/completions", R"({"prompt": "x"})", "-H 'X-Duet-Priority: later'", 400,
        "X-Duet-Priority"},
-      {"/v1/completions", R"({"prompt": "x", "logprobs": 3})", "", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt": "x", "logprobs": 21})", "", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt": "x", "logprobs": true})", "", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt": "x", "echo": true})", "", 400, "echo"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
+         "top_logprobs": 2})",
+       "", 400, "top_logprobs"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 100000})", "", 400, ""},
       {"/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", "", 404, "model"},
       {"/v1/nothing", "{}", "", 404, ""},
@@ -203,6 +210,114 @@ TEST_F(HttpSvcTest, AJsonBodySentAsFormDataIsReadWhateverItsLength) {
   Shell multipart = sh("curl -sS --max-time 60 -w '\\n%{http_code}' -F 'prompt=x' '" +
                        url("/v1/completions") + "'");
   EXPECT_EQ(multipart.out.substr(multipart.out.rfind('\n') + 1), "415") << multipart.out;
+}
+
+// Log-probabilities (OpenAI's logprobs): each generated token's under the model's own
+// distribution, with the likeliest alternatives; held to the stack's reference forward pass
+// (`duet eval --plan reference`: every position's logits) at the same positions.
+TEST_F(HttpSvcTest, LogprobsComeWithEveryTokenAndAreTheModelsOwn) {
+  const std::string prompt = "The meaning of life is";
+  constexpr int kTokens = 6;
+  auto [status, body] =
+      curl("/v1/completions",
+           json{{"prompt", prompt}, {"max_tokens", kTokens}, {"logprobs", 3}, {"ignore_eos", true}}
+               .dump());
+  ASSERT_EQ(status, 200) << body;
+  const json j = json::parse(body);
+  const json& choice = j["choices"][0];
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), size_t{kTokens}) << body;
+  std::string joined;
+  for (size_t i = 0; i < kTokens; ++i) {
+    EXPECT_EQ(lp["text_offset"][i], joined.size());  // ASCII here: bytes are code points
+    joined += lp["tokens"][i].get<std::string>();
+    const float chosen = lp["token_logprobs"][i];
+    EXPECT_LE(chosen, 0.0f);
+    const json& top = lp["top_logprobs"][i];
+    ASSERT_TRUE(top.is_object() && !top.empty() && top.size() <= 3) << top;
+    float best = -1e30f;
+    for (const auto& [token, logprob] : top.items()) best = std::max(best, logprob.get<float>());
+    EXPECT_FLOAT_EQ(best, chosen) << "greedy picks the likeliest token, position " << i;
+  }
+  EXPECT_EQ(joined, choice["text"].get<std::string>());  // a completion continues its prompt
+  EXPECT_EQ(joined.front(), ' ');
+
+  // The same request from the CLI (ids with each logprob), and the oracle at those ids.
+  const auto cli = run_duet("generate --stack " + id_ + " --json --logprobs 3 --ignore-eos " +
+                            "--max-tokens " + std::to_string(kTokens) + " '" + prompt + "'");
+  ASSERT_EQ(cli.rc, 0) << cli.out;
+  const json native = json::parse(cli.out.substr(cli.out.find('{')));
+  const auto ids = native["ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), size_t{kTokens});
+  auto [ts, tokenized] = curl("/tokenize", json{{"content", prompt}, {"add_special", true}}.dump());
+  ASSERT_EQ(ts, 200) << tokenized;
+  std::vector<int32_t> all = json::parse(tokenized)["tokens"].get<std::vector<int32_t>>();
+  const size_t n_prompt = all.size();
+  all.insert(all.end(), ids.begin(), ids.end());
+  std::string id_list;
+  for (const int32_t t : all) id_list += (id_list.empty() ? "" : " ") + std::to_string(t);
+  const std::string out = "/tmp/" + id_ + "_logprobs_oracle.f32";
+  const auto eval = run_duet("eval --stack " + id_ + " --plan reference --ids '" + id_list +
+                             "' --logits-out " + out);
+  ASSERT_EQ(eval.rc, 0) << eval.out;
+  std::vector<float> logits;
+  {
+    std::ifstream f(out, std::ios::binary);
+    float x;
+    while (f.read(reinterpret_cast<char*>(&x), sizeof(x))) logits.push_back(x);
+  }
+  std::remove(out.c_str());
+  ASSERT_FALSE(logits.empty());
+  ASSERT_EQ(logits.size() % all.size(), 0u);
+  const size_t n_vocab = logits.size() / all.size();
+  double worst = 0;
+  for (size_t i = 0; i < kTokens; ++i) {
+    const json& e = native["logprobs"][i];
+    EXPECT_EQ(e["id"], ids[i]);
+    EXPECT_EQ(e["top"][0]["id"], ids[i]);
+    EXPECT_FLOAT_EQ(e["logprob"].get<float>(), lp["token_logprobs"][i].get<float>());
+    // The oracle: log-softmax of the reference's logits at the position that predicted ids[i].
+    const float* row = logits.data() + (n_prompt - 1 + i) * n_vocab;
+    const float top = *std::max_element(row, row + n_vocab);
+    double z = 0;
+    for (size_t v = 0; v < n_vocab; ++v) z += std::exp(double(row[v]) - top);
+    const double want = double(row[ids[i]]) - top - std::log(z);
+    EXPECT_NEAR(e["logprob"].get<double>(), want, 0.02) << "position " << i;
+    worst = std::max(worst, std::abs(e["logprob"].get<double>() - want));
+  }
+  std::printf("[ logprobs ] %d tokens: max |logprob - reference's| %.2g nats\n", kTokens, worst);
+}
+
+// Chat, streamed: every token's entry arrives with the chunk that carries its text (or the last
+// chunk), and the entries' tokens make up the content.
+TEST_F(HttpSvcTest, StreamedChatLogprobsCoverEveryToken) {
+  auto [status, body] = curl("/v1/chat/completions", R"({"messages": [{"role": "user",
+      "content": "Tell me a fortune"}], "chat_template": "chatml", "max_tokens": 8,
+      "ignore_eos": true, "logprobs": true, "top_logprobs": 2, "stream": true,
+      "stream_options": {"include_usage": true}})");
+  ASSERT_EQ(status, 200) << body;
+  const test_support::Sse sse = test_support::parse_sse(body);
+  ASSERT_TRUE(sse.done) << body;
+  size_t entries = 0, completion_tokens = 0;
+  std::string tokens;
+  size_t pos = 0;
+  while ((pos = body.find("data: {", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const json j = json::parse(body.substr(pos + 6, end - pos - 6));
+    pos = end;
+    if (j.contains("usage") && j["usage"].is_object())
+      completion_tokens = j["usage"]["completion_tokens"];
+    if (j["choices"].empty() || j["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& e : j["choices"][0]["logprobs"]["content"]) {
+      ++entries;
+      tokens += e["token"].get<std::string>();
+      EXPECT_LE(e["top_logprobs"].size(), 2u);
+      EXPECT_EQ(e["bytes"].size(), e["token"].get<std::string>().size());  // ASCII here
+    }
+  }
+  EXPECT_EQ(completion_tokens, 8u) << body;
+  EXPECT_EQ(entries, completion_tokens) << body;
+  EXPECT_EQ(tokens, sse.text);
 }
 
 TEST_F(HttpSvcTest, TokenizeAndDetokenizeRoundTrip) {

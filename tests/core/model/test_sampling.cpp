@@ -111,5 +111,29 @@ TEST(Sampling, InvalidParametersAndLogitsAreRejected) {
   EXPECT_NE(message.find("logit 1234 is NaN"), std::string::npos) << message;
 }
 
+// Log-probabilities are the logits' log-softmax at temperature 1, whatever the sampler does; the
+// likeliest come most likely first, equal ones lower id first.
+TEST(Sampling, TokenLogprobsAreTheLogSoftmaxAndTheLikeliestInOrder) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  double z = 0;
+  for (const float v : logits) z += std::exp(double(v));
+  const TokenLogprobs lp = token_logprobs(logits, 2, 3);
+  EXPECT_EQ(lp.id, 2);
+  EXPECT_NEAR(lp.logprob, 2.0 - std::log(z), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 1);
+  EXPECT_EQ(lp.top[1].first, 3);
+  EXPECT_EQ(lp.top[2].first, 2);
+  EXPECT_NEAR(lp.top[0].second, 3.0 - std::log(z), 1e-6);
+  EXPECT_FLOAT_EQ(lp.top[2].second, lp.logprob);
+  EXPECT_TRUE(token_logprobs(logits, 0, 0).top.empty());
+  EXPECT_EQ(token_logprobs(logits, 0, 20).top.size(), logits.size());
+  // Large logits stay finite (the maximum is taken out before the exponentials).
+  const std::vector<float> big = {1000.0f, 999.0f};
+  EXPECT_NEAR(token_logprobs(big, 1, 0).logprob, -1.0 - std::log1p(std::exp(-1.0)), 1e-5);
+  EXPECT_THROW(token_logprobs(logits, 5, 1), Error);
+  EXPECT_THROW(token_logprobs(logits, -1, 1), Error);
+}
+
 }  // namespace
 }  // namespace duet

@@ -67,6 +67,34 @@ TEST(Tokenizer, MatchesSentencePieceOnEveryVector) {
   }
 }
 
+// A completion continues its prompt: SentencePiece's "▁" at its start is the text's space, which
+// decode() of the completion alone drops as the dummy prefix. token_bytes() is each token's part.
+TEST(Tokenizer, ACompletionAfterTextKeepsItsLeadingSpaceAndTokenBytesAreItsParts) {
+  const Tokenizer& t = fortune_tokenizer();
+  const std::vector<int32_t> prompt = t.encode("The meaning of life is", true);
+  const std::vector<int32_t> whole = t.encode("The meaning of life is a state of mind", true);
+  ASSERT_GT(whole.size(), prompt.size());
+  ASSERT_TRUE(std::equal(prompt.begin(), prompt.end(), whole.begin()));
+  const std::vector<int32_t> completion(whole.begin() + static_cast<std::ptrdiff_t>(prompt.size()),
+                                        whole.end());
+  EXPECT_TRUE(t.ends_in_text(prompt));
+  EXPECT_FALSE(t.ends_in_text(std::vector<int32_t>{t.bos()}));
+  Tokenizer::StreamDecoder after(t, true), fresh(t);
+  std::string continued, alone, parts;
+  for (const int32_t id : completion) {
+    continued += after.push(id);
+    alone += fresh.push(id);
+    parts += t.token_bytes(id);
+  }
+  continued += after.flush();
+  alone += fresh.flush();
+  EXPECT_EQ(continued, " a state of mind");
+  EXPECT_EQ(alone, "a state of mind");  // HF's decode of the completion alone
+  EXPECT_EQ(parts, continued);
+  EXPECT_EQ(t.decode(prompt) + continued, t.decode(whole));
+  EXPECT_EQ(t.token_bytes(t.bos()), "");  // a control token adds nothing
+}
+
 TEST(Tokenizer, DecodeInvertsEncodeOnEveryVector) {
   const auto vectors = testdata::load_json(testdata::fortune_dir() + "tokenizer-vectors.json");
   const Tokenizer& t = fortune_tokenizer();
