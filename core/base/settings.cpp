@@ -118,7 +118,8 @@ const std::array kSettings = {
     Setting{"DUET_GPU_INT8_ACT_BITS", "gpu.int8_act_bits", T::text, "", 0, 0, "",
             "activation bits of the int8 matmuls, one number or role=bits pairs "
             "(GpuKernels::set_int8_act_bits); empty: 16 for every role (8 flips clear-margin "
-            "tokens in some plan)"},
+            "tokens in some plan; on K-quant files 8 is +45-55% prefill at half llama.cpp's "
+            "activation noise: bench/kquant/RESULTS.md)"},
     Setting{"DUET_GPU_KV_MAX_BUFFER", "gpu.kv_max_buffer", T::integer, "", 1, 1e18, "",
             "bytes of the largest OpenCL buffer the KV pool is mapped as; empty: the device's "
             "limit"},
