@@ -113,6 +113,7 @@ Event decode_event(const std::vector<uint8_t>& bytes) {
       e.done.text = to_str(d->text());
       e.done.ids = to_ids(d->ids());
       e.done.logprobs = to_logprobs(d->logprobs());
+      e.done.prompt_logprobs = to_logprobs(d->prompt_logprobs());
       if (const auto* s = d->stats()) {
         e.done.stats = {s->prompt_tokens(),
                         s->generated_tokens(),
@@ -367,7 +368,7 @@ uint64_t Client::submit(const GenerateRequest& r) {
       static_cast<fbc::Priority>(r.priority), r.stream, r.plan.c_str(), r.session, r.heartbeat_ms,
       r.ignore_eos, messages.empty() ? nullptr : &messages,
       r.chat_template.empty() ? nullptr : r.chat_template.c_str(), r.parse_special,
-      f.model.empty() ? nullptr : f.model.c_str(), r.logprobs);
+      f.model.empty() ? nullptr : f.model.c_str(), r.logprobs, r.prompt_logprobs);
   f.generate = finish(fbb, id, fbc::ClientBody::Generate, body.Union());
   try {
     send(f.generate);

@@ -56,6 +56,9 @@ struct GenerateRequest {
   // Log-probabilities of the generated tokens (schemas/client.fbs Generate.logprobs): -1 none,
   // 0 the sampled token's, N in 1..20 also the N likeliest tokens'.
   int logprobs = -1;
+  // Every prompt token's log-probability given those before it (OpenAI's echo); max_tokens may
+  // then be 0. Not journaled: a frontend restart makes the client send it again.
+  bool prompt_logprobs = false;
 };
 
 // A token's log-probability under the model's distribution; bytes: what it adds to the text.
@@ -90,6 +93,8 @@ struct GenerateResult {
   // With GenerateRequest::logprobs >= 0: those of the last logprobs.size() ids (a token
   // generated before a frontend restart has none).
   std::vector<TokenLogprob> logprobs;
+  // With GenerateRequest::prompt_logprobs: one per prompt token (the first's logprob NaN).
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 struct Chunk {

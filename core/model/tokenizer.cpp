@@ -289,6 +289,23 @@ std::string Tokenizer::token_bytes(int32_t id) const {
   return out;
 }
 
+std::vector<std::string> Tokenizer::token_texts(std::span<const int32_t> ids) const {
+  std::vector<std::string> out;
+  out.reserve(ids.size());
+  bool started = false;  // a piece with text came before: no dummy prefix any more
+  for (const int32_t id : ids) {
+    std::string text = token_bytes(id);
+    const std::string& piece = vocab_.pieces[static_cast<size_t>(id)];
+    if (spm_ && !started && vocab_.add_space_prefix && spm_->byte_of(id) < 0 &&
+        !(attrs_[static_cast<size_t>(id)] & (kControl | kUnknown)) &&
+        piece.starts_with(kSpaceSymbol))
+      text.erase(0, 1);  // the ' ' token_bytes made of the dummy "▁"
+    started = started || !text.empty() || piece.starts_with(kSpaceSymbol);
+    out.push_back(std::move(text));
+  }
+  return out;
+}
+
 Tokenizer::StreamDecoder::StreamDecoder(const Tokenizer& t, bool after_text)
     : tok_(&t), text_started_(after_text), is_bos_ws_(!after_text) {}
 

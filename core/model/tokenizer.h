@@ -108,6 +108,9 @@ class Tokenizer {
   // <unk> " ⁇ "; byte-level BPE: its bytes, which may be part of a UTF-8 character. For
   // per-token output (logprobs); decode() is the text.
   std::string token_bytes(int32_t id) const;
+  // Each id's part of decode(ids), bytes as they are: token_bytes(), except that a
+  // SentencePiece text's first piece loses the dummy prefix's space, as decode() drops it.
+  std::vector<std::string> token_texts(std::span<const int32_t> ids) const;
   // Whether ids end in a token that adds text (StreamDecoder's after_text for what follows).
   bool ends_in_text(std::span<const int32_t> ids) const {
     return !ids.empty() && !token_bytes(ids.back()).empty();

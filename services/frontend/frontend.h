@@ -262,6 +262,8 @@ class Frontend {
   msg::Bytes make_done(const Request& r) const;
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::client::TokenLogprob>>>
   logprobs_of(flatbuffers::FlatBufferBuilder& fbb, const Request& r, size_t from) const;
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::client::TokenLogprob>>>
+  prompt_logprobs_of(flatbuffers::FlatBufferBuilder& fbb, const Request& r) const;
 
   std::unique_ptr<Engine> engine_;
   std::map<std::string, std::unique_ptr<Engine>> plan_engines_;  // options_.make_engine's

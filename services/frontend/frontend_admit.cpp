@@ -23,7 +23,7 @@ void Frontend::open_request(Request* r) {
   // blocks its prompt shares with what earlier requests computed (a system prompt, a chat's first
   // turns, an agent's tool schema) and prefills from there. Not for eval: it wants every
   // position's logits. Borrowed pages count towards the reservation, so it promises less.
-  const bool may_share = r->kind == RequestKind::generate && r->pos == 0 && r->n_prefilled == 0;
+  const bool may_share = !r->every_position() && r->pos == 0 && r->n_prefilled == 0;
   int shared = 0;
   if (r->session) {
     Session& s = sessions_.at(r->session);

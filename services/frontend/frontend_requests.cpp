@@ -176,9 +176,11 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
   }
   sp.validate();
   const int ctx = options_.max_context;
-  if (g.max_tokens() <= 0)
+  // 0 only for the prompt's log-probabilities alone (OpenAI's echo with max_tokens 0).
+  if (g.max_tokens() < (g.prompt_logprobs() ? 0 : 1))
     throw Error(Errc::invalid_argument,
-                "max_tokens must be > 0, got " + std::to_string(g.max_tokens()));
+                "max_tokens must be > 0, got " + std::to_string(g.max_tokens()) +
+                    (g.prompt_logprobs() ? "" : " (0 only with prompt_logprobs)"));
   if (g.max_tokens() > ctx)
     throw Error(Errc::out_of_range, "max_tokens " + std::to_string(g.max_tokens()) +
                                         " exceeds the context of " + std::to_string(ctx) +
@@ -196,6 +198,11 @@ void Frontend::on_generate(const std::vector<std::string>& routing, uint64_t id,
                 "logprobs must be -1 (none) or 0 to " + std::to_string(kMaxTopLogprobs) +
                     " likeliest tokens, not " + std::to_string(g.logprobs()));
   r->logprobs = g.logprobs();
+  r->prompt_logprobs = g.prompt_logprobs();
+  if (r->prompt_logprobs && g.session() != 0)
+    throw Error(Errc::invalid_argument,
+                "prompt_logprobs is not available for a chat session's turns (their context is "
+                "the session's, not the prompt's)");
   r->arrived_ms = r->last_seen_ms = now_ms();
   r->number = ++requests_numbered_;
   if (const auto* stops = g.stop()) {

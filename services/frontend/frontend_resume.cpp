@@ -38,7 +38,10 @@ double unix_ms_now() {
 }  // namespace
 
 void Frontend::journal_begin(Request& r) {
-  if (!options_.journal || r.kind != RequestKind::generate || r.session) return;
+  // Not a prompt_logprobs request either: its prompt entries are in no record, so a restarted
+  // frontend could not give them back; unjournaled, its client sends it again.
+  if (!options_.journal || r.kind != RequestKind::generate || r.session || r.prompt_logprobs)
+    return;
   JournalRecord rec;
   rec.routing = r.routing;
   rec.client_request_id = r.client_request_id;

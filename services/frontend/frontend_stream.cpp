@@ -2,6 +2,7 @@
 // UTF-8 boundaries, and its end (finish, fail, release, reap). The step itself is in
 // frontend_step.cpp.
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -42,6 +43,32 @@ Frontend::logprobs_of(flatbuffers::FlatBufferBuilder& fbb, const Request& r, siz
     std::vector<flatbuffers::Offset<fbc::TokenProb>> top;
     for (const auto& [id, logprob] : lp.top) top.push_back(prob(id, logprob));
     const auto chosen = prob(lp.id, lp.logprob);
+    out.push_back(fbc::CreateTokenLogprob(fbb, chosen, fbb.CreateVector(top)));
+  }
+  return fbb.CreateVector(out);
+}
+
+// Done.prompt_logprobs: every prompt token (its text: its part of the prompt's decoded text),
+// the first without a logprob (NaN); null when the request asked for none.
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fbc::TokenLogprob>>>
+Frontend::prompt_logprobs_of(flatbuffers::FlatBufferBuilder& fbb, const Request& r) const {
+  if (!r.prompt_logprobs) return 0;
+  const std::vector<std::string> texts = tokenizer_.token_texts(r.prompt);
+  auto prob = [&](int32_t id, float logprob, const std::string& bytes) {
+    return fbc::CreateTokenProb(
+        fbb, id, logprob,
+        fbb.CreateVector(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  };
+  std::vector<flatbuffers::Offset<fbc::TokenLogprob>> out;
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    std::vector<flatbuffers::Offset<fbc::TokenProb>> top;
+    float logprob = std::numeric_limits<float>::quiet_NaN();
+    if (i > 0 && i - 1 < r.prompt_token_logprobs.size()) {
+      const TokenLogprobs& lp = r.prompt_token_logprobs[i - 1];
+      logprob = lp.logprob;
+      for (const auto& [id, l] : lp.top) top.push_back(prob(id, l, tokenizer_.token_bytes(id)));
+    }
+    const auto chosen = prob(r.prompt[i], logprob, texts[i]);
     out.push_back(fbc::CreateTokenLogprob(fbb, chosen, fbb.CreateVector(top)));
   }
   return fbb.CreateVector(out);
@@ -97,6 +124,22 @@ void Frontend::apply_part(const StepPart& part, std::span<const float> logits,
   if (part.n_logit_rows == 0) {  // a prefill chunk before the last
     journal_progress(r);
     return;
+  }
+  if (r.prompt_logprobs && !part.decode) {
+    // A row per prompt position: row k predicts prompt[first + k + 1]; the prompt's last row,
+    // if this part holds it, is the first generated token's.
+    const size_t n_vocab = logits.size() / part.n_logit_rows;
+    const size_t first = r.n_prefilled - part.n_tokens;
+    const int top = std::max(r.logprobs, 0);
+    for (size_t k = 0; k < part.n_logit_rows && first + k + 1 < r.prompt.size(); ++k)
+      r.prompt_token_logprobs.push_back(
+          token_logprobs(logits.subspan(k * n_vocab, n_vocab), r.prompt[first + k + 1], top));
+    if (r.prefilling()) return;
+    logits = logits.subspan((part.n_logit_rows - 1) * n_vocab, n_vocab);
+    if (r.max_tokens == 0) {
+      finish(r, "length");
+      return;
+    }
   }
   const int32_t token = r.sampler->sample(logits);
   if (r.logprobs < 0) {
@@ -178,8 +221,9 @@ msg::Bytes Frontend::make_done(const Request& r) const {
       engine_->plan_name().c_str(), r.finish_reason.c_str(), ran.executed_plan().c_str(),
       ran.modeled_plan().c_str());
   const auto logprobs = logprobs_of(fbb, r, 0);
-  auto body = fbc::CreateDone(fbb, r.client_request_id, fbb.CreateString(r.text),
-                              fbb.CreateVector(r.generated), stats, logprobs);
+  auto body =
+      fbc::CreateDone(fbb, r.client_request_id, fbb.CreateString(r.text),
+                      fbb.CreateVector(r.generated), stats, logprobs, prompt_logprobs_of(fbb, r));
   fbb.Finish(
       fbc::CreateClientMessage(fbb, r.client_request_id, fbc::ClientBody::Done, body.Union()),
       fbc::ClientMessageIdentifier());

@@ -61,6 +61,10 @@ struct Request {
   // request's tokens from before the restart have none).
   int logprobs = -1;
   std::vector<TokenLogprobs> token_logprobs;
+  // Generate.prompt_logprobs: prompt_token_logprobs[i] is prompt[i + 1]'s, from the logits of
+  // every prompt position (the prompt runs as eval's, an entry per position).
+  bool prompt_logprobs = false;
+  std::vector<TokenLogprobs> prompt_token_logprobs;
   std::string text;           // decoded so far (cut at a stop string)
   size_t text_sent = 0;       // bytes of text already streamed
   size_t ids_sent = 0;        // ids already streamed
@@ -103,6 +107,8 @@ struct Request {
   std::deque<msg::Bytes> outbox;
 
   bool prefilling() const { return n_prefilled < prompt.size(); }
+  // Its prompt needs every position's logits: a step entry (and logit row) per token.
+  bool every_position() const { return kind == RequestKind::eval || prompt_logprobs; }
   bool decoding() const { return !prefilling() && next_token.has_value() && finish_reason.empty(); }
 };
 

@@ -60,7 +60,7 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
     if (decode) {
       b.entries.push_back({r->seq_id, {*r->next_token}, r->pos, true, true});
       part.n_logit_rows = 1;
-    } else if (r->kind == RequestKind::eval) {
+    } else if (r->every_position()) {
       // Every position's logits: one entry per token (an engine fuses consecutive entries).
       for (size_t i = 0; i < n; ++i)
         b.entries.push_back(
@@ -89,7 +89,7 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
   };
   auto prefill_chunk = [&](const Request* r) {
     const size_t n = std::min(budget, r->prompt.size() - r->n_prefilled);
-    return r->kind == RequestKind::eval ? std::min(n, entries_left()) : n;
+    return r->every_position() ? std::min(n, entries_left()) : n;
   };
 
   // Decode first: Algorithm 2 (agent_policy.h) picks the decoders: every reactive one, and the

@@ -218,10 +218,16 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   else
     parse_messages(body, r);
 
+  if (present(body, "echo") && bool_field(body, "echo")) {
+    if (endpoint != Endpoint::completions)
+      throw bad_request("echo", "'echo' is a field of completions, not chat completions");
+    r.echo = true;
+    g.prompt_logprobs = true;  // the prompt tokens' logprobs, and its text back
+  }
   constexpr int64_t kMaxTokens = 1 << 20;
   for (const char* name : {"max_tokens", "max_completion_tokens"})
     if (present(body, name))
-      g.max_tokens = static_cast<int>(integer_field(body, name, 1, kMaxTokens));
+      g.max_tokens = static_cast<int>(integer_field(body, name, r.echo ? 0 : 1, kMaxTokens));
   if (present(body, "temperature"))
     g.sampling.temperature = static_cast<float>(number_field(body, "temperature", 0.0, 2.0));
   if (present(body, "top_p"))
@@ -252,6 +258,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
       if (x.empty()) throw bad_request("stop", "a 'stop' string must not be empty");
   }
   if (present(body, "stream")) r.stream = bool_field(body, "stream");
+  if (r.echo && r.stream) throw bad_request("echo", "'echo' is not supported with stream: true");
   if (present(body, "stream_options")) {
     const json& so = body["stream_options"];
     if (!so.is_object()) throw bad_request("stream_options", "'stream_options' must be an object");
@@ -269,7 +276,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
       throw bad_request(name, std::string("'") + name + "' is not supported (only 0)");
   parse_logprobs(body, endpoint, g);
   for (const char* name :
-       {"echo", "logit_bias", "best_of", "suffix", "tools", "functions", "response_format"}) {
+       {"logit_bias", "best_of", "suffix", "tools", "functions", "response_format"}) {
     if (!present(body, name)) continue;
     const json& v = body[name];
     const bool harmless = (v.is_boolean() && !v.get<bool>()) ||
@@ -379,14 +386,15 @@ json logprobs_json(const CompletionRequest& req, const std::vector<client::Token
   for (const client::TokenLogprob& t : lps) {
     const std::string text = token_text(t.chosen.bytes);
     tokens.push_back(text);
-    token_logprobs.push_back(t.chosen.logprob);
+    const bool none = std::isnan(t.chosen.logprob);  // echo's first prompt token: no context
+    token_logprobs.push_back(none ? json(nullptr) : json(t.chosen.logprob));
     json alternatives = json::object();
     for (const client::TokenProb& p : t.top) {
       const std::string alt = token_text(p.bytes);
       if (!alternatives.contains(alt))
         alternatives[alt] = p.logprob;  // ids of one text: the likelier
     }
-    top.push_back(req.generate.logprobs > 0 ? alternatives : json(nullptr));
+    top.push_back(req.generate.logprobs > 0 && !none ? alternatives : json(nullptr));
     offsets.push_back(text_offset);
     text_offset += code_points(text);
   }
@@ -400,11 +408,21 @@ json completion_response(const CompletionRequest& req, const std::string& id, in
                          const std::string& model, const client::GenerateResult& r) {
   json choice = {{"index", 0}, {"finish_reason", finish_reason(r.stats.finish_reason)}};
   size_t text_offset = 0;
-  if (req.endpoint == Endpoint::chat)
+  if (req.endpoint == Endpoint::chat) {
     choice["message"] = {{"role", "assistant"}, {"content", r.text}};
-  else
+    choice["logprobs"] = logprobs_json(req, r.logprobs, text_offset);
+  } else if (req.echo) {
+    // The prompt's text as its tokens decode (what text_offset counts), then the completion.
+    std::string prompt_text;
+    for (const client::TokenLogprob& t : r.prompt_logprobs) prompt_text += t.chosen.bytes;
+    choice["text"] = token_text(prompt_text) + r.text;
+    std::vector<client::TokenLogprob> all = r.prompt_logprobs;
+    all.insert(all.end(), r.logprobs.begin(), r.logprobs.end());
+    choice["logprobs"] = logprobs_json(req, all, text_offset);
+  } else {
     choice["text"] = r.text;
-  choice["logprobs"] = logprobs_json(req, r.logprobs, text_offset);
+    choice["logprobs"] = logprobs_json(req, r.logprobs, text_offset);
+  }
   return {{"id", id},
           {"object", object_name(req.endpoint, false)},
           {"created", created},

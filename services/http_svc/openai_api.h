@@ -54,6 +54,9 @@ struct CompletionRequest {
   std::vector<ChatMessage> messages;  // chat
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // Completions' echo: the reply's text starts with the prompt's, and its logprobs (when asked
+  // for) with the prompt tokens' (the first's null); max_tokens may be 0. Not with stream.
+  bool echo = false;
 };
 
 // Parses a request body. `header_priority` is X-Duet-Priority ("" when absent); the body's

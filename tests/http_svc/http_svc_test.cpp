@@ -161,7 +161,8 @@ TEST_F(HttpSvcTest, BadInputGetsItsStatusAndAnOpenAiErrorAndTheStackStaysHealthy
        "X-Duet-Priority"},
       {"/v1/completions", R"({"prompt": "x", "logprobs": 21})", "", 400, "logprobs"},
       {"/v1/completions", R"({"prompt": "x", "logprobs": true})", "", 400, "logprobs"},
-      {"/v1/completions", R"({"prompt": "x", "echo": true})", "", 400, "echo"},
+      {"/v1/completions", R"({"prompt": "x", "echo": true, "stream": true})", "", 400, "echo"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 0, "echo": "yes"})", "", 400, "echo"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
          "top_logprobs": 2})",
        "", 400, "top_logprobs"},
@@ -286,6 +287,72 @@ TEST_F(HttpSvcTest, LogprobsComeWithEveryTokenAndAreTheModelsOwn) {
     worst = std::max(worst, std::abs(e["logprob"].get<double>() - want));
   }
   std::printf("[ logprobs ] %d tokens: max |logprob - reference's| %.2g nats\n", kTokens, worst);
+}
+
+// OpenAI's echo (lm-eval's loglikelihood requests: echo, logprobs, max_tokens 0): every prompt
+// token with its log-probability given the ones before it, held to the reference's logits. The
+// same prompt ran first, so its whole KV blocks are cached: echo must compute every position
+// anyway (no borrowed prefix).
+TEST_F(HttpSvcTest, EchoGivesEveryPromptTokensLogprob) {
+  const std::string prompt =
+      "The meaning of life is a question that many have asked, and the answer that the wise "
+      "old man gave to the young fool was that there is no meaning but the one we make";
+  auto [s0, warm] = curl("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 3}}.dump());
+  ASSERT_EQ(s0, 200) << warm;
+  const std::string completion = json::parse(warm)["choices"][0]["text"];
+  auto [status, body] =
+      curl("/v1/completions",
+           json{{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}}.dump());
+  ASSERT_EQ(status, 200) << body;
+  const json j = json::parse(body);
+  const json& lp = j["choices"][0]["logprobs"];
+  EXPECT_EQ(j["choices"][0]["text"], prompt);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 0);
+  const size_t n = j["usage"]["prompt_tokens"];
+  ASSERT_GT(n, 32u);  // two whole KV blocks of 16
+  ASSERT_EQ(lp["tokens"].size(), n) << body;
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  std::string joined;
+  for (const json& t : lp["tokens"]) joined += t.get<std::string>();
+  EXPECT_EQ(joined, prompt);
+
+  auto [ts, tokenized] = curl("/tokenize", json{{"content", prompt}, {"add_special", true}}.dump());
+  ASSERT_EQ(ts, 200) << tokenized;
+  const auto ids = json::parse(tokenized)["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), n);
+  std::string id_list;
+  for (const int32_t t : ids) id_list += (id_list.empty() ? "" : " ") + std::to_string(t);
+  const std::string out = "/tmp/" + id_ + "_echo_oracle.f32";
+  const auto eval = run_duet("eval --stack " + id_ + " --plan reference --ids '" + id_list +
+                             "' --logits-out " + out);
+  ASSERT_EQ(eval.rc, 0) << eval.out;
+  std::vector<float> logits;
+  {
+    std::ifstream f(out, std::ios::binary);
+    float x;
+    while (f.read(reinterpret_cast<char*>(&x), sizeof(x))) logits.push_back(x);
+  }
+  std::remove(out.c_str());
+  ASSERT_EQ(logits.size() % n, 0u);
+  const size_t n_vocab = logits.size() / n;
+  double worst = 0;
+  for (size_t i = 1; i < n; ++i) {
+    const float* row = logits.data() + (i - 1) * n_vocab;
+    const float top = *std::max_element(row, row + n_vocab);
+    double z = 0;
+    for (size_t v = 0; v < n_vocab; ++v) z += std::exp(double(row[v]) - top);
+    const double want = double(row[ids[i]]) - top - std::log(z);
+    const double got = lp["token_logprobs"][i].get<double>();
+    EXPECT_NEAR(got, want, 0.02) << "prompt token " << i;
+    worst = std::max(worst, std::abs(got - want));
+  }
+  std::printf("[ echo ] %zu prompt tokens: max |logprob - reference's| %.2g nats\n", n, worst);
+
+  // With tokens to generate, the text goes on from the prompt as it does without echo.
+  auto [s2, more] =
+      curl("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 3}, {"echo", true}}.dump());
+  ASSERT_EQ(s2, 200) << more;
+  EXPECT_EQ(json::parse(more)["choices"][0]["text"], prompt + completion);
 }
 
 // Chat, streamed: every token's entry arrives with the chunk that carries its text (or the last

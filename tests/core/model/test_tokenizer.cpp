@@ -93,6 +93,11 @@ TEST(Tokenizer, ACompletionAfterTextKeepsItsLeadingSpaceAndTokenBytesAreItsParts
   EXPECT_EQ(parts, continued);
   EXPECT_EQ(t.decode(prompt) + continued, t.decode(whole));
   EXPECT_EQ(t.token_bytes(t.bos()), "");  // a control token adds nothing
+  // token_texts: each token's part of decode(ids), the dummy prefix dropped as decode drops it.
+  std::string parts_of_whole;
+  for (const std::string& p : t.token_texts(whole)) parts_of_whole += p;
+  EXPECT_EQ(parts_of_whole, t.decode(whole));
+  EXPECT_EQ(t.token_texts(whole).size(), whole.size());
 }
 
 TEST(Tokenizer, DecodeInvertsEncodeOnEveryVector) {
