@@ -64,6 +64,44 @@ class HttpSvcTest : public ::testing::Test {
     EXPECT_EQ(r.rc, 0) << r.out;
     return json::parse(r.out.substr(r.out.find('{')));
   }
+  // The oracle of log-probabilities: the stack's reference plan's logits at every position of
+  // ids (`duet eval --plan reference`), as the log-softmax of ids[i] at position i - 1 (entry 0:
+  // none, NaN).
+  static std::vector<double> reference_logprobs(const std::vector<int32_t>& ids) {
+    std::string list;
+    for (const int32_t t : ids) list += (list.empty() ? "" : " ") + std::to_string(t);
+    const std::string out = "/tmp/" + id_ + "_oracle.f32";
+    const auto eval = run_duet("eval --stack " + id_ + " --plan reference --ids '" + list +
+                               "' --logits-out " + out);
+    EXPECT_EQ(eval.rc, 0) << eval.out;
+    std::vector<float> logits;
+    {
+      std::ifstream f(out, std::ios::binary);
+      float x;
+      while (f.read(reinterpret_cast<char*>(&x), sizeof(x))) logits.push_back(x);
+    }
+    std::remove(out.c_str());
+    std::vector<double> lp(ids.size(), std::nan(""));
+    if (logits.empty() || logits.size() % ids.size() != 0) {
+      ADD_FAILURE() << "eval gave " << logits.size() << " logits for " << ids.size() << " ids";
+      return lp;
+    }
+    const size_t n_vocab = logits.size() / ids.size();
+    for (size_t i = 1; i < ids.size(); ++i) {
+      const float* row = logits.data() + (i - 1) * n_vocab;
+      const float top = *std::max_element(row, row + n_vocab);
+      double z = 0;
+      for (size_t v = 0; v < n_vocab; ++v) z += std::exp(double(row[v]) - top);
+      lp[i] = double(row[ids[i]]) - top - std::log(z);
+    }
+    return lp;
+  }
+  static std::vector<int32_t> tokenize(const std::string& text) {
+    auto [status, body] = curl("/tokenize", json{{"content", text}, {"add_special", true}}.dump());
+    EXPECT_EQ(status, 200) << body;
+    return status == 200 ? json::parse(body)["tokens"].get<std::vector<int32_t>>()
+                         : std::vector<int32_t>{};
+  }
   static json frontend_status() {
     client::Client c(client::stack_endpoint(id_));
     return c.status();
@@ -250,39 +288,17 @@ TEST_F(HttpSvcTest, LogprobsComeWithEveryTokenAndAreTheModelsOwn) {
   const json native = json::parse(cli.out.substr(cli.out.find('{')));
   const auto ids = native["ids"].get<std::vector<int32_t>>();
   ASSERT_EQ(ids.size(), size_t{kTokens});
-  auto [ts, tokenized] = curl("/tokenize", json{{"content", prompt}, {"add_special", true}}.dump());
-  ASSERT_EQ(ts, 200) << tokenized;
-  std::vector<int32_t> all = json::parse(tokenized)["tokens"].get<std::vector<int32_t>>();
+  std::vector<int32_t> all = tokenize(prompt);
   const size_t n_prompt = all.size();
   all.insert(all.end(), ids.begin(), ids.end());
-  std::string id_list;
-  for (const int32_t t : all) id_list += (id_list.empty() ? "" : " ") + std::to_string(t);
-  const std::string out = "/tmp/" + id_ + "_logprobs_oracle.f32";
-  const auto eval = run_duet("eval --stack " + id_ + " --plan reference --ids '" + id_list +
-                             "' --logits-out " + out);
-  ASSERT_EQ(eval.rc, 0) << eval.out;
-  std::vector<float> logits;
-  {
-    std::ifstream f(out, std::ios::binary);
-    float x;
-    while (f.read(reinterpret_cast<char*>(&x), sizeof(x))) logits.push_back(x);
-  }
-  std::remove(out.c_str());
-  ASSERT_FALSE(logits.empty());
-  ASSERT_EQ(logits.size() % all.size(), 0u);
-  const size_t n_vocab = logits.size() / all.size();
+  const std::vector<double> oracle = reference_logprobs(all);
   double worst = 0;
   for (size_t i = 0; i < kTokens; ++i) {
     const json& e = native["logprobs"][i];
     EXPECT_EQ(e["id"], ids[i]);
     EXPECT_EQ(e["top"][0]["id"], ids[i]);
     EXPECT_FLOAT_EQ(e["logprob"].get<float>(), lp["token_logprobs"][i].get<float>());
-    // The oracle: log-softmax of the reference's logits at the position that predicted ids[i].
-    const float* row = logits.data() + (n_prompt - 1 + i) * n_vocab;
-    const float top = *std::max_element(row, row + n_vocab);
-    double z = 0;
-    for (size_t v = 0; v < n_vocab; ++v) z += std::exp(double(row[v]) - top);
-    const double want = double(row[ids[i]]) - top - std::log(z);
+    const double want = oracle[n_prompt + i];
     EXPECT_NEAR(e["logprob"].get<double>(), want, 0.02) << "position " << i;
     worst = std::max(worst, std::abs(e["logprob"].get<double>() - want));
   }
@@ -316,32 +332,12 @@ TEST_F(HttpSvcTest, EchoGivesEveryPromptTokensLogprob) {
   for (const json& t : lp["tokens"]) joined += t.get<std::string>();
   EXPECT_EQ(joined, prompt);
 
-  auto [ts, tokenized] = curl("/tokenize", json{{"content", prompt}, {"add_special", true}}.dump());
-  ASSERT_EQ(ts, 200) << tokenized;
-  const auto ids = json::parse(tokenized)["tokens"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> ids = tokenize(prompt);
   ASSERT_EQ(ids.size(), n);
-  std::string id_list;
-  for (const int32_t t : ids) id_list += (id_list.empty() ? "" : " ") + std::to_string(t);
-  const std::string out = "/tmp/" + id_ + "_echo_oracle.f32";
-  const auto eval = run_duet("eval --stack " + id_ + " --plan reference --ids '" + id_list +
-                             "' --logits-out " + out);
-  ASSERT_EQ(eval.rc, 0) << eval.out;
-  std::vector<float> logits;
-  {
-    std::ifstream f(out, std::ios::binary);
-    float x;
-    while (f.read(reinterpret_cast<char*>(&x), sizeof(x))) logits.push_back(x);
-  }
-  std::remove(out.c_str());
-  ASSERT_EQ(logits.size() % n, 0u);
-  const size_t n_vocab = logits.size() / n;
+  const std::vector<double> oracle = reference_logprobs(ids);
   double worst = 0;
   for (size_t i = 1; i < n; ++i) {
-    const float* row = logits.data() + (i - 1) * n_vocab;
-    const float top = *std::max_element(row, row + n_vocab);
-    double z = 0;
-    for (size_t v = 0; v < n_vocab; ++v) z += std::exp(double(row[v]) - top);
-    const double want = double(row[ids[i]]) - top - std::log(z);
+    const double want = oracle[i];
     const double got = lp["token_logprobs"][i].get<double>();
     EXPECT_NEAR(got, want, 0.02) << "prompt token " << i;
     worst = std::max(worst, std::abs(got - want));
