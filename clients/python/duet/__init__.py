@@ -12,11 +12,11 @@ generate` speaks), for Debian's python3-zmq and python3-flatbuffers.
 The package is assembled in the build tree (build/python/duet: these files beside the code
 `flatc --python` generates from schemas/*.fbs): PYTHONPATH=build/python /usr/bin/python3."""
 
-from duet._wire import Chunk, Result, Stats
+from duet._wire import Chunk, Result, Stats, TokenLogprob, TokenProb
 from duet.client import Client, Stream, run_root, stack_endpoint
 from duet.errors import DuetError, code_name
 
 __all__ = [
-    "Client", "Stream", "Chunk", "Result", "Stats", "DuetError", "code_name", "run_root",
-    "stack_endpoint"
+    "Client", "Stream", "Chunk", "Result", "Stats", "TokenLogprob", "TokenProb", "DuetError",
+    "code_name", "run_root", "stack_endpoint"
 ]

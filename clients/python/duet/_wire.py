@@ -40,21 +40,41 @@ class Stats:
 
 
 @dataclasses.dataclass
+class TokenProb:
+    """A token's log-probability under the model's distribution; bytes: what it adds to text."""
+    id: int
+    logprob: float  # NaN: none (the first prompt token of prompt_logprobs)
+    bytes: bytes = b""
+
+
+@dataclasses.dataclass
+class TokenLogprob:
+    """A token's own log-probability (chosen) and the likeliest tokens' at its position."""
+    chosen: TokenProb
+    top: List[TokenProb] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
 class Chunk:
     """One streamed piece of a generation: the new token ids and the text they complete."""
     request_id: int
     ids: List[int]
     text: str
     text_bytes: int = 0  # the text's UTF-8 bytes as sent (what a Resume counts)
+    logprobs: List[TokenLogprob] = dataclasses.field(default_factory=list)  # of its last ids
 
 
 @dataclasses.dataclass
 class Result:
-    """A finished generation: its whole text and ids, and its stats."""
+    """A finished generation: its whole text and ids, and its stats; with logprobs asked for,
+    those of its last len(logprobs) ids (a token generated before a frontend restart has none),
+    and with prompt_logprobs one per prompt token."""
     request_id: int
     text: str
     ids: List[int]
     stats: Stats
+    logprobs: List[TokenLogprob] = dataclasses.field(default_factory=list)
+    prompt_logprobs: List[TokenLogprob] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -99,7 +119,8 @@ def encode_generate(request_id: int, *, prompt: Optional[str], prompt_ids: List[
                     messages: List[dict], temperature: float, top_k: int, top_p: float,
                     seed: int, max_tokens: int, stop: List[str], priority: str, stream: bool,
                     plan: str, session: int, heartbeat_ms: int, ignore_eos: bool,
-                    chat_template: str, parse_special: bool, model: str = "") -> bytes:
+                    chat_template: str, parse_special: bool, model: str = "",
+                    logprobs: int = -1, prompt_logprobs: bool = False) -> bytes:
     if priority not in PRIORITIES:
         raise DuetError(Code.InvalidArgument,
                         f"unknown priority '{priority}' (reactive or proactive)")
@@ -149,6 +170,8 @@ def encode_generate(request_id: int, *, prompt: Optional[str], prompt_ids: List[
     Generate.AddParseSpecial(b, bool(parse_special))
     if model_s is not None:
         Generate.AddModel(b, model_s)
+    Generate.AddLogprobs(b, int(logprobs))
+    Generate.AddPromptLogprobs(b, bool(prompt_logprobs))
     return _finish(b, request_id, ClientBody.Generate, Generate.End(b))
 
 
@@ -226,6 +249,22 @@ def _ids(table) -> List[int]:
     return [table.Ids(i) for i in range(table.IdsLength())]
 
 
+def _token_prob(p) -> TokenProb:
+    raw = bytes(p.Bytes(i) for i in range(p.BytesLength()))
+    return TokenProb(p.Id(), p.Logprob(), raw)
+
+
+def _logprobs(table, name: str) -> List[TokenLogprob]:
+    get, length = getattr(table, name), getattr(table, name + "Length")
+    out = []
+    for i in range(length()):
+        lp = get(i)
+        chosen = lp.Chosen()
+        out.append(TokenLogprob(_token_prob(chosen) if chosen is not None else TokenProb(0, 0.0),
+                                [_token_prob(lp.Top(k)) for k in range(lp.TopLength())]))
+    return out
+
+
 def _text(s: Optional[bytes]) -> str:
     return "" if s is None else s.decode("utf-8", errors="replace")
 
@@ -251,7 +290,8 @@ def decode(frame: bytes) -> Event:
         if kind == ClientBody.TokenChunk:
             c = _body(m, TokenChunk.TokenChunk)
             raw = c.Text() or b""
-            return Event("chunk", rid, chunk=Chunk(rid, _ids(c), _text(raw), len(raw)))
+            return Event("chunk", rid, chunk=Chunk(rid, _ids(c), _text(raw), len(raw),
+                                                   _logprobs(c, "Logprobs")))
         if kind == ClientBody.Done:
             d = _body(m, Done.Done)
             st, stats = d.Stats(), Stats()
@@ -261,7 +301,9 @@ def decode(frame: bytes) -> Event:
                               st.FlagWaitMs(), st.KvBytesCopied(), st.RestartsSeen(),
                               _text(st.Plan()), _text(st.FinishReason()),
                               _text(st.ExecutedPlan()), _text(st.ModeledPlan()))
-            return Event("done", rid, done=Result(rid, _text(d.Text()), _ids(d), stats))
+            return Event("done", rid, done=Result(rid, _text(d.Text()), _ids(d), stats,
+                                                  _logprobs(d, "Logprobs"),
+                                                  _logprobs(d, "PromptLogprobs")))
         if kind == ClientBody.Error:
             e = _body(m, Error.Error)
             rid = e.RequestId() or rid

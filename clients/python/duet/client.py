@@ -177,12 +177,16 @@ class Client:
                  parse_special: bool = False, session: int = 0, stream: bool = False,
                  heartbeat_ms: int = 1000, timeout: float = 600.0,
                  messages: Sequence[Message] = (),
-                 chat_template: str = "", model: str = "") -> Union[Result, Stream]:
+                 chat_template: str = "", model: str = "", logprobs: int = -1,
+                 prompt_logprobs: bool = False) -> Union[Result, Stream]:
         """Generates from a text prompt (the frontend tokenises it, BOS as the vocab says) or from
         prompt_ids. temperature 0 is greedy. stream=False returns the Result; stream=True
         returns a Stream of Chunks (its `result` is set once it ends). Raises DuetError with the
         frontend's code: busy (queue full), invalid_argument (naming the field), timeout,
-        not_found (a model the stack does not serve, named with the served ones)."""
+        not_found (a model the stack does not serve, named with the served ones).
+        logprobs=N (0-20): each generated token's log-probability under the model's distribution
+        and the N likeliest tokens' (Result.logprobs, Chunk.logprobs); prompt_logprobs: every
+        prompt token's given the ones before it (Result.prompt_logprobs; max_tokens may be 0)."""
         if prompt is None and not prompt_ids and not messages:
             raise DuetError(Code.InvalidArgument, "generate: give a prompt, prompt_ids or messages")
         rid = self._new_id()
@@ -197,7 +201,8 @@ class Client:
                                   priority=priority, stream=stream, plan=plan, session=session,
                                   heartbeat_ms=heartbeat_ms, ignore_eos=ignore_eos,
                                   chat_template=chat_template, parse_special=parse_special,
-                                  model=model))
+                                  model=model, logprobs=logprobs,
+                                  prompt_logprobs=prompt_logprobs))
         self._live.add(rid)
         s = Stream(self, rid, heartbeat_ms, time.monotonic() + timeout)
         if stream:

@@ -55,6 +55,29 @@ class ClientOnARealStack(unittest.TestCase):
                 return st
             time.sleep(0.02)
 
+    def test_logprobs_come_with_every_token_and_equal_the_cli(self):
+        want = native("--max-tokens", "6", "--ignore-eos", "--logprobs", "2", "Once upon a time")
+        got = self.client.generate("Once upon a time", max_tokens=6, ignore_eos=True, logprobs=2)
+        self.assertEqual(got.ids, want["ids"])
+        self.assertEqual([t.chosen.id for t in got.logprobs], got.ids)
+        for mine, cli in zip(got.logprobs, want["logprobs"]):
+            self.assertAlmostEqual(mine.chosen.logprob, cli["logprob"], places=5)
+            self.assertEqual([p.id for p in mine.top], [p["id"] for p in cli["top"]])
+            self.assertEqual(mine.top[0].id, mine.chosen.id)  # greedy: the likeliest
+        self.assertEqual(b"".join(t.chosen.bytes for t in got.logprobs).decode(), got.text)
+        streamed = []
+        for chunk in self.client.generate("Once upon a time", max_tokens=6, ignore_eos=True,
+                                          logprobs=0, stream=True):
+            streamed += chunk.logprobs
+        self.assertEqual([t.chosen.id for t in streamed], got.ids)
+        # The prompt's own: every token after the first, the first none (NaN).
+        echo = self.client.generate("Once upon a time", max_tokens=0, prompt_logprobs=True)
+        self.assertEqual(echo.ids, [])
+        self.assertEqual(len(echo.prompt_logprobs), echo.stats.prompt_tokens)
+        self.assertNotEqual(echo.prompt_logprobs[0].chosen.logprob,
+                            echo.prompt_logprobs[0].chosen.logprob)  # NaN
+        self.assertTrue(all(t.chosen.logprob <= 0 for t in echo.prompt_logprobs[1:]))
+
     def test_greedy_generate_equals_duet_generate(self):
         want = native("--max-tokens", "24", "Once upon a time")
         got = self.client.generate("Once upon a time", max_tokens=24)
