@@ -117,13 +117,19 @@ std::string message_content(const json& content, size_t i) {
 
 void parse_prompt(const json& body, client::GenerateRequest& g) {
   if (!body.contains("prompt")) throw bad_request("prompt", "'prompt' is required");
-  const json& p = body["prompt"];
+  const json* whole = &body["prompt"];
+  // A batch of prompts (strings or token-id arrays) of one: lm-eval's completions client sends
+  // its requests so, one per HTTP request at batch size 1.
+  if (whole->is_array() && !whole->empty() && ((*whole)[0].is_string() || (*whole)[0].is_array())) {
+    if (whole->size() != 1)
+      throw bad_request("prompt", "'prompt' holds " + std::to_string(whole->size()) +
+                                      " prompts; this server takes one per request (send them "
+                                      "as separate requests: the stack batches them itself)");
+    whole = &(*whole)[0];
+  }
+  const json& p = *whole;
   if (p.is_string()) {
     g.prompt = p.get<std::string>();
-    return;
-  }
-  if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    g.prompt = p[0].get<std::string>();
     return;
   }
   if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
@@ -135,8 +141,8 @@ void parse_prompt(const json& body, client::GenerateRequest& g) {
     return;
   }
   throw bad_request("prompt",
-                    "'prompt' must be a string, an array of one string or an array of token ids "
-                    "(one prompt per request: n and batched prompts are not supported)");
+                    "'prompt' must be a string or an array of token ids, or an array of one of "
+                    "those (one prompt per request: n and batched prompts are not supported)");
 }
 
 void parse_messages(const json& body, CompletionRequest& r) {

@@ -200,6 +200,9 @@ TEST_F(HttpSvcTest, BadInputGetsItsStatusAndAnOpenAiErrorAndTheStackStaysHealthy
       {"/v1/completions", R"({"prompt": "x", "logprobs": 21})", "", 400, "logprobs"},
       {"/v1/completions", R"({"prompt": "x", "logprobs": true})", "", 400, "logprobs"},
       {"/v1/completions", R"({"prompt": "x", "echo": true, "stream": true})", "", 400, "echo"},
+      {"/v1/completions", R"({"prompt": ["a", "b"]})", "", 400, "prompt"},
+      {"/v1/completions", R"({"prompt": [[1, 2], [3]]})", "", 400, "prompt"},
+      {"/v1/completions", R"({"prompt": [[]]})", "", 400, "prompt"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 0, "echo": "yes"})", "", 400, "echo"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
          "top_logprobs": 2})",
@@ -349,6 +352,21 @@ TEST_F(HttpSvcTest, EchoGivesEveryPromptTokensLogprob) {
       curl("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 3}, {"echo", true}}.dump());
   ASSERT_EQ(s2, 200) << more;
   EXPECT_EQ(json::parse(more)["choices"][0]["text"], prompt + completion);
+
+  // lm-eval's loglikelihood request: a batch of one token-id prompt, echo, max_tokens 1; it
+  // reads the prompt's part of token_logprobs (all but the last, the generated token's).
+  auto [s3, lm] = curl("/v1/completions", json{{"prompt", json::array({ids})},
+                                               {"max_tokens", 1},
+                                               {"temperature", 0},
+                                               {"echo", true},
+                                               {"logprobs", 1}}
+                                              .dump());
+  ASSERT_EQ(s3, 200) << lm;
+  const json lm_body = json::parse(lm);
+  const json& lm_lp = lm_body["choices"][0]["logprobs"];
+  ASSERT_EQ(lm_lp["token_logprobs"].size(), n + 1) << lm;
+  for (size_t i = 1; i < n; ++i)
+    EXPECT_FLOAT_EQ(lm_lp["token_logprobs"][i].get<float>(), lp["token_logprobs"][i].get<float>());
 }
 
 // Chat, streamed: every token's entry arrives with the chunk that carries its text (or the last
