@@ -1,10 +1,12 @@
 // POST /v1/completions and /v1/chat/completions: one frontend request per HTTP request, on the
 // HTTP worker's own DEALER (see http_server.h for the threading model).
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <memory>
 #include <optional>
 #include <random>
+#include <vector>
 
 #include "services/http_svc/http_context.h"
 
@@ -202,6 +204,65 @@ bool stream_body(ServerContext& ctx, Generation& g, httplib::DataSink& sink) {
   }
 }
 
+// A batch of prompts: each a frontend request of its own on this worker's connection, all
+// submitted before any answer is read, so the stack runs them side by side; the response waits
+// for every one. An error of one fails the whole (the others are cancelled: their late answers
+// are skipped by request id, as any earlier request's).
+std::string serve_batch(ServerContext& ctx, Generation& g, httplib::Response& res) {
+  client::Client& c = g.client;
+  std::vector<client::GenerateRequest> prompts{g.req.generate};
+  prompts.insert(prompts.end(), g.req.more.begin(), g.req.more.end());
+  std::vector<uint64_t> ids;
+  std::vector<std::optional<client::GenerateResult>> results(prompts.size());
+  auto cancel_rest = [&] {
+    for (size_t i = 0; i < ids.size(); ++i) try {
+        if (!results[i]) c.cancel(ids[i]);
+      } catch (const std::exception&) {
+        // the frontend is gone: its restart drops them anyway
+      }
+  };
+  const auto deadline = Clock::now() + ctx.options.request_timeout;
+  const milliseconds beat(std::max<uint32_t>(g.req.generate.heartbeat_ms / 3, 1));
+  auto next_beat = Clock::now() + beat;
+  size_t left = prompts.size();
+  try {
+    for (const client::GenerateRequest& p : prompts) ids.push_back(c.submit(p));
+    while (left > 0) {
+      if (Clock::now() >= deadline) throw timeout_error(g);
+      if (Clock::now() >= next_beat) {
+        for (size_t i = 0; i < ids.size(); ++i)
+          if (!results[i]) c.keep_alive(ids[i]);
+        next_beat = Clock::now() + beat;
+      }
+      auto e = c.next_event(
+          std::max(milliseconds(1), std::min(milliseconds(100), left_until(next_beat))));
+      if (!e) continue;
+      const auto at = std::find(ids.begin(), ids.end(), e->request_id);
+      if (at == ids.end()) continue;  // a late answer to an earlier request
+      const size_t i = static_cast<size_t>(at - ids.begin());
+      if (e->kind == client::Event::Kind::error) throw from_duet_error(Error(e->code, e->message));
+      if (e->kind != client::Event::Kind::done || results[i]) continue;
+      results[i] = std::move(e->done);
+      --left;
+    }
+  } catch (const Error& e) {
+    cancel_rest();
+    throw from_duet_error(e);
+  } catch (...) {
+    cancel_rest();
+    throw;
+  }
+  std::vector<client::GenerateResult> done;
+  for (auto& r : results) {
+    ctx.metrics.observe(r->stats);
+    done.push_back(std::move(*r));
+  }
+  res.set_content(completion_response(g.req, g.cmpl_id, g.created, g.model, done)
+                      .dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
+  return "ok";
+}
+
 }  // namespace
 
 std::string serve_completion(ServerContext& ctx, Endpoint endpoint, const httplib::Request& req,
@@ -212,6 +273,10 @@ std::string serve_completion(ServerContext& ctx, Endpoint endpoint, const httpli
   if (endpoint == Endpoint::chat) apply_chat_messages(g->req);
   g->cmpl_id = completion_id(endpoint);
   g->created = static_cast<int64_t>(std::time(nullptr));
+  if (!g->req.more.empty()) {
+    for (client::GenerateRequest& p : g->req.more) p.model = g->req.generate.model;
+    return serve_batch(ctx, *g, res);
+  }
   try {
     g->submit(ctx.options.request_timeout);
     await_first_event(*g);
@@ -250,7 +315,7 @@ std::string serve_completion(ServerContext& ctx, Endpoint endpoint, const httpli
     if (e->kind == client::Event::Kind::error) throw from_duet_error(Error(e->code, e->message));
     if (e->kind != client::Event::Kind::done) continue;
     ctx.metrics.observe(e->done.stats);
-    res.set_content(completion_response(g->req, g->cmpl_id, g->created, g->model, e->done)
+    res.set_content(completion_response(g->req, g->cmpl_id, g->created, g->model, {e->done})
                         .dump(-1, ' ', false, json::error_handler_t::replace),
                     "application/json");
     return "ok";

@@ -115,19 +115,8 @@ std::string message_content(const json& content, size_t i) {
   return text;
 }
 
-void parse_prompt(const json& body, client::GenerateRequest& g) {
-  if (!body.contains("prompt")) throw bad_request("prompt", "'prompt' is required");
-  const json* whole = &body["prompt"];
-  // A batch of prompts (strings or token-id arrays) of one: lm-eval's completions client sends
-  // its requests so, one per HTTP request at batch size 1.
-  if (whole->is_array() && !whole->empty() && ((*whole)[0].is_string() || (*whole)[0].is_array())) {
-    if (whole->size() != 1)
-      throw bad_request("prompt", "'prompt' holds " + std::to_string(whole->size()) +
-                                      " prompts; this server takes one per request (send them "
-                                      "as separate requests: the stack batches them itself)");
-    whole = &(*whole)[0];
-  }
-  const json& p = *whole;
+// One prompt: a string or an array of token ids.
+void parse_one_prompt(const json& p, client::GenerateRequest& g) {
   if (p.is_string()) {
     g.prompt = p.get<std::string>();
     return;
@@ -141,8 +130,31 @@ void parse_prompt(const json& body, client::GenerateRequest& g) {
     return;
   }
   throw bad_request("prompt",
-                    "'prompt' must be a string or an array of token ids, or an array of one of "
-                    "those (one prompt per request: n and batched prompts are not supported)");
+                    "'prompt' must be a string or an array of token ids, or an array of those "
+                    "(a batch of prompts)");
+}
+
+// A prompt, or a batch of them (strings or token-id arrays: lm-eval's completions client sends
+// its requests so): the first into g, the others into `more` (g's copies, each its prompt).
+constexpr size_t kMaxBatchPrompts = 32;
+void parse_prompt(const json& body, client::GenerateRequest& g,
+                  std::vector<client::GenerateRequest>& more) {
+  if (!body.contains("prompt")) throw bad_request("prompt", "'prompt' is required");
+  const json& p = body["prompt"];
+  if (!(p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array()))) {
+    parse_one_prompt(p, g);
+    return;
+  }
+  if (p.size() > kMaxBatchPrompts)
+    throw bad_request("prompt", "'prompt' holds " + std::to_string(p.size()) +
+                                    " prompts, more than the " + std::to_string(kMaxBatchPrompts) +
+                                    " a request may batch");
+  parse_one_prompt(p[0], g);
+  for (size_t i = 1; i < p.size(); ++i) {
+    client::GenerateRequest other;
+    parse_one_prompt(p[i], other);
+    more.push_back(std::move(other));
+  }
 }
 
 void parse_messages(const json& body, CompletionRequest& r) {
@@ -220,7 +232,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
     r.model = body["model"].get<std::string>();
   }
   if (endpoint == Endpoint::completions)
-    parse_prompt(body, g);
+    parse_prompt(body, g, r.more);
   else
     parse_messages(body, r);
 
@@ -306,6 +318,15 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
     g.priority = parse_priority_value(body["priority"].get<std::string>(), "priority");
   }
   g.stream = r.stream;
+  if (!r.more.empty() && r.stream)
+    throw bad_request("prompt", "a batch of prompts is not supported with stream: true");
+  // The batch's other prompts take every field but their prompt from the first.
+  for (client::GenerateRequest& other : r.more) {
+    client::GenerateRequest copy = g;
+    copy.prompt = std::move(other.prompt);
+    copy.prompt_ids = std::move(other.prompt_ids);
+    other = std::move(copy);
+  }
   return r;
 }
 
@@ -410,9 +431,10 @@ json logprobs_json(const CompletionRequest& req, const std::vector<client::Token
           {"text_offset", offsets}};
 }
 
-json completion_response(const CompletionRequest& req, const std::string& id, int64_t created,
-                         const std::string& model, const client::GenerateResult& r) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(r.stats.finish_reason)}};
+namespace {
+
+json choice_json(const CompletionRequest& req, size_t index, const client::GenerateResult& r) {
+  json choice = {{"index", index}, {"finish_reason", finish_reason(r.stats.finish_reason)}};
   size_t text_offset = 0;
   if (req.endpoint == Endpoint::chat) {
     choice["message"] = {{"role", "assistant"}, {"content", r.text}};
@@ -429,13 +451,28 @@ json completion_response(const CompletionRequest& req, const std::string& id, in
     choice["text"] = r.text;
     choice["logprobs"] = logprobs_json(req, r.logprobs, text_offset);
   }
+  return choice;
+}
+
+}  // namespace
+
+json completion_response(const CompletionRequest& req, const std::string& id, int64_t created,
+                         const std::string& model,
+                         const std::vector<client::GenerateResult>& results) {
+  json choices = json::array();
+  client::Stats total;  // usage: the batch's sums
+  for (size_t i = 0; i < results.size(); ++i) {
+    choices.push_back(choice_json(req, i, results[i]));
+    total.prompt_tokens += results[i].stats.prompt_tokens;
+    total.generated_tokens += results[i].stats.generated_tokens;
+  }
   return {{"id", id},
           {"object", object_name(req.endpoint, false)},
           {"created", created},
           {"model", model},
-          {"choices", json::array({choice})},
-          {"usage", usage_json(r.stats)},
-          {"duet", duet_stats(r.stats)}};
+          {"choices", choices},
+          {"usage", usage_json(total)},
+          {"duet", duet_stats(results.front().stats)}};
 }
 
 json stream_chunk(const CompletionRequest& req, const std::string& id, int64_t created,

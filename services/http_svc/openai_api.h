@@ -57,6 +57,10 @@ struct CompletionRequest {
   // Completions' echo: the reply's text starts with the prompt's, and its logprobs (when asked
   // for) with the prompt tokens' (the first's null); max_tokens may be 0. Not with stream.
   bool echo = false;
+  // Completions' batch of prompts (several strings or token-id arrays): the prompts after the
+  // first, each a request of its own, run side by side in the stack; choices[i] is prompt i's.
+  // Not with stream.
+  std::vector<client::GenerateRequest> more;
 };
 
 // Parses a request body. `header_priority` is X-Duet-Priority ("" when absent); the body's
@@ -72,10 +76,10 @@ std::string finish_reason(const std::string& duet_reason);
 
 nlohmann::json usage_json(const client::Stats& s);
 
-// A whole (non-streamed) response.
+// A whole (non-streamed) response: one choice per result (a batch's, in prompt order).
 nlohmann::json completion_response(const CompletionRequest& req, const std::string& id,
                                    int64_t created, const std::string& model,
-                                   const client::GenerateResult& r);
+                                   const std::vector<client::GenerateResult>& results);
 
 // One streamed chunk: text (may be empty), finish_reason (null when empty), and usage when
 // given (the last chunk when stream_options.include_usage; choices is then empty as OpenAI's).

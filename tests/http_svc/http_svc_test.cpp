@@ -200,9 +200,11 @@ TEST_F(HttpSvcTest, BadInputGetsItsStatusAndAnOpenAiErrorAndTheStackStaysHealthy
       {"/v1/completions", R"({"prompt": "x", "logprobs": 21})", "", 400, "logprobs"},
       {"/v1/completions", R"({"prompt": "x", "logprobs": true})", "", 400, "logprobs"},
       {"/v1/completions", R"({"prompt": "x", "echo": true, "stream": true})", "", 400, "echo"},
-      {"/v1/completions", R"({"prompt": ["a", "b"]})", "", 400, "prompt"},
-      {"/v1/completions", R"({"prompt": [[1, 2], [3]]})", "", 400, "prompt"},
+      {"/v1/completions", R"({"prompt": ["a", "b"], "stream": true})", "", 400, "prompt"},
+      {"/v1/completions", R"({"prompt": [[1, 2], []]})", "", 400, "prompt"},
       {"/v1/completions", R"({"prompt": [[]]})", "", 400, "prompt"},
+      {"/v1/completions", json{{"prompt", std::vector<std::string>(33, "a")}}.dump(), "", 400,
+       "prompt"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 0, "echo": "yes"})", "", 400, "echo"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
          "top_logprobs": 2})",
@@ -399,6 +401,48 @@ TEST_F(HttpSvcTest, StreamedChatLogprobsCoverEveryToken) {
   EXPECT_EQ(completion_tokens, 8u) << body;
   EXPECT_EQ(entries, completion_tokens) << body;
   EXPECT_EQ(tokens, sse.text);
+}
+
+// A batch of prompts (lm-eval sends its requests so): each a request of its own, run side by
+// side; choice i is prompt i's and equals that prompt sent alone. A bad prompt in a batch fails
+// the whole with its status, and the others are cancelled, not left running.
+TEST_F(HttpSvcTest, ABatchOfPromptsGivesEachItsOwnChoice) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The man who", "A fool and"};
+  std::vector<std::string> alone;
+  for (const std::string& p : prompts) {
+    auto [s, b] = curl("/v1/completions", json{{"prompt", p}, {"max_tokens", 6}}.dump());
+    ASSERT_EQ(s, 200) << b;
+    alone.push_back(json::parse(b)["choices"][0]["text"]);
+  }
+  const std::vector<int32_t> ids = tokenize(prompts[1]);
+  const json batch = json::array({prompts[0], ids, prompts[2]});
+  auto [status, body] =
+      curl("/v1/completions", json{{"prompt", batch}, {"max_tokens", 6}, {"logprobs", 0}}.dump());
+  ASSERT_EQ(status, 200) << body;
+  const json j = json::parse(body);
+  ASSERT_EQ(j["choices"].size(), prompts.size()) << body;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], alone[i]) << "prompt " << i;
+    EXPECT_EQ(j["choices"][i]["logprobs"]["tokens"].size(), 6u);
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 18);
+
+  const uint64_t cancelled = frontend_status()["metrics"]["requests"]["cancelled"];
+  const json bad_batch = json::array({prompts[0], json::array({999999})});
+  auto [bad, why] =
+      curl("/v1/completions",
+           json{{"prompt", bad_batch}, {"max_tokens", 480}, {"ignore_eos", true}}.dump());
+  EXPECT_EQ(bad, 400) << why;
+  EXPECT_NE(why.find("999999"), std::string::npos) << why;
+  // The batch's good request (480 tokens to go) was cancelled, not left to run.
+  json st;
+  for (int i = 0; i < 100; ++i) {
+    st = frontend_status();
+    if (st["metrics"]["requests"]["cancelled"].get<uint64_t>() > cancelled) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(st["metrics"]["requests"]["cancelled"].get<uint64_t>(), cancelled + 1) << st.dump();
 }
 
 TEST_F(HttpSvcTest, TokenizeAndDetokenizeRoundTrip) {
