@@ -23,6 +23,13 @@ size_t utf8_boundary(const std::string& text, size_t end) {
   return end;
 }
 
+flatbuffers::Offset<fbc::TokenProb> token_prob(flatbuffers::FlatBufferBuilder& fbb, int32_t id,
+                                               float logprob, const std::string& bytes) {
+  return fbc::CreateTokenProb(
+      fbb, id, logprob,
+      fbb.CreateVector(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+}
+
 }  // namespace
 
 // The log-probabilities of r.generated[from, end) that r holds (its last token_logprobs.size()
@@ -32,10 +39,7 @@ Frontend::logprobs_of(flatbuffers::FlatBufferBuilder& fbb, const Request& r, siz
   if (r.logprobs < 0) return 0;
   const size_t first = r.generated.size() - r.token_logprobs.size();  // the first with one
   auto prob = [&](int32_t id, float logprob) {
-    const std::string bytes = tokenizer_.token_bytes(id);
-    return fbc::CreateTokenProb(
-        fbb, id, logprob,
-        fbb.CreateVector(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    return token_prob(fbb, id, logprob, tokenizer_.token_bytes(id));
   };
   std::vector<flatbuffers::Offset<fbc::TokenLogprob>> out;
   for (size_t i = std::max(from, first); i < r.generated.size(); ++i) {
@@ -54,11 +58,6 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fbc::TokenLogprob>>>
 Frontend::prompt_logprobs_of(flatbuffers::FlatBufferBuilder& fbb, const Request& r) const {
   if (!r.prompt_logprobs) return 0;
   const std::vector<std::string> texts = tokenizer_.token_texts(r.prompt);
-  auto prob = [&](int32_t id, float logprob, const std::string& bytes) {
-    return fbc::CreateTokenProb(
-        fbb, id, logprob,
-        fbb.CreateVector(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-  };
   std::vector<flatbuffers::Offset<fbc::TokenLogprob>> out;
   for (size_t i = 0; i < r.prompt.size(); ++i) {
     std::vector<flatbuffers::Offset<fbc::TokenProb>> top;
@@ -66,9 +65,10 @@ Frontend::prompt_logprobs_of(flatbuffers::FlatBufferBuilder& fbb, const Request&
     if (i > 0 && i - 1 < r.prompt_token_logprobs.size()) {
       const TokenLogprobs& lp = r.prompt_token_logprobs[i - 1];
       logprob = lp.logprob;
-      for (const auto& [id, l] : lp.top) top.push_back(prob(id, l, tokenizer_.token_bytes(id)));
+      for (const auto& [id, l] : lp.top)
+        top.push_back(token_prob(fbb, id, l, tokenizer_.token_bytes(id)));
     }
-    const auto chosen = prob(r.prompt[i], logprob, texts[i]);
+    const auto chosen = token_prob(fbb, r.prompt[i], logprob, texts[i]);
     out.push_back(fbc::CreateTokenLogprob(fbb, chosen, fbb.CreateVector(top)));
   }
   return fbb.CreateVector(out);
