@@ -207,7 +207,7 @@ duet::cli::RegisterCommand register_generate([](CLI::App& app) {
   cmd->add_option("--logprobs", args->logprobs,
                   "With --stack --json: each generated token's log-probability under the model's "
                   "distribution, and those of the N likeliest tokens (0-20)")
-      ->check(CLI::Range(0, 20));
+      ->check(CLI::Range(0, duet::kMaxTopLogprobs));
   cmd->add_flag("--ignore-eos", args->ignore_eos,
                 "Keep generating past EOS: exactly --max-tokens tokens (fixed-length runs)");
   cmd->add_flag("--chat", args->chat,

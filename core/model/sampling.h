@@ -46,5 +46,8 @@ struct TokenLogprobs {
   std::vector<std::pair<int32_t, float>> top;  // (id, logprob)
 };
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top_n);
+// How many of the likeliest tokens a request may ask log-probabilities of (OpenAI's cap):
+// the frontend's, http_svc's and the CLI's bound.
+constexpr int kMaxTopLogprobs = 20;
 
 }  // namespace duet

@@ -265,12 +265,30 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
+namespace {
+
+// A SentencePiece piece's text: each "▁" a space.
+void append_spm_piece(std::string& out, std::string_view piece) {
+  for (size_t pos = 0; pos < piece.size();) {
+    if (piece.substr(pos).starts_with(kSpaceSymbol)) {
+      out.push_back(' ');
+      pos += kSpaceSymbol.size();
+    } else {
+      out.push_back(piece[pos++]);
+    }
+  }
+}
+
+}  // namespace
+
 std::string Tokenizer::token_bytes(int32_t id) const {
   check_id(id);
   const uint8_t attr = attrs_[static_cast<size_t>(id)];
   const std::string& piece = vocab_.pieces[static_cast<size_t>(id)];
   if (attr & kControl) return {};
   if (!spm_) {
+    // llama.cpp's token_to_piece(special = false): control and unknown tokens print nothing,
+    // user-defined ones their text, normal (and byte) ones their bytes; unused ones nothing.
     if (attr & kUnknown) return {};
     if (attr & kUserDefined) return piece;
     return attr & (kNormal | kByte) ? bpe_->token_bytes(id) : std::string();
@@ -278,14 +296,7 @@ std::string Tokenizer::token_bytes(int32_t id) const {
   if (const int16_t byte = spm_->byte_of(id); byte >= 0) return std::string(1, char(byte));
   if (attr & kUnknown) return std::string(kUnknownSurface);
   std::string out;
-  for (size_t pos = 0; pos < piece.size();) {
-    if (std::string_view(piece).substr(pos).starts_with(kSpaceSymbol)) {
-      out.push_back(' ');
-      pos += kSpaceSymbol.size();
-    } else {
-      out.push_back(piece[pos++]);
-    }
-  }
+  append_spm_piece(out, piece);
   return out;
 }
 
@@ -315,14 +326,7 @@ std::string Tokenizer::StreamDecoder::push(int32_t id) {
 }
 
 std::string Tokenizer::StreamDecoder::push_bpe(int32_t id) {
-  // llama.cpp's token_to_piece(special = false): control and unknown tokens print nothing,
-  // user-defined ones their text, normal (and byte) ones their bytes; unused ones nothing.
-  const uint8_t attr = tok_->attrs_[static_cast<size_t>(id)];
-  if (attr & (kControl | kUnknown)) return {};
-  if (attr & kUserDefined)
-    pending_bytes_ += tok_->vocab_.pieces[static_cast<size_t>(id)];
-  else if (attr & (kNormal | kByte))
-    pending_bytes_ += tok_->bpe_->token_bytes(id);
+  pending_bytes_ += tok_->token_bytes(id);
   // Hold back only a character that the next tokens may still complete.
   const size_t ready = utf8::complete_prefix_len(pending_bytes_);
   std::string out = pending_bytes_.substr(0, ready);
@@ -353,14 +357,7 @@ std::string Tokenizer::StreamDecoder::push_spm(int32_t id) {
       piece.remove_prefix(kSpaceSymbol.size());
       bos_ws_seen_ = true;
     }
-    for (size_t pos = 0; pos < piece.size();) {
-      if (piece.substr(pos).starts_with(kSpaceSymbol)) {
-        out.push_back(' ');
-        pos += kSpaceSymbol.size();
-      } else {
-        out.push_back(piece[pos++]);
-      }
-    }
+    append_spm_piece(out, piece);
   }
   text_started_ = text_started_ || !out.empty();
   return out;

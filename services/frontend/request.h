@@ -18,9 +18,6 @@ namespace duet::frontend {
 enum class Priority : uint8_t { reactive = 0, proactive = 1 };
 enum class RequestKind : uint8_t { generate, eval };
 
-// The most likeliest tokens a request may ask log-probabilities of (OpenAI's top_logprobs cap).
-constexpr int kMaxTopLogprobs = 20;
-
 struct Request {
   // Routing: the ROUTER identity frames of the client, and the id the client gave the request.
   std::vector<std::string> routing;

@@ -79,8 +79,9 @@ StepBatch Scheduler::build(int max_step_tokens, double now_ms, Lane lane) {
     budget -= n;
   };
   // The engines take max_running entries (sequences) a step, each with at most one logit row.
-  // Every request adds one entry, except an eval: one per position (every position's logits),
-  // so its chunk is cut to the entries left, less those kept for the carried decoders.
+  // Every request adds one entry, except one that needs every position's logits (an eval, a
+  // prompt_logprobs request: Request::every_position): one per position, so its chunk is cut to
+  // the entries left, less those kept for the carried decoders.
   const size_t max_entries = static_cast<size_t>(std::max(1, max_running_));
   size_t kept_entries = 0;
   auto entries_left = [&] {

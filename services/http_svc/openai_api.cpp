@@ -178,7 +178,7 @@ void parse_messages(const json& body, CompletionRequest& r) {
 // Completions: "logprobs": N, the N likeliest tokens' besides the sampled one's (0: its own
 // only). Chat: "logprobs": true, and "top_logprobs": N with it.
 void parse_logprobs(const json& body, Endpoint endpoint, client::GenerateRequest& g) {
-  constexpr int64_t kMaxTop = 20;  // frontend/request.h kMaxTopLogprobs, OpenAI's cap
+  constexpr int64_t kMaxTop = kMaxTopLogprobs;  // core/model/sampling.h
   if (endpoint == Endpoint::completions) {
     if (present(body, "top_logprobs"))
       throw bad_request(
@@ -385,7 +385,7 @@ json byte_list(const std::string& bytes) {
 
 size_t code_points(const std::string& text) {
   return static_cast<size_t>(std::count_if(
-      text.begin(), text.end(), [](char c) { return (static_cast<uint8_t>(c) & 0xC0) != 0x80; }));
+      text.begin(), text.end(), [](char c) { return !utf8::is_trail_byte(uint8_t(c)); }));
 }
 
 }  // namespace
