@@ -355,16 +355,27 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
     MMI_LOOP_file(NAME, MMI_T, ISA, BITS, 16u) else MMI_LOOP_file(NAME, MMI_T, ISA, BITS,          \
                                                                   row_end - r0)
 // Items of the tiled layout are its 16-row groups (w: the whole tensor's copy, w_off 0), from the
-// one holding row_begin. A copy is one ascending stream, read front to back, which the hardware
-// prefetcher follows: prefetching the next group's block with each block (as the file layout
-// does) took 1.2-1.3x (Q4_0) and 1.8x (Q8_0) the CPU time of none in a llama3.2-1b decode's
-// GEMVs (bench/kquant/RESULTS.md, 2026-11-26).
+// one holding row_begin. A copy is one ascending stream, read front to back. Prefetching the
+// next group's block with each block (as the file layout does) took 1.2-1.3x (Q4_0) and 1.8x
+// (Q8_0) the CPU time of none in a llama3.2-1b decode's GEMVs on an AMD EPYC (bench/kquant/
+// RESULTS.md, 2026-11-26). Prefetching the same stream a few KiB ahead into L2 (prefetcht2, one
+// per line of the block, as the K-quants do) is what an Intel Xeon's two cores need to keep
+// enough lines in flight: its hardware prefetcher alone left a decode token's Q4_0 GEMVs at
+// 45 ms, 31.7 with 4 KiB ahead (Q8_0: 64 -> 47.7 ms with 8 KiB; 8-token tiles 65 -> 49 and
+// 103 -> 70 ms; bench/kquant/RESULTS.md, 2026-12-06). Past the tensor's end it reads nothing:
+// prefetches never fault.
+#define MMI_AHEAD_q4_0 4096
+#define MMI_AHEAD_q8_0 8192
+#define MMI_PREFETCH_AHEAD(NAME, wb)                                                               \
+  for (uint l = 0; l < (TILED_BYTES_##NAME + 63) / 64; ++l)                                        \
+      __asm__ volatile("prefetcht2 (%0)" : : "r"((wb) + MMI_AHEAD_##NAME + l * 64));
 #define MMI_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                     \
   const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
   MMI_ITEM_START(MMI_T)                                                                            \
   global const uchar* w_item = w + (ulong)(r0 / 16) * n_blocks * TILED_BYTES_##NAME;               \
   for (uint b = 0; b < n_blocks; ++b) {                                                            \
     global const uchar* wb = w_item + (ulong)b * TILED_BYTES_##NAME;                               \
+    MMI_PREFETCH_AHEAD(NAME, wb)                                                                   \
     int16 u[8];                                                                                    \
     mmi_tiled_##NAME(wb, u);                                                                       \
     const float16 dw = mmi_tiled_scales(wb);                                                       \
