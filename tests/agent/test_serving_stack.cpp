@@ -347,15 +347,30 @@ TEST_F(AgentServingStack, ReactiveRequestsNeverPreemptEachOtherAndRunFifo) {
     client::Client warm(endpoint());
     (void)warm.generate(request(client::Priority::reactive, prompt(8, 5), 2), {}, 60s);
   }
-  client::Client first(endpoint()), second(endpoint());
+  client::Client first(endpoint()), second(endpoint()), watcher(endpoint());
+  const auto received = [&] {
+    return watcher.status()["metrics"]["requests"]["received"].get<uint64_t>();
+  };
+  const uint64_t received_before = received();
+  const auto sent_a = Clock::now();
   const uint64_t a = first.submit(request(client::Priority::reactive, prompt(400, 3), 8));
-  std::this_thread::sleep_for(5ms);
+  // b is sent once the frontend has received a: a fixed 5 ms pause let a loaded
+  // host deliver the two in the other order (2026-12-06: b's TTFT 59 ms, a's 77 ms).
+  for (const auto deadline = Clock::now() + 10s;
+       Clock::now() < deadline && received() == received_before;)
+    std::this_thread::sleep_for(1ms);
+  const auto sent_b = Clock::now();
   const uint64_t b = second.submit(request(client::Priority::reactive, prompt(300, 4), 8));
   const client::GenerateResult ra = done_of(first, a), rb = done_of(second, b);
   EXPECT_EQ(ra.ids.size(), 8u);
   EXPECT_EQ(rb.ids.size(), 8u);
-  // FIFO: the earlier request's prompt is prefilled first, so its first token comes first.
-  EXPECT_LT(ra.stats.ttft_ms, rb.stats.ttft_ms + 5.0);
+  // FIFO: the earlier request's prompt is prefilled first, so its first token comes first. A
+  // TTFT counts from its own request's arrival, so the first tokens' times are compared on one
+  // clock: each send time plus its TTFT (the 5 ms cover the two sends' delivery jitter).
+  const double b_after_a_ms = std::chrono::duration<double, std::milli>(sent_b - sent_a).count();
+  std::printf("ttft a %.1f ms, b %.1f ms, b sent %.1f ms after a\n", ra.stats.ttft_ms,
+              rb.stats.ttft_ms, b_after_a_ms);
+  EXPECT_LT(ra.stats.ttft_ms, b_after_a_ms + rb.stats.ttft_ms + 5.0);
   const nlohmann::json s = agent_status();
   EXPECT_EQ(s["preemptions"], 0) << s.dump();
   EXPECT_EQ(s["proactive_steps"], 0) << "reactive requests run on the main engine";
