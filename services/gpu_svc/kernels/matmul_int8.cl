@@ -366,9 +366,11 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
 // prefetches never fault.
 #define MMI_AHEAD_q4_0 4096
 #define MMI_AHEAD_q8_0 8192
-#define MMI_PREFETCH_AHEAD(NAME, wb)                                                               \
-  for (uint l = 0; l < (TILED_BYTES_##NAME + 63) / 64; ++l)                                        \
-      __asm__ volatile("prefetcht2 (%0)" : : "r"((wb) + MMI_AHEAD_##NAME + l * 64));
+// Every line of [first, first + bytes) into L2; the K-quants' KQ_PREFETCH uses it too.
+#define MMI_PREFETCH_L2(first, bytes)                                                              \
+  for (uint l = 0; l < ((bytes) + 63) / 64; ++l)                                                   \
+      __asm__ volatile("prefetcht2 (%0)" : : "r"((first) + l * 64));
+#define MMI_PREFETCH_AHEAD(NAME, wb) MMI_PREFETCH_L2((wb) + MMI_AHEAD_##NAME, TILED_BYTES_##NAME)
 #define MMI_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                     \
   const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
   MMI_ITEM_START(MMI_T)                                                                            \

@@ -224,9 +224,7 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
 // on a host whose two cores read ~30 GB/s it keeps their 16-row streams short of that (a
 // llama3.2-1b Q4_K_M decode token's GEMVs, decode_gemv: 33.5-39.2 ms, median 36.2, without;
 // 27.9-30.4 with, one outlier 40.9; Q5_K's 39-47 against 30-39; 8 or 16 ahead no better).
-#define KQ_PREFETCH(NAME, wb)                                                                      \
-  for (uint l = 0; l < TILED_BYTES_##NAME / 64; ++l)                                               \
-      __asm__ volatile("prefetcht2 (%0)" : : "r"((wb) + 4 * TILED_BYTES_##NAME + l * 64));
+#define KQ_PREFETCH(NAME, wb) MMI_PREFETCH_L2((wb) + 4 * TILED_BYTES_##NAME, TILED_BYTES_##NAME)
 #define KQ_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                      \
   const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
   MMI_ITEM_START(MMI_T)                                                                            \
