@@ -16,6 +16,8 @@
 #include <CL/cl.h>
 
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -45,7 +47,9 @@ static std::string strip_defs(std::string s) {
   std::stringstream in(s), out;
   std::string line;
   while (std::getline(in, line))
-    if (line.rfind("DEFINE_MATMUL_INT8_ALL(", 0) != 0) out << line << "\n";
+    if (line.rfind("DEFINE_MATMUL_INT8_ALL(", 0) != 0 &&
+        line.rfind("DEFINE_MATMUL_INT8_AMX(", 0) != 0)
+      out << line << "\n";
   return out.str();
 }
 
@@ -76,6 +80,7 @@ int main(int argc, char** argv) {
                     "inline int matmul_out_row(global const int* tok, int rows_from_table, uint t) "
                     "{ return rows_from_table ? tok[4 * t + TOK_LOGITS] : (int)t; }\n" +
                     strip_defs(slurp(dir + "/matmul_int8.cl")) +
+                    strip_defs(slurp(dir + "/matmul_int8_amx.cl")) +
                     strip_defs(slurp(dir + "/matmul_kq_cpu.cl"));
   const std::string isa = variant.substr(0, variant.find('_'));
   const std::string bits = variant.substr(variant.find("_a") + 2);
@@ -87,6 +92,12 @@ int main(int argc, char** argv) {
   defs += extra_defs + "\n#endif\n";
   src += defs;
 
+  // AMX kernels (KQH_T=16, ISA amx): the process asks for the tile state first (as gpu_svc).
+  if (isa == "amx" &&
+      syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) {
+    std::perror("arch_prctl(ARCH_REQ_XCOMP_PERM)");
+    return 1;
+  }
   cl_platform_id plat;
   CK(clGetPlatformIDs(1, &plat, nullptr));
   cl_device_id dev;
@@ -167,9 +178,10 @@ int main(int argc, char** argv) {
       flops += 2.0 * c.rows * c.k * T;
     }
   }
-  const size_t qbytes = 8192 / 32 * 640;
+  // Two tiles of 8 tokens' quantised input at k = 8192 (16-token items read both).
+  const size_t qgroups = 2 * 8192 / 32 + 8, qbytes = qgroups * 640;
   std::vector<unsigned char> qh(qbytes);
-  for (size_t g = 0; g < 8192 / 32; ++g) {
+  for (size_t g = 0; g < qgroups; ++g) {
     for (size_t i = 0; i < 640; ++i) qh[g * 640 + i] = rng() & 0xFF;
     for (int s = 0; s < 8; ++s) {
       float d = 0.01f;

@@ -303,28 +303,56 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
   return mmi_fp16_to_float(convert_int16(vload16(0, (global const short*)wb)));
 }
 
+// Token i of an item: the group of the current block holding it (group: the block's group in the
+// item's first tile; 16-token items span two tiles, tile_step bytes apart) and its slot there.
+#define MMI_TOK_GROUP(MMI_T, i) (MMI_T > MMI_TILE ? group + ((i) / MMI_TILE) * tile_step : group)
+#define MMI_TOK_SLOT(MMI_T, i) (MMI_T > MMI_TILE ? (i) % MMI_TILE : slot0 + (i))
+// Token i's int32 at byte `at` of the group's per-slot arrays (MMI_SUMS0, ...), its float scale.
+#define MMI_TOK_INT(MMI_T, i, at) \
+  ((global const int*)(MMI_TOK_GROUP(MMI_T, i) + (at)))[MMI_TOK_SLOT(MMI_T, i)]
+#define MMI_TOK_DX(MMI_T, i) \
+  ((global const float*)(MMI_TOK_GROUP(MMI_T, i) + MMI_SCALES))[MMI_TOK_SLOT(MMI_T, i)]
+// Token i's dword g of plane p (the 4 quants of x's elements 4g..4g+3).
+#define MMI_TOK_QUANTS(MMI_T, i, p, g) \
+  (((global const int*)(MMI_TOK_GROUP(MMI_T, i) + MMI_TOK_SLOT(MMI_T, i) * 64))[8 * (p) + (g)])
+
+// The int dots of the tokens' activation block (group) with the weights' lane vectors u[g] for g
+// in [G0, G1), starting from INIT (an expression of i; in the low plane's dot for 16 bits):
+// dot[i] (plane 0) and dot_lo[i] (plane 1, 16 bits), 16 rows a vector. The int of token i is then
+// MMI_INT(i, BITS): exact, so every ISA gives the same one.
+#define MMI_DOTS(MMI_T, ISA, BITS, G0, G1, INIT)                                                   \
+  int16 dot[MMI_T], dot_lo[MMI_T];               \
+  MMI_DOTS_##ISA(MMI_T, ISA, BITS, G0, G1, INIT)
+#define MMI_INT(i, BITS) (BITS == 16 ? (dot[i] << 8) + dot_lo[i] : dot[i])
+// vpdpbusd (or its emulation): per token, a chain of G1 - G0 dot instructions a plane, each 4
+// activation quants broadcast to the 16 rows.
+#define MMI_DOTS_DOT4(MMI_T, ISA, BITS, G0, G1, INIT)                                              \
+  _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                             \
+    const int init = INIT;                                                                         \
+    dot[i] = (int16)(BITS == 16 ? 0 : init);                                                       \
+    dot_lo[i] = (int16)(BITS == 16 ? init : 0);                                                    \
+  }                                                                                                \
+  _Pragma("unroll") for (uint g = G0; g < G1; ++g) {                                               \
+    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot[i] =                                    \
+        DOT4_##ISA(dot[i], u[g], (int16)MMI_TOK_QUANTS(MMI_T, i, 0, g));                           \
+    if (BITS == 16)                                                                                \
+      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot_lo[i] =                               \
+          DOT4_##ISA(dot_lo[i], u[g], (int16)MMI_TOK_QUANTS(MMI_T, i, 1, g));                      \
+  }
+#define MMI_DOTS_portable MMI_DOTS_DOT4
+#define MMI_DOTS_vnni MMI_DOTS_DOT4
+
 // One block of a matmul_i8 work-item (DEFINE_MATMUL_INT8): acc[i] += the 16 rows' dots (u, the
-// weights' lane vectors; dw, their scales) with token i's block b.
+// weights' lane vectors; dw, their scales) with token i's block b. 8 bits: the zero point's
+// correction (MMI_SUMS0) starts the dot; 16: all of it (MMI_SUMS1) the low plane's.
 #define MMI_BLOCK_DOTS(MMI_T, ISA, BITS)                                                           \
   {                                                                                                \
     global const uchar* group = groups + (ulong)b * MMI_GROUP_BYTES;                               \
-    int16 dot[MMI_T], dot_lo[MMI_T];                                                               \
+    MMI_DOTS(MMI_T, ISA, BITS, 0, 8,                                                               \
+             MMI_TOK_INT(MMI_T, i, BITS == 16 ? MMI_SUMS1 : MMI_SUMS0))                            \
     _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
-      /* 8 bits: the zero point's correction here; 16: all of it in the low plane's dot. */        \
-      dot[i] = (int16)(BITS == 16 ? 0 : ((global const int*)(group + MMI_SUMS0))[slot0 + i]);      \
-      dot_lo[i] = (int16)(((global const int*)(group + MMI_SUMS1))[slot0 + i]);                    \
-    }                                                                                              \
-    _Pragma("unroll") for (uint g = 0; g < 8; ++g) {                                               \
-      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot[i] =                                  \
-          DOT4_##ISA(dot[i], u[g], (int16)(((global const int*)(group + (slot0 + i) * 64))[g]));   \
-      if (BITS == 16)                                                                              \
-        _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot_lo[i] = DOT4_##ISA(                 \
-            dot_lo[i], u[g], (int16)(((global const int*)(group + (slot0 + i) * 64))[8 + g]));     \
-    }                                                                                              \
-    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
-      const int16 d = BITS == 16 ? (dot[i] << 8) + dot_lo[i] : dot[i];                             \
-      const float16 scale = dw * ((global const float*)(group + MMI_SCALES))[slot0 + i];           \
-      acc[i] = fma(convert_float16(d), scale, acc[i]);                                             \
+      const float16 scale = dw * MMI_TOK_DX(MMI_T, i);                                             \
+      acc[i] = fma(convert_float16(MMI_INT(i, BITS)), scale, acc[i]);                              \
     }                                                                                              \
   }
 
@@ -400,11 +428,13 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
   const uint slot0 = (t0 - t_begin) % MMI_TILE;                                                    \
   global const uchar* groups =                                                                     \
       q + (ulong)((t0 - t_begin) / MMI_TILE) * n_blocks * MMI_GROUP_BYTES;                         \
+  const ulong tile_step = (ulong)n_blocks * MMI_GROUP_BYTES;                                       \
   float16 acc[MMI_T];                                                                              \
   _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] = (float16)(0.0f);
 
-// y[t][r] for 16 rows x MMI_T tokens per work-item (MMI_T = 1 or MMI_TILE: an item's tokens lie
-// in one tile of the quantised input). With rows_from_table, token t writes y row
+// y[t][r] for 16 rows x MMI_T tokens per work-item (the runner's MMI_T = 1 or MMI_TILE: an
+// item's tokens lie in one tile of the quantised input; the block dots also serve 2 MMI_TILE,
+// whose items span two tiles: bench/kquant/decode_gemv.cpp's KQH_T=16). With rows_from_table, token t writes y row
 // tok[t].logits_row (nothing for -1), as matmul.cl's kernels. Only rows in [row_begin, row_end)
 // are written. ITEM names the family of per-item bodies (ITEM##_file / ITEM##_tiled: MMI_ITEM here,
 // KQ_ITEM in matmul_kq_cpu.cl), each declaring r0, out_row and acc.

@@ -101,27 +101,11 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
   _Pragma("unroll") for (uint g = 0; g < 8; ++g) u[g] =                 \
       ((t[g] >> (4 * ((j) & 1))) & 0x0F0F0F0F) | (((hb[g] >> (j)) & 0x01010101) << 4);
 
-// The int dots of the tokens' activation block (group, slots slot0..) with u[g] for g in
-// [G0, G1), starting from INIT (in the low plane's dot for 16 bits, as matmul_int8.cl).
-#define KQ_DOTS(MMI_T, ISA, BITS, G0, G1, INIT)                                                    \
-  int16 dot[MMI_T], dot_lo[MMI_T];                                                                 \
-  _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                             \
-    const int init = INIT;                                                                         \
-    dot[i] = (int16)(BITS == 16 ? 0 : init);                                                       \
-    dot_lo[i] = (int16)(BITS == 16 ? init : 0);                                                    \
-  }                                                                                                \
-  _Pragma("unroll") for (uint g = G0; g < G1; ++g) {                                               \
-    _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot[i] =                                    \
-        DOT4_##ISA(dot[i], u[g], (int16)(((global const int*)(group + (slot0 + i) * 64))[g]));     \
-    if (BITS == 16)                                                                                \
-      _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) dot_lo[i] = DOT4_##ISA(                   \
-          dot_lo[i], u[g], (int16)(((global const int*)(group + (slot0 + i) * 64))[8 + g]));       \
-  }
-#define KQ_INT(i, BITS) (BITS == 16 ? (dot[i] << 8) + dot_lo[i] : dot[i])
-#define KQ_DX(i) ((global const float*)(group + MMI_SCALES))[slot0 + i]
+// The int dots are matmul_int8.cl's MMI_DOTS; token i's activation scale and quant sums:
+#define KQ_DX(MMI_T, i) MMI_TOK_DX(MMI_T, i)
 // Minus the activation block's quant sum (zp_shift 0), and of its first 16.
-#define KQ_NEG_SUM(i, BITS) ((global const int*)(group + (BITS == 16 ? MMI_SUMS1 : MMI_SUMS0)))[slot0 + i]
-#define KQ_NEG_HALF(i) ((global const int*)(group + MMI_HALF_SUMS))[slot0 + i]
+#define KQ_NEG_SUM(MMI_T, i, BITS) MMI_TOK_INT(MMI_T, i, BITS == 16 ? MMI_SUMS1 : MMI_SUMS0)
+#define KQ_NEG_HALF(MMI_T, i) MMI_TOK_INT(MMI_T, i, MMI_HALF_SUMS)
 
 // Q4_K/Q5_K: the 8 sub-blocks of super-block sb, the quant bytes of each pair loaded once.
 #define KQ_SUPER_SCALED(NAME, MMI_T, ISA, BITS, N_ROWS, TILED)                                    \
@@ -139,11 +123,11 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
         int16 u[8];                                                                                \
         KQ_QUANTS_##NAME(j)                                                                        \
         global const uchar* group = groups + (ulong)(sb * 8 + j) * MMI_GROUP_BYTES;                \
-        KQ_DOTS(MMI_T, ISA, BITS, 0, 8, 0)                                                         \
+        MMI_DOTS(MMI_T, ISA, BITS, 0, 8, 0)                                                        \
         _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                       \
-          const float dx = KQ_DX(i);                                                               \
-          acc[i] = fma(convert_float16(KQ_INT(i, BITS)), ws * dx, acc[i]);                         \
-          acc[i] = fma((float16)((float)KQ_NEG_SUM(i, BITS)), wm * dx, acc[i]);                    \
+          const float dx = KQ_DX(MMI_T, i);                                                        \
+          acc[i] = fma(convert_float16(MMI_INT(i, BITS)), ws * dx, acc[i]);                        \
+          acc[i] = fma((float16)((float)KQ_NEG_SUM(MMI_T, i, BITS)), wm * dx, acc[i]);             \
         }                                                                                          \
       }                                                                                            \
     }                                                                                              \
@@ -177,14 +161,15 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
             (((hb[g] >> (2 * cc)) & 0x03030303) << 4);                                             \
         global const uchar* group = groups + (ulong)(sb * 8 + c) * MMI_GROUP_BYTES;                \
         {                                                                                          \
-          KQ_DOTS(MMI_T, ISA, BITS, 0, 4, KQ_NEG_HALF(i) << 5)                                     \
+          MMI_DOTS(MMI_T, ISA, BITS, 0, 4, KQ_NEG_HALF(MMI_T, i) << 5)                             \
           _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                              \
-              fma(convert_float16(KQ_INT(i, BITS)), s0 * KQ_DX(i), acc[i]);                        \
+              fma(convert_float16(MMI_INT(i, BITS)), s0 * KQ_DX(MMI_T, i), acc[i]);                \
         }                                                                                          \
         {                                                                                          \
-          KQ_DOTS(MMI_T, ISA, BITS, 4, 8, (KQ_NEG_SUM(i, BITS) - KQ_NEG_HALF(i)) << 5)             \
+          MMI_DOTS(MMI_T, ISA, BITS, 4, 8,                                                         \
+                   (KQ_NEG_SUM(MMI_T, i, BITS) - KQ_NEG_HALF(MMI_T, i)) << 5)                      \
           _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                              \
-              fma(convert_float16(KQ_INT(i, BITS)), s1 * KQ_DX(i), acc[i]);                        \
+              fma(convert_float16(MMI_INT(i, BITS)), s1 * KQ_DX(MMI_T, i), acc[i]);                \
         }                                                                                          \
       }                                                                                            \
     }                                                                                              \
