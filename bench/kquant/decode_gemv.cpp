@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
     }
   }
   // Two tiles of 8 tokens' quantised input at k = 8192 (16-token items read both).
-  const size_t qgroups = 2 * 8192 / 32 + 8, qbytes = qgroups * 640;
+  const size_t qgroups = 2 * 8192 / 32, qbytes = qgroups * 640;
   std::vector<unsigned char> qh(qbytes);
   for (size_t g = 0; g < qgroups; ++g) {
     for (size_t i = 0; i < 640; ++i) qh[g * 640 + i] = rng() & 0xFF;

@@ -320,7 +320,7 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
 // in [G0, G1), starting from INIT (an expression of i; in the low plane's dot for 16 bits):
 // dot[i] (plane 0) and dot_lo[i] (plane 1, 16 bits), 16 rows a vector. The int of token i is then
 // MMI_INT(i, BITS): exact, so every ISA gives the same one.
-#define MMI_DOTS(MMI_T, ISA, BITS, G0, G1, INIT)                                                   \
+#define MMI_DOTS(MMI_T, ISA, BITS, G0, G1, INIT) \
   int16 dot[MMI_T], dot_lo[MMI_T];               \
   MMI_DOTS_##ISA(MMI_T, ISA, BITS, G0, G1, INIT)
 #define MMI_INT(i, BITS) (BITS == 16 ? (dot[i] << 8) + dot_lo[i] : dot[i])
@@ -434,10 +434,10 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
 
 // y[t][r] for 16 rows x MMI_T tokens per work-item (the runner's MMI_T = 1 or MMI_TILE: an
 // item's tokens lie in one tile of the quantised input; the block dots also serve 2 MMI_TILE,
-// whose items span two tiles: bench/kquant/decode_gemv.cpp's KQH_T=16). With rows_from_table, token t writes y row
-// tok[t].logits_row (nothing for -1), as matmul.cl's kernels. Only rows in [row_begin, row_end)
-// are written. ITEM names the family of per-item bodies (ITEM##_file / ITEM##_tiled: MMI_ITEM here,
-// KQ_ITEM in matmul_kq_cpu.cl), each declaring r0, out_row and acc.
+// whose items span two tiles: bench/kquant/decode_gemv.cpp's KQH_T=16). With rows_from_table,
+// token t writes y row tok[t].logits_row (nothing for -1), as matmul.cl's kernels. Only rows in
+// [row_begin, row_end) are written. ITEM names the family of per-item bodies (ITEM##_file /
+// ITEM##_tiled: MMI_ITEM here, KQ_ITEM in matmul_kq_cpu.cl), each declaring r0, out_row and acc.
 #define DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, ISA, BITS, LAYOUT)                                   \
   MMI_TARGET_##ISA void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(           \
       global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \

@@ -101,9 +101,8 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
   _Pragma("unroll") for (uint g = 0; g < 8; ++g) u[g] =                 \
       ((t[g] >> (4 * ((j) & 1))) & 0x0F0F0F0F) | (((hb[g] >> (j)) & 0x01010101) << 4);
 
-// The int dots are matmul_int8.cl's MMI_DOTS; token i's activation scale and quant sums:
-#define KQ_DX(MMI_T, i) MMI_TOK_DX(MMI_T, i)
-// Minus the activation block's quant sum (zp_shift 0), and of its first 16.
+// The int dots are matmul_int8.cl's MMI_DOTS, token i's activation scale its MMI_TOK_DX. Minus the
+// activation block's quant sum (zp_shift 0), and of its first 16:
 #define KQ_NEG_SUM(MMI_T, i, BITS) MMI_TOK_INT(MMI_T, i, BITS == 16 ? MMI_SUMS1 : MMI_SUMS0)
 #define KQ_NEG_HALF(MMI_T, i) MMI_TOK_INT(MMI_T, i, MMI_HALF_SUMS)
 
@@ -125,7 +124,7 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
         global const uchar* group = groups + (ulong)(sb * 8 + j) * MMI_GROUP_BYTES;                \
         MMI_DOTS(MMI_T, ISA, BITS, 0, 8, 0)                                                        \
         _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                       \
-          const float dx = KQ_DX(MMI_T, i);                                                        \
+          const float dx = MMI_TOK_DX(MMI_T, i);                                                   \
           acc[i] = fma(convert_float16(MMI_INT(i, BITS)), ws * dx, acc[i]);                        \
           acc[i] = fma((float16)((float)KQ_NEG_SUM(MMI_T, i, BITS)), wm * dx, acc[i]);             \
         }                                                                                          \
@@ -163,13 +162,13 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
         {                                                                                          \
           MMI_DOTS(MMI_T, ISA, BITS, 0, 4, KQ_NEG_HALF(MMI_T, i) << 5)                             \
           _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                              \
-              fma(convert_float16(MMI_INT(i, BITS)), s0 * KQ_DX(MMI_T, i), acc[i]);                \
+              fma(convert_float16(MMI_INT(i, BITS)), s0 * MMI_TOK_DX(MMI_T, i), acc[i]);           \
         }                                                                                          \
         {                                                                                          \
           MMI_DOTS(MMI_T, ISA, BITS, 4, 8,                                                         \
                    (KQ_NEG_SUM(MMI_T, i, BITS) - KQ_NEG_HALF(MMI_T, i)) << 5)                      \
           _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] =                              \
-              fma(convert_float16(MMI_INT(i, BITS)), s1 * KQ_DX(MMI_T, i), acc[i]);                \
+              fma(convert_float16(MMI_INT(i, BITS)), s1 * MMI_TOK_DX(MMI_T, i), acc[i]);           \
         }                                                                                          \
       }                                                                                            \
     }                                                                                              \
