@@ -183,8 +183,9 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
       if (g.waiting_ops + n.waiting_ops > 0 && unsplit_plan(s.plan)) unsplit_waiting.push_back(&s);
     }
     r.steps += steps.size();
-    // A matmul span followed by matmuls without time of their own (gpu_svc's sibling matmuls,
-    // op_fusion.h: one launch, its time on the first) measured them all: not the first's shape.
+    // A matmul span followed by ops without time of their own (gpu_svc's sibling matmuls,
+    // op_fusion.h, and its step chains, GpuKernels::begin_chain: one launch, its time on the
+    // first) measured them all: not the first's shape.
     std::vector<double>* last_sample = nullptr;
     for (const auto& e : events) {
       const int tid = e.value("tid", 0);
@@ -194,7 +195,7 @@ TraceProfileReport profile_from_traces(const std::vector<nlohmann::json>& traces
       OpKind kind = OpKind::MatMul;
       const ops::Matrix* w = weight_named(model, e.at("name").get<std::string>(), &kind);
       const bool folded = !(e.at("args").value("measured_us", 0.0) > 0);
-      if (w && folded && last_sample) {
+      if (folded && last_sample) {
         last_sample->pop_back();
         --r.op_spans;
       }

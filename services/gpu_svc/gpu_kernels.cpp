@@ -92,6 +92,7 @@ GpuKernels::GpuKernels(ClDevice& dev)
 }
 
 GpuKernels::~GpuKernels() {
+  release_chain();
   if (int8_tiles_) clReleaseMemObject(int8_tiles_);
   if (attn_partials_) clReleaseMemObject(attn_partials_);
 }
@@ -215,6 +216,7 @@ const char* kernel_type_suffix(DType t) {
 
 cl_event GpuKernels::launch(const char* name, cl_kernel k, cl_uint dims, const size_t* global,
                             const size_t* local) {
+  if (!chain_words_.empty()) flush_chain();  // what was recorded runs first
   for (cl_uint d = 0; d < dims; ++d)
     if (global[d] == 0) {  // an empty range: nothing to run, but callers still get an event
       cl_event e = nullptr;

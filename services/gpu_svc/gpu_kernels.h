@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/model/dtype.h"
 #include "core/program/plan.h"
@@ -204,6 +205,22 @@ class GpuKernels {
   // Kernels enqueued so far (empty ranges not counted): launches per step for tests and traces.
   uint64_t launches() const { return launches_; }
 
+  // Step chains (gpu_kernels_chain.cpp, kernels/step_chain_cpu.cl): between begin_chain() and
+  // end_chain(), the integer path's one-token launches (input quantisation, matmuls and sibling
+  // matmuls, add_rmsnorm_quantize, swiglu_quantize) are recorded as stages of ONE kernel instead
+  // of launched, and return null; any other launch first enqueues the stages recorded so far
+  // (so the queue keeps the ops' order). The same bits as the launches apart. Only where
+  // chain_available() (a CPU device with the integer path); a no-op elsewhere.
+  bool chain_available() const { return int8_matmul_ && dev_.info().type == "cpu"; }
+  void begin_chain();
+  // Enqueues what is recorded and stops recording.
+  void end_chain();
+  // Stages recorded so far (all chains): whether a call recorded instead of launching.
+  uint64_t chained_stages() const { return chain_recorded_; }
+  // The event of the last chain enqueued since the previous call (the caller releases it), or
+  // null: the end of every op recorded before it (the queue is in order).
+  cl_event take_chain_event();
+
   // packed_rows: as MatmulArgs::packed_rows (a tied table the runner packed for Logits).
   cl_event embed(cl_mem arena, DType wtype, cl_mem w, uint64_t w_off, uint32_t cols,
                  uint64_t tok_off, uint64_t out_off, uint32_t out_stride, TokenRange t,
@@ -361,6 +378,31 @@ class GpuKernels {
   } quantized_;
   bool reuse_quantized_ = false;
   uint64_t launches_ = 0;
+  // Step chains: the stages recorded and not yet enqueued (kChainWords words each), the buffers
+  // they read (a stage names its slot), the tables' ring in host memory the device reads in
+  // place, and the counters the kernel's groups synchronise on (zero between launches).
+  static constexpr uint32_t kChainWords = 32, kChainMaxStages = 64, kChainMaxBuffers = 8;
+  static constexpr uint32_t kChainRingSlots = 64;
+  bool chain_recording() const { return chain_on_; }
+  // The stage's words, appended (enqueuing first what is recorded where it, or `buffer`'s
+  // slot, would not fit); *slot gets buffer's slot.
+  uint32_t* chain_stage(uint32_t kind, uint32_t chunks, uint32_t unit, cl_mem arena,
+                        cl_mem buffer = nullptr, uint32_t* slot = nullptr);
+  // A one-token matmul on the integer path as a stage (its input quantised before it).
+  void chain_matmul(cl_mem arena, const MatmulArgs& a, int bits, bool barrier);
+  void flush_chain();
+  void release_chain();  // the ring, the counters and the last events (the destructor's)
+  bool chain_on_ = false;
+  std::vector<uint32_t> chain_words_;
+  std::array<cl_mem, kChainMaxBuffers> chain_buffers_{};
+  uint32_t chain_n_buffers_ = 0;
+  cl_mem chain_arena_ = nullptr;
+  uint64_t chain_recorded_ = 0;
+  uint32_t* chain_ring_host_ = nullptr;
+  cl_mem chain_ring_ = nullptr, chain_sync_ = nullptr;
+  std::array<cl_event, kChainRingSlots> chain_ring_events_{};
+  uint32_t chain_ring_next_ = 0;
+  cl_event chain_last_ = nullptr;  // take_chain_event's
 };
 
 // A kernel-name suffix per weight type ("q4_0", ...); throws unsupported for others.

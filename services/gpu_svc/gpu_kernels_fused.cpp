@@ -4,6 +4,7 @@
 // "2026-11-28: discrete GPUs"). These do the work of two or three of them in one, with the same
 // bits: the CPU integer path's, and the GPU kernels' (sibling GEMVs, add + rmsnorm, rope pair).
 #include <algorithm>
+#include <bit>
 #include <optional>
 #include <string>
 #include <utility>
@@ -96,6 +97,10 @@ cl_event GpuKernels::int8_siblings(cl_mem arena, std::span<const MatmulArgs> mm)
   const MatmulArgs& a = mm[0];
   const auto [bits, zp_shift] = int8_bits_zp(a);
   quantize_int8_input(arena, a, bits, zp_shift);  // once, as the first of them apart
+  if (chain_recording()) {  // one barrier after the last: they read one input, write apart
+    for (size_t s = 0; s < mm.size(); ++s) chain_matmul(arena, mm[s], bits, s + 1 == mm.size());
+    return nullptr;
+  }
   const std::string name = std::string("matmul_i8_siblings_t1_") +
                            (int8_vnni_ ? "vnni" : "portable") + "_a" + std::to_string(bits);
   cl_kernel k = dev_.kernel(name);
@@ -182,11 +187,40 @@ cl_event GpuKernels::add_rmsnorm_quantize(cl_mem arena, const std::optional<Resi
   forget_quantized_input();
   const auto [bits, zp_shift] = int8_bits_zp(next);
   reserve_int8_tiles(dim, t.count());
-  cl_kernel k = dev_.kernel("add_rmsnorm_q8");
   // rmsnorm()'s group size on a CPU device: the same partial sums, so the same scale.
   size_t lsz = 16;
   while (lsz > 1 && (lsz > dev_.info().max_work_group || lsz > dim)) lsz /= 2;
   const ResidualAdd r = add.value_or(ResidualAdd{});
+  const QuantizedInput quantized{
+      true, arena, out_off, out_stride, dim, t.begin, t.end, static_cast<uint32_t>(bits), zp_shift};
+  if (chain_recording() && t.count() == 1) {
+    uint32_t slot = 0;
+    uint32_t* s = chain_stage(3 /*CH_ADD_RMSNORM_Q8*/, 1, 1, arena, w, &slot);
+    const auto put = [s](uint32_t at, uint64_t v) {
+      s[at] = static_cast<uint32_t>(v);
+      s[at + 1] = static_cast<uint32_t>(v >> 32);
+    };
+    put(4, r.a_off);
+    s[6] = r.a_stride;
+    put(7, r.b_off);
+    s[9] = r.b_stride;
+    s[10] = add ? 1u : 0u;
+    put(11, x_off);
+    s[13] = x_stride;
+    put(14, out_off);
+    s[16] = out_stride;
+    put(17, w_off);
+    s[19] = slot;
+    s[20] = dim;
+    s[21] = std::bit_cast<uint32_t>(eps);
+    s[23] = static_cast<uint32_t>(bits);
+    s[24] = zp_shift;
+    s[25] = static_cast<uint32_t>(lsz);
+    s[26] = t.begin;
+    quantized_ = quantized;
+    return nullptr;
+  }
+  cl_kernel k = dev_.kernel("add_rmsnorm_q8");
   set_args(k, arena, cl_ulong{r.a_off}, cl_uint{r.a_stride}, cl_ulong{r.b_off}, cl_uint{r.b_stride},
            cl_uint{add ? 1u : 0u}, cl_ulong{x_off}, cl_uint{x_stride}, cl_ulong{out_off},
            cl_uint{out_stride}, w, cl_ulong{w_off}, cl_uint{dim}, cl_float{eps}, cl_uint{t.begin},
@@ -212,6 +246,27 @@ cl_event GpuKernels::swiglu_quantize(cl_mem arena, uint64_t g_off, uint32_t g_st
   forget_quantized_input();
   const auto [bits, zp_shift] = int8_bits_zp(next);
   reserve_int8_tiles(cols, t.count());
+  if (chain_recording() && t.count() == 1) {
+    uint32_t* s = chain_stage(4 /*CH_SWIGLU_Q8*/, (cols / 32 + 63) / 64, 64, arena);
+    const auto put = [s](uint32_t at, uint64_t v) {
+      s[at] = static_cast<uint32_t>(v);
+      s[at + 1] = static_cast<uint32_t>(v >> 32);
+    };
+    put(4, g_off);
+    s[6] = g_stride;
+    put(7, u_off);
+    s[9] = u_stride;
+    put(10, out_off);
+    s[12] = out_stride;
+    s[13] = cols;
+    s[15] = static_cast<uint32_t>(bits);
+    s[16] = zp_shift;
+    s[26] = t.begin;
+    quantized_ = QuantizedInput{true,    arena,   out_off, out_stride,
+                                cols,    t.begin, t.end,   static_cast<uint32_t>(bits),
+                                zp_shift};
+    return nullptr;
+  }
   cl_kernel k = dev_.kernel("swiglu_q8");
   set_args(k, arena, cl_ulong{g_off}, cl_uint{g_stride}, cl_ulong{u_off}, cl_uint{u_stride},
            cl_ulong{out_off}, cl_uint{out_stride}, cl_uint{cols}, cl_uint{t.begin}, cl_uint{t.end},

@@ -49,6 +49,10 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   }
   const auto [bits, zp_shift] = int8_bits_zp(a);
   quantize_int8_input(arena, a, bits, zp_shift);
+  if (chain_recording() && n == 1) {
+    chain_matmul(arena, a, bits, /*barrier=*/true);
+    return nullptr;
+  }
 
   // 8-token tiles measured best of 8, 12 and 16 (bench/gpu/RESULTS.md).
   constexpr size_t kRowsPerItem = kTiledRows;  // matmul_int8.cl: a work-item is a 16-row group
@@ -84,6 +88,7 @@ void GpuKernels::reserve_int8_tiles(uint32_t k, uint32_t n) {
   const size_t tile_bytes = int8_tile_bytes(k);
   const size_t tiles = (n + kInt8TileTokens - 1) / kInt8TileTokens;
   if (tile_bytes * tiles <= int8_tiles_bytes_) return;
+  flush_chain();  // recorded stages name the buffer being replaced
   forget_quantized_input();
   if (int8_tiles_) clReleaseMemObject(int8_tiles_);  // queued users keep it alive
   int8_tiles_ = nullptr;
@@ -102,7 +107,17 @@ void GpuKernels::quantize_int8_input(cl_mem arena, const MatmulArgs& a, int bits
   const QuantizedInput input{true,    arena,          a.x_off,      a.x_stride,
                              a.k,     a.tokens.begin, a.tokens.end, static_cast<uint32_t>(bits),
                              zp_shift};
-  if (!(reuse_quantized_ && quantized_ == input)) {
+  if (!(reuse_quantized_ && quantized_ == input) && chain_recording() && n == 1) {
+    uint32_t* w = chain_stage(1 /*CH_QUANTIZE*/, (a.k / 32 + 63) / 64, 64, arena);
+    w[4] = static_cast<uint32_t>(a.x_off);
+    w[5] = static_cast<uint32_t>(a.x_off >> 32);
+    w[6] = a.x_stride;
+    w[7] = a.k;
+    w[9] = static_cast<uint32_t>(bits);
+    w[10] = zp_shift;
+    w[26] = a.tokens.begin;
+    quantized_ = input;
+  } else if (!(reuse_quantized_ && quantized_ == input)) {
     cl_kernel qk = dev_.kernel("quantize_q8_act");
     set_args(qk, arena, cl_ulong{a.x_off}, cl_uint{a.x_stride}, cl_uint{a.k},
              cl_uint{a.tokens.begin}, cl_uint{a.tokens.end}, int8_tiles_,

@@ -88,6 +88,11 @@ class GpuRunner {
   // on unless DUET_GPU_FUSE=0; the same bits either way (tests compare both).
   void set_fusion(bool on) { fuse_ = on; }
   bool fusion() const { return fuse_; }
+  // Step chains (GpuKernels::begin_chain): a one-token step's integer-path ops between the
+  // launches that cannot chain run as one kernel each, where fusion is on, the step is neither
+  // preemptible nor in copies mode and the program neither waits for nor publishes flags. On by
+  // default; the same bits either way (tests compare).
+  void set_step_chains(bool on) { chains_ = on; }
   // Per-op device times (OpTiming::measured_us and the trace's op spans) from the queue's
   // profiling events: gpu.op_timing, auto (the default) on where the device is zero-copy (PoCL,
   // integrated GPUs: free there) and off on discrete GPUs, where profiled launches cost a third
@@ -156,6 +161,7 @@ class GpuRunner {
   std::unique_ptr<EventPoller> publisher_;
   QueuePicker picker_;
   bool fuse_ = fusion_from_env();
+  bool chains_ = true;
   bool op_timing_ = true;  // set by the constructor from gpu.op_timing
   uint64_t low_priority_steps_ = 0;
 };

@@ -237,10 +237,34 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   Clock::time_point done_at = enqueued;
   bool kv_rows_written = false;  // copies mode: KV rows to bring back at the step's end
   report.next_op = static_cast<uint32_t>(prog.ops.size());
+  // Step chains: ops recorded into a chain get their events when it is enqueued (placeholders
+  // until then: `chained`), the first the chain's span for the trace, the others its end.
+  // An op that waits for or publishes a flag is launched apart (the chain so far first).
+  const bool chain = chains_ && fuse_ && n == 1 && !preemptible && !copies() && !p.waits &&
+                     kernels_.chain_available();
+  std::vector<size_t> chained;  // indices into op_events waiting for their chain's event
+  const auto fill_chained = [&] {
+    cl_event e = kernels_.take_chain_event();
+    if (!e) return;
+    for (size_t c = 0; c < chained.size(); ++c) {
+      clRetainEvent(e);
+      op_events[chained[c]] = {c == 0 ? e : nullptr, e};
+    }
+    chained.clear();
+    clReleaseEvent(e);
+  };
+  if (chain) kernels_.begin_chain();
   try {
     for (size_t i = step.first_op; i < prog.ops.size(); ++i) {
       const fb::OpT& op = *prog.ops[i];
       const double waited_before = report.wait_us;
+      const uint64_t stages_before = kernels_.chained_stages();
+      bool apart = chain && !op.wait_flags.empty();
+      const size_t group_ops =
+          fuse_ && !p.fusion.empty() ? std::max<size_t>(p.fusion[i].ops, 1) : 1;
+      for (size_t c = i; chain && c < std::min(prog.ops.size(), i + group_ops); ++c)
+        apart = apart || prog.ops[c]->publish_flag >= 0;
+      if (apart) kernels_.end_chain();
       if (!op.wait_flags.empty()) kernels_.forget_quantized_input();  // another device wrote
       if (preemptible) {
         // Preemption point: a few ops in flight (the one running and the next ones, queued), so
@@ -300,8 +324,9 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
                                                all, std::span<const MatmulArgs>(mm.data(), n_mm));
         last = fused.event;
         if (last) covered = fused.ops;
+        if (!last && kernels_.chained_stages() != stages_before) covered = g.ops;  // recorded
       }
-      if (!last) switch (op.kind) {
+      if (!last && kernels_.chained_stages() == stages_before) switch (op.kind) {
           case fb::OpKind::Embed:
             last =
                 kernels_.embed(p.arena, static_cast<DType>(op.weight->dtype()), p.weights,
@@ -364,12 +389,15 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
             break;
         }
       if (!first) first = last;
+      if (apart) kernels_.begin_chain();
+      fill_chained();  // a chain enqueued before this op's own launch
+      if (!last && kernels_.chained_stages() != stages_before) chained.push_back(op_events.size());
       op_events.emplace_back(first, last);
       op_wait_us.push_back(report.wait_us - waited_before);
       // The ops the fused launch also did: no time of their own (the trace shows the launch on
       // its first op), the launch's end as their end (what a preemption check waits for).
       for (size_t c = 1; c < covered; ++c) {
-        clRetainEvent(last);
+        if (last) clRetainEvent(last);
         op_events.emplace_back(nullptr, last);
         op_wait_us.push_back(0);
       }
@@ -423,6 +451,8 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
       }
       if (readback) clReleaseEvent(readback);
     }
+    kernels_.end_chain();
+    fill_chained();
     if (kv_rows_written) {
       // The rows are read once the kernels are done. Enqueued behind running kernels, NVIDIA's
       // reads into host (pageable) memory cost ~8 ms a decode step of the 1B on the H100 (32
@@ -441,6 +471,11 @@ StepReport GpuRunner::run_step(uint32_t id, const StepArgs& step,
   } catch (...) {
     // Callbacks of ops already enqueued hold `flags`, which the caller may free once we
     // return: let them run first (an error path, so a blocking clFinish is acceptable).
+    try {
+      kernels_.end_chain();  // a chain recorded half-way is enqueued (its outputs are unused)
+    } catch (const Error&) {
+    }
+    fill_chained();
     clFinish(q);
     try {
       wait_callbacks(Clock::now() + std::chrono::seconds(5));

@@ -28,7 +28,8 @@
 // never changes its tokens. A group never spans a cross-device wait or a published flag (the
 // other device must see each op's output when its flag says so), nor a token sub-range, nor a
 // matmul's row range (a tensor plan's split).
-// DUET_GPU_FUSE=0 turns fusion off (fusion_from_env).
+// DUET_GPU_FUSE=0 turns fusion off (fusion_from_env), and with it the step chains that GpuRunner
+// builds on top of these groups for one-token steps (GpuKernels::begin_chain).
 #include <cstdint>
 #include <span>
 #include <vector>

@@ -29,9 +29,10 @@ struct FusionRun {
 
 // `target` picks the kernels (FusionTarget::gpu_kernels: GpuKernels::set_gpu_kernels, on any
 // device) and the fusion plan the counts come from; `deadline` bounds each step (its flags wait
-// half of it).
+// half of it); `chains`: GpuRunner::set_step_chains (the decode steps' ops as chains).
 inline FusionRun run_fusion_steps(ClDevice& dev, const LlamaModel& m, const BuiltPrograms& built,
-                                  bool fuse, FusionTarget target, std::chrono::seconds deadline) {
+                                  bool fuse, FusionTarget target, std::chrono::seconds deadline,
+                                  bool chains = false) {
   HostBuffer arena(dev, built.arena.bytes), kv(dev, built.kv.bytes());
   const ProgramMemory mem{arena.at(0),      built.arena.bytes, kv.at(0),
                           built.kv.bytes(), m.file().data(),   m.file().size()};
@@ -40,6 +41,7 @@ inline FusionRun run_fusion_steps(ClDevice& dev, const LlamaModel& m, const Buil
   GpuRunner runner(dev, nullptr);
   if (target == FusionTarget::gpu_kernels) runner.kernels().set_gpu_kernels(true);
   runner.set_fusion(fuse);
+  runner.set_step_chains(chains);
   // The ops a fused launch also did are told apart by their missing device times: profiled
   // queues on every device (gpu.op_timing's auto leaves a copying device's off).
   runner.set_op_timing(true);

@@ -147,9 +147,17 @@ TEST(OpFusion, TheSwitchIsZeroOrOne) {
 }
 
 // A prefill of 11 tokens and 3 decode steps of `plan` on the CPU integer path (fusion_run.h).
-testing::FusionRun run_steps(const LlamaModel& m, const Plan& plan, bool fuse) {
+testing::FusionRun run_steps(const LlamaModel& m, const Plan& plan, bool fuse,
+                             bool chains = false) {
   return testing::run_fusion_steps(shared_device(), m, build(m, plan), fuse,
-                                   FusionTarget::cpu_integer, std::chrono::seconds(60));
+                                   FusionTarget::cpu_integer, std::chrono::seconds(60), chains);
+}
+
+size_t logits_differing(const testing::FusionRun& a, const testing::FusionRun& b) {
+  size_t differ = 0;
+  for (size_t i = 0; i < a.logits.size(); ++i)
+    differ += std::memcmp(&a.logits[i], &b.logits[i], sizeof(float)) != 0;
+  return differ;
 }
 
 void expect_same_bits(const LlamaModel& m, const Plan& plan) {
@@ -167,10 +175,17 @@ void expect_same_bits(const LlamaModel& m, const Plan& plan) {
     EXPECT_GT(fused.sibling_ops, 0u);
   }
   ASSERT_EQ(apart.logits.size(), fused.logits.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < apart.logits.size(); ++i)
-    differ += std::memcmp(&apart.logits[i], &fused.logits[i], sizeof(float)) != 0;
-  EXPECT_EQ(differ, 0u) << "of " << apart.logits.size() << " logits";
+  EXPECT_EQ(logits_differing(apart, fused), 0u) << "of " << apart.logits.size() << " logits";
+  // Step chains (the default in serving): the decode steps' integer-path ops between the
+  // launches that cannot chain (rope, KV write, attention) as one kernel each, spinning between
+  // stages; a plan whose programs wait for the other device keeps its launches.
+  const testing::FusionRun chained = run_steps(m, plan, true, /*chains=*/true);
+  ASSERT_EQ(apart.logits.size(), chained.logits.size());
+  EXPECT_EQ(logits_differing(apart, chained), 0u) << "of " << apart.logits.size() << " logits";
+  if (GpuKernels(shared_device()).int8_matmul() && plan.name == Plan::gpu_only().name) {
+    // A layer's o, gate, up, down, q, k, v, their norms, swiglu and input quantisations: one.
+    EXPECT_LT(chained.launches * 2, fused.launches) << chained.launches << " vs " << fused.launches;
+  }
 }
 
 TEST(OpFusion, FusedStepsGiveTheBitsOfTheOpsApart) {

@@ -1,0 +1,202 @@
+// ---- CPU devices (PoCL, x86): a run of a decode step's ops as ONE launch (GpuKernels' chains,
+// gpu_kernels_chain.cpp; issue 19's decode share).
+//
+// On PoCL every kernel that follows another wakes the worker threads, which sleep between
+// kernels: 12-19 us a launch on two threads in a KVM guest, ~170 launches a llama3.2-1b decode
+// token (bench/kquant/RESULTS.md). llama.cpp's threads spin between ops instead. Here the ops of
+// a run are stages of one kernel of one work-group per compute unit (each of one work-item), and
+// the groups spin between the stages that depend on each other: so the threads never sleep
+// inside a run.
+//
+// Scheduling: a stage is cut into chunks (a few matmul items, or blocks); group g first runs the
+// chunks of its own contiguous share (so each thread streams one range of the weights, as
+// PoCL's split of an NDRange does; interleaved chunks measured 25% slower), then steals what is
+// left of the other shares. A chunk is claimed by an atomic increment of its share's counter, so
+// a group that starts late (or never) only has its share done by the others: no group waits for
+// work that nobody claimed, and the kernel cannot deadlock however PoCL places the groups. A
+// stage with `barrier` set waits until every stage since the last barrier is done (sibling
+// matmuls share one barrier). The last group to leave zeroes the counters for the next launch.
+//
+// Every stage calls the very function its kernel apart calls (the matmuls' noinline _item
+// functions, q8_act_block, swiglu_block) or repeats its arithmetic in its order (add_rmsnorm_q8's
+// lsz partial sums and their tree), so a chained step has the bits of the kernels apart.
+// One token (decode: t_end = t_begin + 1), the quantised-input slot 0.
+#if defined(__x86_64__) && defined(__clang__)
+
+// Stage table: CH_WORDS uints a stage (GpuKernels::ChainStage writes them).
+#define CH_WORDS 32
+#define CH_QUANTIZE 1
+#define CH_MATMUL 2
+#define CH_ADD_RMSNORM_Q8 3
+#define CH_SWIGLU_Q8 4
+// Counters: CH_SYNC uints a stage: [0] chunks done, [16 + 8 w] the next chunk of share w.
+#define CH_SYNC 80
+#define CH_MAX_GROUPS 8
+#define CH_MAX_STAGES 64
+#define CH_EXIT (CH_MAX_STAGES * CH_SYNC)  // groups that left
+
+#define CH_U64(st, i) ((ulong)(st)[i] | ((ulong)(st)[(i) + 1] << 32))
+
+__attribute__((always_inline)) inline void ch_pause(void) {
+  __asm__ volatile("pause");
+}
+
+// add_rmsnorm_q8 (matmul_int8.cl) for one token, by one work-item: the same lsz partial sums
+// (value i into partial i % lsz, in order), the same tree, the same scale and blocks.
+__attribute__((always_inline)) inline void ch_add_rmsnorm_q8(global const uint* st,
+                                                             global uchar* arena,
+                                                             global const uchar* w,
+                                                             global uchar* q) {
+  const ulong a_off = CH_U64(st, 4), b_off = CH_U64(st, 7), x_off = CH_U64(st, 11);
+  const ulong out_off = CH_U64(st, 14), w_off = CH_U64(st, 17);
+  const uint a_stride = st[6], b_stride = st[9], has_add = st[10], x_stride = st[13];
+  const uint out_stride = st[16], dim = st[20], t = st[26], bits = st[23], zp_shift = st[24];
+  const uint lsz = st[25];  // t: st[26], as every stage
+  const float eps = as_float(st[21]);
+  global float* x = (global float*)(arena + x_off) + (ulong)t * x_stride;
+  float partial[16];
+  for (uint lid = 0; lid < lsz; ++lid) {
+    float s = 0.0f;
+    if (has_add) {
+      global const float* a = (global const float*)(arena + a_off) + (ulong)t * a_stride;
+      global const float* b = (global const float*)(arena + b_off) + (ulong)t * b_stride;
+      for (uint i = lid; i < dim; i += lsz) {
+        const float v = a[i] + b[i];
+        x[i] = v;
+        s += v * v;
+      }
+    } else {
+      for (uint i = lid; i < dim; i += lsz) s += x[i] * x[i];
+    }
+    partial[lid] = s;
+  }
+  for (uint half_n = lsz / 2; half_n > 0; half_n /= 2)
+    for (uint lid = 0; lid < half_n; ++lid) partial[lid] += partial[lid + half_n];
+  const float scale = rsqrt(partial[0] / (float)dim + eps);
+  global const float* wt = (global const float*)(w + w_off);
+  global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride;
+  const uint n_blocks = dim / QK;
+  for (uint blk = 0; blk < n_blocks; ++blk) {
+    const uint c = blk * QK;
+    const float16 lo = vload16(0, x + c) * scale * vload16(0, wt + c);
+    const float16 hi = vload16(1, x + c) * scale * vload16(1, wt + c);
+    vstore16(lo, 0, out + c);
+    vstore16(hi, 1, out + c);
+    q8_act_block(lo, hi, q, n_blocks, blk, 0, bits, zp_shift);
+  }
+}
+
+// One matmul item through its kernel's own item function (type SIB_* code, layout 0 file /
+// 1 tiled, bits 8 / 16).
+#define CH_ITEM(NAME, ISA, BITS, LAYOUT)                                                         \
+  matmul_i8_##NAME##_t1_##ISA##_a##BITS##_##LAYOUT##_item(w, w_off, k, arena, y_off, y_stride,   \
+                                                          row_begin, row_end, t, t + 1, tok_off, \
+                                                          rows_from_table, q, item, 0)
+#define CH_ITEM_BITS(NAME, ISA, LAYOUT) \
+  if (bits == 16)                       \
+    CH_ITEM(NAME, ISA, 16, LAYOUT);     \
+  else                                  \
+    CH_ITEM(NAME, ISA, 8, LAYOUT)
+#define CH_ITEM_TYPE(ISA, LAYOUT)      \
+  switch (type) {                      \
+    case SIB_Q4_0:                     \
+      CH_ITEM_BITS(q4_0, ISA, LAYOUT); \
+      break;                           \
+    case SIB_Q8_0:                     \
+      CH_ITEM_BITS(q8_0, ISA, LAYOUT); \
+      break;                           \
+    case SIB_Q4_K:                     \
+      CH_ITEM_BITS(q4_k, ISA, LAYOUT); \
+      break;                           \
+    case SIB_Q5_K:                     \
+      CH_ITEM_BITS(q5_k, ISA, LAYOUT); \
+      break;                           \
+    case SIB_Q6_K:                     \
+      CH_ITEM_BITS(q6_k, ISA, LAYOUT); \
+      break;                           \
+  }
+
+#define DEFINE_STEP_CHAIN(ISA)                                                                  \
+  void ch_chunk_##ISA(global const uint* st, uint chunk, global uchar* arena, global uchar* q,  \
+                      global const uchar* const* ws) {                                          \
+    const uint unit = st[3], t = st[26];                                                        \
+    switch (st[0]) {                                                                            \
+      case CH_QUANTIZE: {                                                                       \
+        const ulong x_off = CH_U64(st, 4);                                                      \
+        const uint x_stride = st[6], n_blocks = st[7] / QK, bits = st[9], zp_shift = st[10];    \
+        global const float* x = (global const float*)(arena + x_off) + (ulong)t * x_stride;     \
+        for (uint b = chunk * unit; b < min(n_blocks, (chunk + 1) * unit); ++b)                 \
+          q8_act_block(vload16(0, x + b * QK), vload16(1, x + b * QK), q, n_blocks, b, 0, bits, \
+                       zp_shift);                                                               \
+        break;                                                                                  \
+      }                                                                                         \
+      case CH_MATMUL: {                                                                         \
+        const uint type = st[4], bits = st[5], k = st[9], row_begin = st[10], row_end = st[11]; \
+        const ulong w_off = CH_U64(st, 7), y_off = CH_U64(st, 12), tok_off = CH_U64(st, 16);    \
+        const uint y_stride = st[14], items = st[20], tiled = st[19];                           \
+        const int rows_from_table = (int)st[18];                                                \
+        global const uchar* w = ws[st[6]];                                                      \
+        for (uint item = chunk * unit; item < min(items, (chunk + 1) * unit); ++item) {         \
+          if (tiled) {                                                                          \
+            CH_ITEM_TYPE(ISA, tiled)                                                            \
+          } else {                                                                              \
+            CH_ITEM_TYPE(ISA, file)                                                             \
+          }                                                                                     \
+        }                                                                                       \
+        break;                                                                                  \
+      }                                                                                         \
+      case CH_ADD_RMSNORM_Q8:                                                                   \
+        ch_add_rmsnorm_q8(st, arena, ws[st[19]], q);                                            \
+        break;                                                                                  \
+      case CH_SWIGLU_Q8: {                                                                      \
+        const ulong g_off = CH_U64(st, 4), u_off = CH_U64(st, 7), out_off = CH_U64(st, 10);     \
+        const uint g_stride = st[6], u_stride = st[9], out_stride = st[12];                     \
+        const uint n_blocks = st[13] / QK, bits = st[15], zp_shift = st[16];                    \
+        for (uint b = chunk * unit; b < min(n_blocks, (chunk + 1) * unit); ++b) {               \
+          float16 lo, hi;                                                                       \
+          swiglu_block(arena, g_off, g_stride, u_off, u_stride, out_off, out_stride, t, b, &lo, \
+                       &hi);                                                                    \
+          q8_act_block(lo, hi, q, n_blocks, b, 0, bits, zp_shift);                              \
+        }                                                                                       \
+        break;                                                                                  \
+      }                                                                                         \
+    }                                                                                           \
+  }                                                                                             \
+  kernel void step_chain_t1_##ISA(                                                              \
+      global const uint* table, uint n_stages, global uchar* arena, global uchar* q,            \
+      global volatile uint* sync, global const uchar* w0, global const uchar* w1,               \
+      global const uchar* w2, global const uchar* w3, global const uchar* w4,                   \
+      global const uchar* w5, global const uchar* w6, global const uchar* w7) {                 \
+    global const uchar* ws[8] = {w0, w1, w2, w3, w4, w5, w6, w7};                               \
+    const uint g = get_group_id(0), ng = get_num_groups(0);                                     \
+    uint wait_from = 0; /* the first stage since the last barrier */                            \
+    for (uint s = 0; s < n_stages; ++s) {                                                       \
+      global const uint* st = table + s * CH_WORDS;                                             \
+      global volatile uint* sy = sync + s * CH_SYNC;                                            \
+      const uint chunks = st[2];                                                                \
+      for (uint i = 0; i < ng; ++i) {                                                           \
+        const uint share = (g + i) % ng;                                                        \
+        const uint c0 = chunks * share / ng, c1 = chunks * (share + 1) / ng;                    \
+        uint c;                                                                                 \
+        while ((c = c0 + atomic_inc(&sy[16 + 8 * share])) < c1) {                               \
+          ch_chunk_##ISA(st, c, arena, q, ws);                                                  \
+          mem_fence(CLK_GLOBAL_MEM_FENCE);                                                      \
+          atomic_inc(&sy[0]);                                                                   \
+        }                                                                                       \
+      }                                                                                         \
+      if (st[1]) {                                                                              \
+        for (uint b = wait_from; b <= s; ++b)                                                   \
+          while (atomic_add(&sync[b * CH_SYNC], 0u) < table[b * CH_WORDS + 2]) ch_pause();      \
+        mem_fence(CLK_GLOBAL_MEM_FENCE);                                                        \
+        wait_from = s + 1;                                                                      \
+      }                                                                                         \
+    }                                                                                           \
+    if (atomic_inc(&sync[CH_EXIT]) == ng - 1) {                                                 \
+      for (uint i = 0; i < n_stages * CH_SYNC; ++i) sync[i] = 0;                                \
+      sync[CH_EXIT] = 0;                                                                        \
+    }                                                                                           \
+  }
+DEFINE_STEP_CHAIN(portable)
+DEFINE_STEP_CHAIN(vnni)
+
+#endif  // __x86_64__ && __clang__
