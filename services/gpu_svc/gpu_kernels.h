@@ -388,8 +388,17 @@ class GpuKernels {
   // slot, would not fit); *slot gets buffer's slot.
   uint32_t* chain_stage(uint32_t kind, uint32_t chunks, uint32_t unit, cl_mem arena,
                         cl_mem buffer = nullptr, uint32_t* slot = nullptr);
-  // A one-token matmul on the integer path as a stage (its input quantised before it).
+  // One-token stages (gpu_kernels_chain.cpp has their words): a's input quantisation, a matmul
+  // (its input quantised before it), add_rmsnorm_quantize's and swiglu_quantize's work.
+  void chain_quantize(cl_mem arena, const MatmulArgs& a, int bits, uint32_t zp_shift);
   void chain_matmul(cl_mem arena, const MatmulArgs& a, int bits, bool barrier);
+  void chain_add_rmsnorm(cl_mem arena, const ResidualAdd& r, bool has_add, uint64_t x_off,
+                         uint32_t x_stride, uint64_t out_off, uint32_t out_stride, cl_mem w,
+                         uint64_t w_off, uint32_t dim, float eps, uint32_t t, int bits,
+                         uint32_t zp_shift, uint32_t lsz);
+  void chain_swiglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
+                    uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
+                    uint32_t t, int bits, uint32_t zp_shift);
   void flush_chain();
   void release_chain();  // the ring, the counters and the last events (the destructor's)
   bool chain_on_ = false;

@@ -29,7 +29,8 @@
 namespace duet::gpu {
 namespace {
 
-constexpr uint32_t kChMatmul = 2;             // CH_MATMUL (the other kinds: gpu_kernels_fused.cpp)
+constexpr uint32_t kChQuantize = 1, kChMatmul = 2, kChAddRmsnormQ8 = 3, kChSwigluQ8 = 4;  // CH_*
+constexpr uint32_t kBlocksPerChunk = 64;      // quantisation, swiglu: 32-value blocks a chunk
 constexpr uint32_t kChSyncWords = 80;         // CH_SYNC
 constexpr uint32_t kChMaxGroups = 8;          // CH_MAX_GROUPS
 constexpr uint32_t kMatmulItemsPerChunk = 4;  // matmul_int8's work-group of 4 items
@@ -110,6 +111,59 @@ uint32_t* GpuKernels::chain_stage(uint32_t kind, uint32_t chunks, uint32_t unit,
   w[3] = unit;
   ++chain_recorded_;
   return w;
+}
+
+void GpuKernels::chain_quantize(cl_mem arena, const MatmulArgs& a, int bits, uint32_t zp_shift) {
+  uint32_t* w = chain_stage(kChQuantize, (a.k / 32 + kBlocksPerChunk - 1) / kBlocksPerChunk,
+                            kBlocksPerChunk, arena);
+  put64(w, 4, a.x_off);
+  w[6] = a.x_stride;
+  w[7] = a.k;
+  w[9] = static_cast<uint32_t>(bits);
+  w[10] = zp_shift;
+  w[26] = a.tokens.begin;
+}
+
+void GpuKernels::chain_add_rmsnorm(cl_mem arena, const ResidualAdd& r, bool has_add, uint64_t x_off,
+                                   uint32_t x_stride, uint64_t out_off, uint32_t out_stride,
+                                   cl_mem w, uint64_t w_off, uint32_t dim, float eps, uint32_t t,
+                                   int bits, uint32_t zp_shift, uint32_t lsz) {
+  uint32_t slot = 0;
+  uint32_t* s = chain_stage(kChAddRmsnormQ8, 1, 1, arena, w, &slot);
+  put64(s, 4, r.a_off);
+  s[6] = r.a_stride;
+  put64(s, 7, r.b_off);
+  s[9] = r.b_stride;
+  s[10] = has_add ? 1u : 0u;
+  put64(s, 11, x_off);
+  s[13] = x_stride;
+  put64(s, 14, out_off);
+  s[16] = out_stride;
+  put64(s, 17, w_off);
+  s[19] = slot;
+  s[20] = dim;
+  s[21] = std::bit_cast<uint32_t>(eps);
+  s[23] = static_cast<uint32_t>(bits);
+  s[24] = zp_shift;
+  s[25] = lsz;
+  s[26] = t;
+}
+
+void GpuKernels::chain_swiglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
+                              uint32_t u_stride, uint64_t out_off, uint32_t out_stride,
+                              uint32_t cols, uint32_t t, int bits, uint32_t zp_shift) {
+  uint32_t* s = chain_stage(kChSwigluQ8, (cols / 32 + kBlocksPerChunk - 1) / kBlocksPerChunk,
+                            kBlocksPerChunk, arena);
+  put64(s, 4, g_off);
+  s[6] = g_stride;
+  put64(s, 7, u_off);
+  s[9] = u_stride;
+  put64(s, 10, out_off);
+  s[12] = out_stride;
+  s[13] = cols;
+  s[15] = static_cast<uint32_t>(bits);
+  s[16] = zp_shift;
+  s[26] = t;
 }
 
 void GpuKernels::chain_matmul(cl_mem arena, const MatmulArgs& a, int bits, bool barrier) {

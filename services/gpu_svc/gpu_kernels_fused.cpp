@@ -4,7 +4,6 @@
 // "2026-11-28: discrete GPUs"). These do the work of two or three of them in one, with the same
 // bits: the CPU integer path's, and the GPU kernels' (sibling GEMVs, add + rmsnorm, rope pair).
 #include <algorithm>
-#include <bit>
 #include <optional>
 #include <string>
 #include <utility>
@@ -194,29 +193,8 @@ cl_event GpuKernels::add_rmsnorm_quantize(cl_mem arena, const std::optional<Resi
   const QuantizedInput quantized{
       true, arena, out_off, out_stride, dim, t.begin, t.end, static_cast<uint32_t>(bits), zp_shift};
   if (chain_recording() && t.count() == 1) {
-    uint32_t slot = 0;
-    uint32_t* s = chain_stage(3 /*CH_ADD_RMSNORM_Q8*/, 1, 1, arena, w, &slot);
-    const auto put = [s](uint32_t at, uint64_t v) {
-      s[at] = static_cast<uint32_t>(v);
-      s[at + 1] = static_cast<uint32_t>(v >> 32);
-    };
-    put(4, r.a_off);
-    s[6] = r.a_stride;
-    put(7, r.b_off);
-    s[9] = r.b_stride;
-    s[10] = add ? 1u : 0u;
-    put(11, x_off);
-    s[13] = x_stride;
-    put(14, out_off);
-    s[16] = out_stride;
-    put(17, w_off);
-    s[19] = slot;
-    s[20] = dim;
-    s[21] = std::bit_cast<uint32_t>(eps);
-    s[23] = static_cast<uint32_t>(bits);
-    s[24] = zp_shift;
-    s[25] = static_cast<uint32_t>(lsz);
-    s[26] = t.begin;
+    chain_add_rmsnorm(arena, r, add.has_value(), x_off, x_stride, out_off, out_stride, w, w_off,
+                      dim, eps, t.begin, bits, zp_shift, static_cast<uint32_t>(lsz));
     quantized_ = quantized;
     return nullptr;
   }
@@ -229,8 +207,7 @@ cl_event GpuKernels::add_rmsnorm_quantize(cl_mem arena, const std::optional<Resi
   const size_t global[2] = {lsz, t.count()};
   const size_t local[2] = {lsz, 1};
   cl_event e = launch("add_rmsnorm_q8", k, 2, global, local);
-  quantized_ = QuantizedInput{
-      true, arena, out_off, out_stride, dim, t.begin, t.end, static_cast<uint32_t>(bits), zp_shift};
+  quantized_ = quantized;
   return e;
 }
 
@@ -246,25 +223,13 @@ cl_event GpuKernels::swiglu_quantize(cl_mem arena, uint64_t g_off, uint32_t g_st
   forget_quantized_input();
   const auto [bits, zp_shift] = int8_bits_zp(next);
   reserve_int8_tiles(cols, t.count());
+  const QuantizedInput quantized{true,    arena,   out_off, out_stride,
+                                 cols,    t.begin, t.end,   static_cast<uint32_t>(bits),
+                                 zp_shift};
   if (chain_recording() && t.count() == 1) {
-    uint32_t* s = chain_stage(4 /*CH_SWIGLU_Q8*/, (cols / 32 + 63) / 64, 64, arena);
-    const auto put = [s](uint32_t at, uint64_t v) {
-      s[at] = static_cast<uint32_t>(v);
-      s[at + 1] = static_cast<uint32_t>(v >> 32);
-    };
-    put(4, g_off);
-    s[6] = g_stride;
-    put(7, u_off);
-    s[9] = u_stride;
-    put(10, out_off);
-    s[12] = out_stride;
-    s[13] = cols;
-    s[15] = static_cast<uint32_t>(bits);
-    s[16] = zp_shift;
-    s[26] = t.begin;
-    quantized_ = QuantizedInput{true,    arena,   out_off, out_stride,
-                                cols,    t.begin, t.end,   static_cast<uint32_t>(bits),
-                                zp_shift};
+    chain_swiglu(arena, g_off, g_stride, u_off, u_stride, out_off, out_stride, cols, t.begin, bits,
+                 zp_shift);
+    quantized_ = quantized;
     return nullptr;
   }
   cl_kernel k = dev_.kernel("swiglu_q8");
@@ -274,9 +239,7 @@ cl_event GpuKernels::swiglu_quantize(cl_mem arena, uint64_t g_off, uint32_t g_st
   // quantize_q8_act's range: a work-item per block and token.
   const size_t global[2] = {cols / static_cast<size_t>(kQK), t.count()};
   cl_event e = launch("swiglu_q8", k, 2, global, nullptr);
-  quantized_ = QuantizedInput{true,    arena,   out_off, out_stride,
-                              cols,    t.begin, t.end,   static_cast<uint32_t>(bits),
-                              zp_shift};
+  quantized_ = quantized;
   return e;
 }
 

@@ -108,14 +108,7 @@ void GpuKernels::quantize_int8_input(cl_mem arena, const MatmulArgs& a, int bits
                              a.k,     a.tokens.begin, a.tokens.end, static_cast<uint32_t>(bits),
                              zp_shift};
   if (!(reuse_quantized_ && quantized_ == input) && chain_recording() && n == 1) {
-    uint32_t* w = chain_stage(1 /*CH_QUANTIZE*/, (a.k / 32 + 63) / 64, 64, arena);
-    w[4] = static_cast<uint32_t>(a.x_off);
-    w[5] = static_cast<uint32_t>(a.x_off >> 32);
-    w[6] = a.x_stride;
-    w[7] = a.k;
-    w[9] = static_cast<uint32_t>(bits);
-    w[10] = zp_shift;
-    w[26] = a.tokens.begin;
+    chain_quantize(arena, a, bits, zp_shift);
     quantized_ = input;
   } else if (!(reuse_quantized_ && quantized_ == input)) {
     cl_kernel qk = dev_.kernel("quantize_q8_act");
