@@ -207,8 +207,9 @@ class GpuKernels {
 
   // Step chains (gpu_kernels_chain.cpp, kernels/step_chain_cpu.cl): between begin_chain() and
   // end_chain(), the integer path's one-token launches (input quantisation, matmuls and sibling
-  // matmuls, add_rmsnorm_quantize, swiglu_quantize) are recorded as stages of ONE kernel instead
-  // of launched, and return null; any other launch first enqueues the stages recorded so far
+  // matmuls, add_rmsnorm_quantize, swiglu_quantize) and rope_pair, kv_write and the CPU
+  // attention kernels (split and merge) are recorded as stages of ONE kernel instead of
+  // launched, and return null; any other launch first enqueues the stages recorded so far
   // (so the queue keeps the ops' order). The same bits as the launches apart. Only where
   // chain_available() (a CPU device with the integer path); a no-op elsewhere.
   bool chain_available() const { return int8_matmul_ && dev_.info().type == "cpu"; }
@@ -381,7 +382,7 @@ class GpuKernels {
   // Step chains: the stages recorded and not yet enqueued (kChainWords words each), the buffers
   // they read (a stage names its slot), the tables' ring in host memory the device reads in
   // place, and the counters the kernel's groups synchronise on (zero between launches).
-  static constexpr uint32_t kChainWords = 32, kChainMaxStages = 64, kChainMaxBuffers = 8;
+  static constexpr uint32_t kChainWords = 32, kChainMaxStages = 256, kChainMaxBuffers = 64;
   static constexpr uint32_t kChainRingSlots = 64;
   bool chain_recording() const { return chain_on_; }
   // The stage's words, appended (enqueuing first what is recorded where it, or `buffer`'s
@@ -399,13 +400,28 @@ class GpuKernels {
   void chain_swiglu(cl_mem arena, uint64_t g_off, uint32_t g_stride, uint64_t u_off,
                     uint32_t u_stride, uint64_t out_off, uint32_t out_stride, uint32_t cols,
                     uint32_t t, int bits, uint32_t zp_shift);
+  // rope_heads_pair, a KV write (`units`: values, or Q8_0 blocks, of a row) and attention's split
+  // (`variant`: step_chain_cpu.cl's code of the CPU kernel; `items` of its work-items a key
+  // chunk, `chunks` chunk slots) with, for more than one chunk, its merge: their one-token work.
+  void chain_rope_pair(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t x_heads,
+                       uint64_t y_off, uint32_t y_stride, uint32_t y_heads, uint32_t head_dim,
+                       const RopeArgs& r, uint64_t tok_off, uint32_t t);
+  void chain_kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, uint64_t v_off,
+                      uint32_t v_stride, const KvArgs& kv, uint32_t units, uint64_t tok_off,
+                      uint32_t t);
+  void chain_attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, uint64_t out_off,
+                       uint32_t out_stride, const KvArgs& kv, uint32_t units, uint64_t tok_off,
+                       uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
+                       uint32_t t, uint32_t variant, uint32_t items, uint32_t chunks);
+  // The KV pool the stages recorded so far read or write (one a chain: another enqueues them).
+  void chain_use_kv(cl_mem kv);
   void flush_chain();
   void release_chain();  // the ring, the counters and the last events (the destructor's)
   bool chain_on_ = false;
   std::vector<uint32_t> chain_words_;
   std::array<cl_mem, kChainMaxBuffers> chain_buffers_{};
   uint32_t chain_n_buffers_ = 0;
-  cl_mem chain_arena_ = nullptr;
+  cl_mem chain_arena_ = nullptr, chain_kv_ = nullptr;
   uint64_t chain_recorded_ = 0;
   uint32_t* chain_ring_host_ = nullptr;
   cl_mem chain_ring_ = nullptr, chain_sync_ = nullptr;

@@ -49,6 +49,10 @@ cl_event GpuKernels::kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, u
   const std::string name = kv.value_type == DType::F32
                                ? "kv_write"
                                : std::string("kv_write_") + kv_type_suffix(kv.value_type);
+  if (chain_recording() && t.count() == 1) {
+    chain_kv_write(arena, k_off, k_stride, v_off, v_stride, kv, kv_units(kv), tok_off, t.begin);
+    return nullptr;
+  }
   cl_kernel k = dev_.kernel(name);
   set_args(k, arena, cl_ulong{k_off}, cl_uint{k_stride}, cl_ulong{v_off}, cl_uint{v_stride}, kv.kv,
            cl_ulong{kv.pages_offset}, cl_ulong{kv.page_bytes}, cl_uint{kv.page_tokens},
@@ -142,6 +146,19 @@ cl_event GpuKernels::attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, 
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const uint32_t chunks = attention_chunk_slots(max_keys);
   const size_t per_token = attention_partials_per_token(n_heads, head_dim);
+  if (chain_recording() && t.count() == 1) {
+    // The CPU kernels are functions of their work-item's indices that a step chain calls too.
+    uint32_t variant = 3;  // step_chain_cpu.cl's kernel code, 3: not chained
+    if (split.rfind("attention_split_cpu_", 0) == 0) variant = 0;
+    if (split.rfind("attention_gqa_cpu_", 0) == 0 && split.ends_with("_4x4")) variant = 1;
+    if (split.rfind("attention_gqa_cpu_", 0) == 0 && split.ends_with("_8x2")) variant = 2;
+    if (variant < 3) {
+      chain_attention(arena, q_off, q_stride, out_off, out_stride, kv, kv_units(kv), tok_off,
+                      n_heads, n_kv_heads, head_dim, scale, t.begin, variant,
+                      n_heads / heads_per_item, chunks);
+      return nullptr;
+    }
+  }
   const uint32_t batch = static_cast<uint32_t>(attn_partials_bytes_ / per_token);
   cl_event last = nullptr;
   uint32_t b = t.begin;

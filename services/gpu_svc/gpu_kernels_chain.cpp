@@ -14,7 +14,23 @@
 //                     [19] weight slot, [20] dim, [21] eps bits, [23] bits, [24] zp_shift, [25] lsz
 //   CH_SWIGLU_Q8      [4,5] g_off, [6] g_stride, [7,8] u_off, [9] u_stride, [10,11] out_off,
 //                     [12] out_stride, [13] k, [15] bits, [16] zp_shift
-// 64-bit values are two words, low first.
+//   CH_ROPE_PAIR      [4,5] x_off, [6] x_stride, [7] x_heads, [8,9] y_off, [10] y_stride, [11]
+//                     y_heads, [12] head_dim, [13] freq_base bits, [14,15] tok_off, [16]
+//                     freq_scale bits, [17] mode, [18] factors' weight slot, [19,20] factors_off,
+//                     [21] has_factors, [22] pairs (head_dim / 2)
+//   CH_KV_WRITE       [4] value type (0 f32, 1 f16, 2 q8_0), [5,6] k_off, [7] k_stride, [8,9]
+//                     v_off, [10] v_stride, [11,12] pages_offset, [13,14] page_bytes, [15]
+//                     page_tokens, [16] units a row, [17] layer, [18,19] tok_off, [20,21]
+//                     page table offset, [22] its columns
+//   CH_ATTENTION      [4] variant (value type x 3 + kernel: 0 split_cpu, 1 gqa 4x4, 2 gqa 8x2),
+//                     [5,6] q_off, [7] q_stride, [8,9] out_off, [10] out_stride, [11..22] as
+//                     CH_KV_WRITE's, [23] n_heads, [24] n_kv_heads, [25] head_dim, [27] scale
+//                     bits, [28] least chunk keys, [29] chunk slots, [30] work-items a key
+//                     chunk, [31] work-items in all
+//   CH_ATTN_MERGE     [8,9] out_off, [10] out_stride, [18,19] tok_off, [23] n_heads, [25]
+//                     head_dim, [28] least chunk keys, [29] chunk slots
+// 64-bit values are two words, low first. The KV pool and attention's partials are kernel
+// arguments of their own (one pool a chain).
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -30,6 +46,8 @@ namespace duet::gpu {
 namespace {
 
 constexpr uint32_t kChQuantize = 1, kChMatmul = 2, kChAddRmsnormQ8 = 3, kChSwigluQ8 = 4;  // CH_*
+constexpr uint32_t kChRopePair = 5, kChKvWrite = 6, kChAttention = 7, kChAttnMerge = 8;
+constexpr uint32_t kRopePairsPerChunk = 8, kKvUnitsPerChunk = 256, kMergeHeadsPerChunk = 4;
 constexpr uint32_t kBlocksPerChunk = 64;      // quantisation, swiglu: 32-value blocks a chunk
 constexpr uint32_t kChSyncWords = 80;         // CH_SYNC
 constexpr uint32_t kChMaxGroups = 8;          // CH_MAX_GROUPS
@@ -189,6 +207,118 @@ void GpuKernels::chain_matmul(cl_mem arena, const MatmulArgs& a, int bits, bool 
   w[26] = a.tokens.begin;
 }
 
+void GpuKernels::chain_rope_pair(cl_mem arena, uint64_t x_off, uint32_t x_stride, uint32_t x_heads,
+                                 uint64_t y_off, uint32_t y_stride, uint32_t y_heads,
+                                 uint32_t head_dim, const RopeArgs& r, uint64_t tok_off,
+                                 uint32_t t) {
+  const uint32_t pairs = head_dim / 2;
+  uint32_t slot = 0;
+  uint32_t* s = chain_stage(kChRopePair, (pairs + kRopePairsPerChunk - 1) / kRopePairsPerChunk,
+                            kRopePairsPerChunk, arena, r.w, &slot);
+  put64(s, 4, x_off);
+  s[6] = x_stride;
+  s[7] = x_heads;
+  put64(s, 8, y_off);
+  s[10] = y_stride;
+  s[11] = y_heads;
+  s[12] = head_dim;
+  s[13] = std::bit_cast<uint32_t>(r.freq_base);
+  put64(s, 14, tok_off);
+  s[16] = std::bit_cast<uint32_t>(r.freq_scale);
+  s[17] = r.mode;
+  s[18] = slot;
+  put64(s, 19, r.factors_off);
+  s[21] = r.has_factors ? 1u : 0u;
+  s[22] = pairs;
+  s[26] = t;
+}
+
+namespace {
+
+uint32_t kv_type_code(DType t) {
+  switch (t) {
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::Q8_0:
+      return 2;
+    default:
+      throw Error(Errc::internal, "gpu_svc: no chained KV stage for this value type");
+  }
+}
+
+// Words [11, 22] of a KV write's or attention's stage: where token rows live.
+void put_kv(uint32_t* s, const KvArgs& kv, uint32_t units, uint64_t tok_off) {
+  put64(s, 11, kv.pages_offset);
+  put64(s, 13, kv.page_bytes);
+  s[15] = kv.page_tokens;
+  s[16] = units;
+  s[17] = kv.layer;
+  put64(s, 18, tok_off);
+  put64(s, 20, kv.page_table_off);
+  s[22] = kv.page_table_cols;
+}
+
+}  // namespace
+
+void GpuKernels::chain_use_kv(cl_mem kv) {
+  if (chain_kv_ && chain_kv_ != kv) flush_chain();
+}
+
+void GpuKernels::chain_kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, uint64_t v_off,
+                                uint32_t v_stride, const KvArgs& kv, uint32_t units,
+                                uint64_t tok_off, uint32_t t) {
+  chain_use_kv(kv.kv);
+  uint32_t* s = chain_stage(kChKvWrite, (units + kKvUnitsPerChunk - 1) / kKvUnitsPerChunk,
+                            kKvUnitsPerChunk, arena);
+  chain_kv_ = kv.kv;  // after chain_stage, which may have enqueued the stages before
+  s[4] = kv_type_code(kv.value_type);
+  put64(s, 5, k_off);
+  s[7] = k_stride;
+  put64(s, 8, v_off);
+  s[10] = v_stride;
+  put_kv(s, kv, units, tok_off);
+  s[26] = t;
+}
+
+void GpuKernels::chain_attention(cl_mem arena, uint64_t q_off, uint32_t q_stride, uint64_t out_off,
+                                 uint32_t out_stride, const KvArgs& kv, uint32_t units,
+                                 uint64_t tok_off, uint32_t n_heads, uint32_t n_kv_heads,
+                                 uint32_t head_dim, float scale, uint32_t t, uint32_t variant,
+                                 uint32_t items, uint32_t chunks) {
+  chain_use_kv(kv.kv);
+  uint32_t* s = chain_stage(kChAttention, items * chunks, 1, arena);
+  chain_kv_ = kv.kv;
+  s[4] = kv_type_code(kv.value_type) * 3 + variant;
+  put64(s, 5, q_off);
+  s[7] = q_stride;
+  put64(s, 8, out_off);
+  s[10] = out_stride;
+  put_kv(s, kv, units, tok_off);
+  s[23] = n_heads;
+  s[24] = n_kv_heads;
+  s[25] = head_dim;
+  s[26] = t;
+  s[27] = std::bit_cast<uint32_t>(scale);
+  s[28] = attn_min_chunk_keys_;
+  s[29] = kAttnMaxChunks;
+  s[30] = items;
+  s[31] = items * chunks;
+  if (chunks == 1) return;  // the split writes the output (attention.cl)
+  uint32_t* m = chain_stage(kChAttnMerge, (n_heads + kMergeHeadsPerChunk - 1) / kMergeHeadsPerChunk,
+                            kMergeHeadsPerChunk, arena);
+  chain_kv_ = kv.kv;
+  put64(m, 8, out_off);
+  m[10] = out_stride;
+  put64(m, 18, tok_off);
+  m[23] = n_heads;
+  m[25] = head_dim;
+  m[26] = t;
+  m[28] = attn_min_chunk_keys_;
+  m[29] = kAttnMaxChunks;
+}
+
 void GpuKernels::flush_chain() {
   if (chain_words_.empty()) return;
   const uint32_t n_stages = static_cast<uint32_t>(chain_words_.size() / kChainWords);
@@ -210,12 +340,15 @@ void GpuKernels::flush_chain() {
   cl_mem table =
       clCreateSubBuffer(chain_ring_, CL_MEM_READ_ONLY, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
   check_cl(err, "clCreateSubBuffer(step chain table)");
-  set_args(k, table, cl_uint{n_stages}, chain_arena_, int8_tiles_, chain_sync_);
+  // Buffers no stage reads are bound to the arena (a kernel argument must be a buffer).
+  set_args(k, table, cl_uint{n_stages}, chain_arena_, int8_tiles_, chain_sync_,
+           chain_kv_ ? chain_kv_ : chain_arena_, attn_partials_ ? attn_partials_ : chain_arena_);
   for (uint32_t i = 0; i < kChainMaxBuffers; ++i)
-    set_arg(k, 5 + i, chain_buffers_[i < chain_n_buffers_ ? i : 0]);
+    set_arg(k, 7 + i, i < chain_n_buffers_ ? chain_buffers_[i] : chain_arena_);
   chain_words_.clear();
   chain_n_buffers_ = 0;
   chain_arena_ = nullptr;
+  chain_kv_ = nullptr;
   // A group per compute unit, of one work-item: the groups spin on each other between stages.
   const size_t groups = static_cast<size_t>(
       std::clamp<int>(dev_.info().compute_units, 1, static_cast<int>(kChMaxGroups)));

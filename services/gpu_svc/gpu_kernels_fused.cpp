@@ -250,6 +250,11 @@ cl_event GpuKernels::rope_pair(cl_mem arena, uint64_t x_off, uint32_t x_stride, 
   forget_quantized_input();
   const cl_uint has_ff = r.has_factors ? 1u : 0u;
   if (dev_.info().type == "cpu" && !gpu_kernels_) {  // where rope() runs rope_heads
+    if (chain_recording() && t.count() == 1) {
+      chain_rope_pair(arena, x_off, x_stride, x_heads, y_off, y_stride, y_heads, head_dim, r,
+                      tok_off, t.begin);
+      return nullptr;
+    }
     cl_kernel k = dev_.kernel("rope_heads_pair");
     set_args(k, arena, cl_ulong{x_off}, cl_uint{x_stride}, cl_uint{x_heads}, cl_ulong{y_off},
              cl_uint{y_stride}, cl_uint{y_heads}, cl_uint{head_dim}, cl_float{r.freq_base},

@@ -88,8 +88,8 @@ class GpuRunner {
   // on unless DUET_GPU_FUSE=0; the same bits either way (tests compare both).
   void set_fusion(bool on) { fuse_ = on; }
   bool fusion() const { return fuse_; }
-  // Step chains (GpuKernels::begin_chain): a one-token step's integer-path ops between the
-  // launches that cannot chain run as one kernel each, where fusion is on, the step is neither
+  // Step chains (GpuKernels::begin_chain): a one-token step's ops (but the embedding and what
+  // publishes a flag) run as one kernel or a few, where fusion is on, the step is neither
   // preemptible nor in copies mode and the program neither waits for nor publishes flags. On by
   // default; the same bits either way (tests compare).
   void set_step_chains(bool on) { chains_ = on; }

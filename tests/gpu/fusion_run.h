@@ -29,10 +29,12 @@ struct FusionRun {
 
 // `target` picks the kernels (FusionTarget::gpu_kernels: GpuKernels::set_gpu_kernels, on any
 // device) and the fusion plan the counts come from; `deadline` bounds each step (its flags wait
-// half of it); `chains`: GpuRunner::set_step_chains (the decode steps' ops as chains).
+// half of it); `chains`: GpuRunner::set_step_chains (the decode steps' ops as chains);
+// `min_chunk_keys` (0: the default): GpuKernels::set_attention_min_chunk_keys, and then a prompt
+// of 40 tokens, so that a chunk of 16 keys splits the decode steps' attention in two.
 inline FusionRun run_fusion_steps(ClDevice& dev, const LlamaModel& m, const BuiltPrograms& built,
                                   bool fuse, FusionTarget target, std::chrono::seconds deadline,
-                                  bool chains = false) {
+                                  bool chains = false, uint32_t min_chunk_keys = 0) {
   HostBuffer arena(dev, built.arena.bytes), kv(dev, built.kv.bytes());
   const ProgramMemory mem{arena.at(0),      built.arena.bytes, kv.at(0),
                           built.kv.bytes(), m.file().data(),   m.file().size()};
@@ -42,6 +44,7 @@ inline FusionRun run_fusion_steps(ClDevice& dev, const LlamaModel& m, const Buil
   if (target == FusionTarget::gpu_kernels) runner.kernels().set_gpu_kernels(true);
   runner.set_fusion(fuse);
   runner.set_step_chains(chains);
+  if (min_chunk_keys) runner.kernels().set_attention_min_chunk_keys(min_chunk_keys);
   // The ops a fused launch also did are told apart by their missing device times: profiled
   // queues on every device (gpu.op_timing's auto leaves a copying device's off).
   runner.set_op_timing(true);
@@ -75,8 +78,10 @@ inline FusionRun run_fusion_steps(ClDevice& dev, const LlamaModel& m, const Buil
                             g.kind == Fusion::norm_quantize || g.kind == Fusion::swiglu_quantize);
     if (g.kind == Fusion::sibling_matmuls) out.sibling_ops += g.ops - 1;
   }
-  step({1, 703, 1975, 310, 263, 1243, 322, 42, 17, 5, 900}, 0);
-  int pos = 11;
+  std::vector<int32_t> prompt = {1, 703, 1975, 310, 263, 1243, 322, 42, 17, 5, 900};
+  while (min_chunk_keys && prompt.size() < 40) prompt.push_back(prompt[prompt.size() - 11] + 1);
+  step(prompt, 0);
+  int pos = static_cast<int>(prompt.size());
   for (int32_t tok : {100, 7, 1500}) step({tok}, pos++);
   return out;
 }

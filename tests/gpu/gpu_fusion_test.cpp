@@ -176,15 +176,14 @@ void expect_same_bits(const LlamaModel& m, const Plan& plan) {
   }
   ASSERT_EQ(apart.logits.size(), fused.logits.size());
   EXPECT_EQ(logits_differing(apart, fused), 0u) << "of " << apart.logits.size() << " logits";
-  // Step chains (the default in serving): the decode steps' integer-path ops between the
-  // launches that cannot chain (rope, KV write, attention) as one kernel each, spinning between
-  // stages; a plan whose programs wait for the other device keeps its launches.
+  // Step chains (the default in serving): a decode step's ops as one kernel (or a few),
+  // spinning between stages; a plan whose programs wait for the other device keeps its launches.
   const testing::FusionRun chained = run_steps(m, plan, true, /*chains=*/true);
   ASSERT_EQ(apart.logits.size(), chained.logits.size());
   EXPECT_EQ(logits_differing(apart, chained), 0u) << "of " << apart.logits.size() << " logits";
   if (GpuKernels(shared_device()).int8_matmul() && plan.name == Plan::gpu_only().name) {
-    // A layer's o, gate, up, down, q, k, v, their norms, swiglu and input quantisations: one.
-    EXPECT_LT(chained.launches * 2, fused.launches) << chained.launches << " vs " << fused.launches;
+    // The embedding, one chain, the output projection (StepChains below has the detail).
+    EXPECT_LE(chained.launches, 3u) << chained.launches << " vs " << fused.launches;
   }
 }
 
@@ -213,6 +212,54 @@ TEST(OpFusion, FusedStepsGiveTheBitsOfTheOpsApartForAKQuantMix) {
     // 8-bit activations for some roles: the fused quantisation follows the matmul's role.
     const testing::ScopedEnv mixed("DUET_GPU_INT8_ACT_BITS", "16,o=8,gate=8,up=8,logits=8");
     expect_same_bits(*m, Plan::gpu_only());
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Step chains hold a decode step's rope, KV writes and attention too: every CPU attention kernel
+// (per head: head_dim 32; GQA of 4 heads at head_dim 64, of 2 at 128), every KV value type, the
+// keys in one chunk and in two (the merge as a stage of its own) give the bits of the kernels
+// apart, and a gpu-only decode step is a few launches.
+TEST(StepChains, RopeKvWriteAndAttentionAsStagesGiveTheBitsOfTheKernelsApart) {
+  if (!GpuKernels(shared_device()).int8_matmul()) GTEST_SKIP() << "no integer path here";
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("duet-gpu-chains-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const ModelShape gqa4{"tiny-gqa4", 2048, 512, 2, 512, 8, 2, 128, 10000.0f};
+  const ModelShape gqa2{"tiny-gqa2", 2048, 512, 2, 512, 4, 2, 128, 10000.0f};
+  std::vector<std::pair<std::string, std::string>> models = {
+      {"split_cpu (head_dim 32)", tiny_fortune_path("q8_0")}};
+  for (const ModelShape* shape : {&gqa4, &gqa2}) {
+    SyntheticModelOptions o;
+    const std::string path = (dir / (shape->name + ".gguf")).string();
+    write_synthetic_model(*shape, o, path);
+    models.emplace_back(shape->name, path);
+  }
+  for (const auto& [name, path] : models) {
+    auto m = LlamaModel::load(path);
+    const uint32_t heads = m->hp().n_head, kv_heads = m->hp().n_head_kv;
+    const uint32_t head_dim = m->hp().n_embd / heads;
+    for (DType kv : {DType::F32, DType::F16, DType::Q8_0}) {
+      const std::string kernel =
+          GpuKernels(shared_device()).attention_kernel_name(heads, kv_heads, head_dim, kv);
+      ProgramSpec spec = test_support::program_spec(*m, Plan::gpu_only(), 40, 128, "chain-test");
+      spec.kv_type = kv;
+      const BuiltPrograms built = build_programs(spec);
+      for (uint32_t min_keys : {0u, 16u}) {
+        SCOPED_TRACE(name + ", " + kernel + ", least chunk keys " + std::to_string(min_keys));
+        const auto run = [&](bool chains) {
+          return testing::run_fusion_steps(shared_device(), *m, built, true,
+                                           FusionTarget::cpu_integer, std::chrono::seconds(60),
+                                           chains, min_keys);
+        };
+        const testing::FusionRun apart = run(false), chained = run(true);
+        ASSERT_EQ(apart.logits.size(), chained.logits.size());
+        EXPECT_EQ(logits_differing(apart, chained), 0u) << "of " << apart.logits.size();
+        // The embedding, one chain of every layer's ops, the output projection (it publishes
+        // the logits): not one launch or more a layer.
+        EXPECT_LE(chained.launches, 3u);
+      }
+    }
   }
   std::filesystem::remove_all(dir);
 }

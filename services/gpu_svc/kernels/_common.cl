@@ -46,6 +46,16 @@ inline void load_block_f32(global const uchar* p, float16* lo, float16* hi) {
 #define load_block_at_f16(wr, b, lo, hi) load_block_f16(BLOCK_AT(f16, wr, b), lo, hi)
 #define load_block_at_f32(wr, b, lo, hi) load_block_f32(BLOCK_AT(f32, wr, b), lo, hi)
 
+// A function that both its kernel and a step chain (step_chain_cpu.cl) call, as ONE compiled
+// body: the work-group vectorizer cannot fold it into a loop across work-items with other
+// arithmetic (vector exp, cos, ...), so a chained op has the bits of its kernel apart. On x86
+// clang (PoCL) only; elsewhere an ordinary inline function.
+#if defined(__x86_64__) && defined(__clang__)
+#define CHAIN_SHARED __attribute__((noinline))
+#else
+#define CHAIN_SHARED inline
+#endif
+
 inline float sum16(float16 v) {
   const float8 a = v.lo + v.hi;
   const float4 b = a.lo + a.hi;

@@ -75,11 +75,17 @@ inline float8 kv_load8_q8_0(global const uchar* r, uint v) {
       uint kv_units, uint layer, ulong tok_off, ulong pt_off, uint pt_stride, uint n_heads,     \
       uint n_kv_heads, uint head_dim, float scale, uint t_begin, global float *partials,        \
       uint min_keys, uint max_chunks
+#define ATTN_SPLIT_NAMES                                                                          \
+  arena, q_off, q_stride, out_off, out_stride, kv, pages_offset, page_bytes, page_tokens,        \
+      kv_units, layer, tok_off, pt_off, pt_stride, n_heads, n_kv_heads, head_dim, scale, t_begin, \
+      partials, min_keys, max_chunks
 #define ATTN_SPLIT_PROLOGUE(T) ATTN_SPLIT_PROLOGUE_AT(T, get_global_id(0))
-#define ATTN_SPLIT_PROLOGUE_AT(T, HEAD)                                                          \
+#define ATTN_SPLIT_PROLOGUE_AT(T, HEAD) \
+  ATTN_SPLIT_PROLOGUE_IDX(T, HEAD, get_global_id(1), get_global_id(2))
+#define ATTN_SPLIT_PROLOGUE_IDX(T, HEAD, TL, C)                                                  \
   const uint h = (HEAD);                                                                         \
-  const uint tl = get_global_id(1);                                                              \
-  const uint c = get_global_id(2);                                                               \
+  const uint tl = (TL);                                                                          \
+  const uint c = (C);                                                                            \
   const uint t = t_begin + tl;                                                                   \
   global const int* tok = (global const int*)(arena + tok_off);                                  \
   global const int* page_table = (global const int*)(arena + pt_off);                           \
@@ -245,11 +251,10 @@ inline float attn_chunks_max(global const float* part, uint n_chunks, uint strid
 
 // A token's chunks into its output, one work-item per (head, token): the chunks' sums and
 // weighted V rescaled to the largest chunk max, in chunk order.
-kernel void attention_merge(global const uchar* arena, ulong out_off, uint out_stride,
-                            ulong tok_off, uint n_heads, uint head_dim, uint t_begin,
-                            global const float* partials, uint min_keys, uint max_chunks) {
-  const uint h = get_global_id(0);
-  const uint tl = get_global_id(1);
+CHAIN_SHARED void attention_merge_at(global const uchar* arena, ulong out_off, uint out_stride,
+                                     ulong tok_off, uint n_heads, uint head_dim, uint t_begin,
+                                     global const float* partials, uint min_keys,
+                                     uint max_chunks, uint h, uint tl) {
   const uint t = t_begin + tl;
   const uint n_chunks = attn_token_chunks(arena, tok_off, t, min_keys, max_chunks);
   if (n_chunks == 1) return;  // written by the split kernel
@@ -267,6 +272,12 @@ kernel void attention_merge(global const uchar* arena, ulong out_off, uint out_s
   }
   const float inv = 1.0f / sum;
   for (uint d = 0; d < head_dim; ++d) out[d] *= inv;
+}
+kernel void attention_merge(global const uchar* arena, ulong out_off, uint out_stride,
+                            ulong tok_off, uint n_heads, uint head_dim, uint t_begin,
+                            global const float* partials, uint min_keys, uint max_chunks) {
+  attention_merge_at(arena, out_off, out_stride, tok_off, n_heads, head_dim, t_begin, partials,
+                     min_keys, max_chunks, get_global_id(0), get_global_id(1));
 }
 
 // attention_merge for the work-group kernel: a group per (head, token), each work-item its
@@ -382,9 +393,11 @@ inline void attn_prefetch_l2(global const uchar* p, uint bytes) {
     }                                                                       \
   }
 
+// (Each CPU kernel's body is a CHAIN_SHARED function of its work-item's indices, which the step
+// chains call too: step_chain_cpu.cl.)
 #define DEFINE_ATTENTION_SPLIT_CPU(T)                                                            \
-  kernel void attention_split_cpu_##T(ATTN_SPLIT_ARGS) {                                         \
-    ATTN_SPLIT_PROLOGUE(T)                                                                       \
+  CHAIN_SHARED void attention_split_cpu_##T##_at(ATTN_SPLIT_ARGS, uint wi, uint wt, uint wc) {   \
+    ATTN_SPLIT_PROLOGUE_IDX(T, wi, wt, wc)                                                       \
     const uint nv = head_dim / 16;                                                               \
     float16 qv[ATTN_CPU_VECS], acc[ATTN_CPU_VECS];                                               \
     _Pragma("unroll") for (uint v = 0; v < ATTN_CPU_VECS; ++v) {                                 \
@@ -434,6 +447,10 @@ inline void attn_prefetch_l2(global const uchar* p, uint bytes) {
       part[head_dim] = running_max;                                                              \
       part[head_dim + 1] = running_sum;                                                          \
     }                                                                                            \
+  }                                                                                              \
+  kernel void attention_split_cpu_##T(ATTN_SPLIT_ARGS) {                                         \
+    attention_split_cpu_##T##_at(ATTN_SPLIT_NAMES, get_global_id(0), get_global_id(1),          \
+                                 get_global_id(2));                                              \
   }
 DEFINE_ATTENTION_SPLIT_CPU(f32)
 DEFINE_ATTENTION_SPLIT_CPU(f16)
@@ -448,10 +465,8 @@ DEFINE_ATTENTION_SPLIT_CPU(q8_0)
 // head, the arithmetic is the per-head kernel's in the same order (scores of 16 keys as one
 // transposed reduction, one max/rescale per 16 keys), so the outputs are the same bits.
 #define DEFINE_ATTENTION_GQA_CPU(T, NV, GQ)                                                     \
-  kernel void attention_gqa_cpu_##T##_##NV##x##GQ(ATTN_SPLIT_ARGS) {                            \
-    const uint wi = get_global_id(0);                                                            \
-    const uint tl = get_global_id(1);                                                            \
-    const uint c = get_global_id(2);                                                             \
+  CHAIN_SHARED void attention_gqa_cpu_##T##_##NV##x##GQ##_at(ATTN_SPLIT_ARGS, uint wi, uint tl,  \
+                                                          uint c) {                             \
     const uint t = t_begin + tl;                                                                 \
     global const int* tok = (global const int*)(arena + tok_off);                                \
     global const int* page_table = (global const int*)(arena + pt_off);                         \
@@ -544,6 +559,10 @@ DEFINE_ATTENTION_SPLIT_CPU(q8_0)
         part[head_dim + 1] = running_sum[g];                                                     \
       }                                                                                          \
     }                                                                                            \
+  }                                                                                              \
+  kernel void attention_gqa_cpu_##T##_##NV##x##GQ(ATTN_SPLIT_ARGS) {                            \
+    attention_gqa_cpu_##T##_##NV##x##GQ##_at(ATTN_SPLIT_NAMES, get_global_id(0),                \
+                                             get_global_id(1), get_global_id(2));                \
   }
 // head_dim 64 (llama3.2-1b, the 1B shapes): 4 heads a work-item (16 + 16 vector registers of
 // q and accumulators, AVX-512's 32); head_dim 128: 2 heads (the same 32).

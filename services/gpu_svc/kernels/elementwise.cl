@@ -186,19 +186,30 @@ kernel void add(global uchar* arena, ulong a_off, uint a_stride, ulong b_off, ui
   ((global float*)(arena + out_off))[(ulong)t * out_stride + i] = a + b;
 }
 
-kernel void kv_write(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off, uint v_stride,
-                     global uchar* kv, ulong pages_offset, ulong page_bytes, uint page_tokens, uint kv_dim, uint layer,
-                     ulong tok_off, ulong pt_off, uint pt_stride, uint t_begin) {
-  const uint i = get_global_id(0);
-  const uint t = t_begin + get_global_id(1);
+// Value i of token t's K and V rows into its KV row (copies: exact, so the step chains'
+// kv_write stage calls this inline and gets the same bits).
+inline void kv_write_f32_at(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
+                            uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
+                            uint page_tokens, uint kv_dim, uint layer, ulong tok_off, ulong pt_off,
+                            uint pt_stride, uint i, uint t) {
   global const int* tok = (global const int*)(arena + tok_off);
   global const int* page_table = (global const int*)(arena + pt_off);
   const int pos = tok[4 * t + TOK_POS];
   const int seq = tok[4 * t + TOK_SEQ];
-  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens, kv_dim, layer, 0, 4);
-  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens, kv_dim, layer, 1, 4);
+  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
+                                    page_tokens, kv_dim, layer, 0, 4);
+  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
+                                    page_tokens, kv_dim, layer, 1, 4);
   ((global float*)(kv + k_dst))[i] = ((global const float*)(arena + k_off))[(ulong)t * k_stride + i];
   ((global float*)(kv + v_dst))[i] = ((global const float*)(arena + v_off))[(ulong)t * v_stride + i];
+}
+kernel void kv_write(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
+                     uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
+                     uint page_tokens, uint kv_dim, uint layer, ulong tok_off, ulong pt_off,
+                     uint pt_stride, uint t_begin) {
+  kv_write_f32_at(arena, k_off, k_stride, v_off, v_stride, kv, pages_offset, page_bytes,
+                  page_tokens, kv_dim, layer, tok_off, pt_off, pt_stride, get_global_id(0),
+                  t_begin + get_global_id(1));
 }
 
 // A plain copy, 16 floats per work-item: the bandwidth yardstick of bench/gpu.
@@ -240,13 +251,12 @@ kernel void rope_heads(global uchar* arena, ulong x_off, uint x_stride, uint hea
 // rope_heads of two tensors of the same tokens in one launch (a layer's Q and K: the runner's
 // op_fusion.h): the same angle per pair and token, the same arithmetic per element, so the same
 // bits as two rope_heads launches; one kernel fewer per layer.
-kernel void rope_heads_pair(global uchar* arena, ulong x_off, uint x_stride, uint x_heads,
-                            ulong y_off, uint y_stride, uint y_heads, uint head_dim,
-                            float freq_base, ulong tok_off, uint t_begin, uint t_count,
-                            float freq_scale, uint mode, global const uchar* w, ulong ff_off,
-                            uint has_ff) {
-  const uint i = get_global_id(0);
-  const uint t0 = get_global_id(1) * ROPE_TOKENS;
+CHAIN_SHARED void rope_heads_pair_at(global uchar* arena, ulong x_off, uint x_stride,
+                                     uint x_heads, ulong y_off, uint y_stride, uint y_heads,
+                                     uint head_dim, float freq_base, ulong tok_off, uint t_begin,
+                                     uint t_count, float freq_scale, uint mode,
+                                     global const uchar* w, ulong ff_off, uint has_ff, uint i,
+                                     uint t0) {
   global const int* tok = (global const int*)(arena + tok_off);
   const ROPE_REAL freq = rope_freq(i, head_dim, freq_base, freq_scale, w, ff_off, has_ff);
   const uint first = mode == 2 ? i : 2 * i;
@@ -268,4 +278,13 @@ kernel void rope_heads_pair(global uchar* arena, ulong x_off, uint x_stride, uin
       }
     }
   }
+}
+kernel void rope_heads_pair(global uchar* arena, ulong x_off, uint x_stride, uint x_heads,
+                            ulong y_off, uint y_stride, uint y_heads, uint head_dim,
+                            float freq_base, ulong tok_off, uint t_begin, uint t_count,
+                            float freq_scale, uint mode, global const uchar* w, ulong ff_off,
+                            uint has_ff) {
+  rope_heads_pair_at(arena, x_off, x_stride, x_heads, y_off, y_stride, y_heads, head_dim,
+                     freq_base, tok_off, t_begin, t_count, freq_scale, mode, w, ff_off, has_ff,
+                     get_global_id(0), get_global_id(1) * ROPE_TOKENS);
 }

@@ -5,12 +5,10 @@
 
 // F16 (issue 20: half the bytes of F32, as llama.cpp stores its cache): vstore_half_rte is core
 // OpenCL, no cl_khr_fp16 needed. One work-item per value of a token's K and V rows.
-kernel void kv_write_f16(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
-                         uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
-                         uint page_tokens, uint kv_dim, uint layer, ulong tok_off, ulong pt_off,
-                         uint pt_stride, uint t_begin) {
-  const uint i = get_global_id(0);
-  const uint t = t_begin + get_global_id(1);
+inline void kv_write_f16_at(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
+                            uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
+                            uint page_tokens, uint kv_dim, uint layer, ulong tok_off, ulong pt_off,
+                            uint pt_stride, uint i, uint t) {
   global const int* tok = (global const int*)(arena + tok_off);
   global const int* page_table = (global const int*)(arena + pt_off);
   const int pos = tok[4 * t + TOK_POS];
@@ -23,6 +21,14 @@ kernel void kv_write_f16(global const uchar* arena, ulong k_off, uint k_stride, 
                   (global half*)(kv + k_dst));
   vstore_half_rte(((global const float*)(arena + v_off))[(ulong)t * v_stride + i], i,
                   (global half*)(kv + v_dst));
+}
+kernel void kv_write_f16(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
+                         uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
+                         uint page_tokens, uint kv_dim, uint layer, ulong tok_off, ulong pt_off,
+                         uint pt_stride, uint t_begin) {
+  kv_write_f16_at(arena, k_off, k_stride, v_off, v_stride, kv, pages_offset, page_bytes,
+                  page_tokens, kv_dim, layer, tok_off, pt_off, pt_stride, get_global_id(0),
+                  t_begin + get_global_id(1));
 }
 
 // One 32-value block as ggml's quantize_row_q8_0_ref makes it: d = amax / 127 stored as f16
@@ -55,12 +61,10 @@ inline void store_block_q8_0(global const float* x, global uchar* dst) {
 // Q8_0 (`--kv-type q8_0`, llama.cpp's cache type of that name): rows of kv_dim / 32 blocks of 34
 // bytes along the head dimension (head_dim is a multiple of 32, so no block spans two heads).
 // One work-item per block of a token's K and V rows; kv_blocks = kv_dim / 32.
-kernel void kv_write_q8_0(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
-                          uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
-                          uint page_tokens, uint kv_blocks, uint layer, ulong tok_off,
-                          ulong pt_off, uint pt_stride, uint t_begin) {
-  const uint b = get_global_id(0);
-  const uint t = t_begin + get_global_id(1);
+inline void kv_write_q8_0_at(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
+                             uint v_stride, global uchar* kv, ulong pages_offset,
+                             ulong page_bytes, uint page_tokens, uint kv_blocks, uint layer,
+                             ulong tok_off, ulong pt_off, uint pt_stride, uint b, uint t) {
   global const int* tok = (global const int*)(arena + tok_off);
   global const int* page_table = (global const int*)(arena + pt_off);
   const int pos = tok[4 * t + TOK_POS];
@@ -73,4 +77,12 @@ kernel void kv_write_q8_0(global const uchar* arena, ulong k_off, uint k_stride,
                    kv + k_dst + (ulong)b * BLOCK_BYTES_q8_0);
   store_block_q8_0((global const float*)(arena + v_off) + (ulong)t * v_stride + b * QK,
                    kv + v_dst + (ulong)b * BLOCK_BYTES_q8_0);
+}
+kernel void kv_write_q8_0(global const uchar* arena, ulong k_off, uint k_stride, ulong v_off,
+                          uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
+                          uint page_tokens, uint kv_blocks, uint layer, ulong tok_off,
+                          ulong pt_off, uint pt_stride, uint t_begin) {
+  kv_write_q8_0_at(arena, k_off, k_stride, v_off, v_stride, kv, pages_offset, page_bytes,
+                   page_tokens, kv_blocks, layer, tok_off, pt_off, pt_stride, get_global_id(0),
+                   t_begin + get_global_id(1));
 }

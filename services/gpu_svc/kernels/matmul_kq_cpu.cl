@@ -106,13 +106,20 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
 #define KQ_NEG_SUM(MMI_T, i, BITS) MMI_TOK_INT(MMI_T, i, BITS == 16 ? MMI_SUMS1 : MMI_SUMS0)
 #define KQ_NEG_HALF(MMI_T, i) MMI_TOK_INT(MMI_T, i, MMI_HALF_SUMS)
 
+// One-token items unroll a super-block's loops, so the scale picks and shifts are constants: a
+// llama3.2-1b Q4_K_M decode token's GEMVs 18.1-18.8 ms against 20.8-21.1 rolled (decode_gemv,
+// 2026-12-07, Zen 5; the Q4_K ones alone 11.2-11.5 against 12.8-13.1). 8-token items keep them
+// rolled (unrolled, a token's 8-token GEMMs measured 42.5 against 39.8 ms: no faster).
+#define KQ_UNROLL_T1 _Pragma("unroll")
+#define KQ_UNROLL_T8
+#define KQ_UNROLL_T16
 // Q4_K/Q5_K: the 8 sub-blocks of super-block sb, the quant bytes of each pair loaded once.
 #define KQ_SUPER_SCALED(NAME, MMI_T, ISA, BITS, N_ROWS, TILED)                                    \
   {                                                                                                \
     int16 h[4];                                                                                    \
     kq_v4(wb, row_bytes, N_ROWS, 0, TILED, h);                                                     \
     KQ_SUPER_LOAD_##NAME(N_ROWS, TILED)                                                            \
-    for (uint p = 0; p < 4; ++p) {                                                                 \
+    KQ_UNROLL_T##MMI_T for (uint p = 0; p < 4; ++p) {                                              \
       int16 t[8];                                                                                  \
       kq_v8(wb, row_bytes, N_ROWS, KQ_QS_AT_##NAME + 32 * p, TILED, t);                            \
       _Pragma("unroll") for (uint odd = 0; odd < 2; ++odd) {                                       \
@@ -144,7 +151,7 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
     const float16 d6 = mmi_fp16_to_float(kq_s16(wb, row_bytes, N_ROWS, 208, TILED));               \
     int16 sc[4];                                                                                   \
     kq_v4(wb, row_bytes, N_ROWS, 192, TILED, sc);                                                  \
-    for (uint h6 = 0; h6 < 2; ++h6) {                                                        \
+    KQ_UNROLL_T##MMI_T for (uint h6 = 0; h6 < 2; ++h6) {                                      \
       int16 lo0[8], lo1[8], hb[8];                                                                 \
       kq_v8(wb, row_bytes, N_ROWS, 64 * h6, TILED, lo0);                                         \
       kq_v8(wb, row_bytes, N_ROWS, 64 * h6 + 32, TILED, lo1);                                    \

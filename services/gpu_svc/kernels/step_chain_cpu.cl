@@ -18,8 +18,11 @@
 // matmuls share one barrier). The last group to leave zeroes the counters for the next launch.
 //
 // Every stage calls the very function its kernel apart calls (the matmuls' noinline _item
-// functions, q8_act_block, swiglu_block) or repeats its arithmetic in its order (add_rmsnorm_q8's
-// lsz partial sums and their tree), so a chained step has the bits of the kernels apart.
+// functions, q8_act_block, swiglu_block, the CHAIN_SHARED bodies of rope_heads_pair, the KV
+// writes and the CPU attention kernels) or repeats its arithmetic in its order (add_rmsnorm_q8's
+// lsz partial sums and their tree), so a chained step has the bits of the kernels apart. A
+// llama3.2-1b decode step is then the embedding, two chains (64 weight buffers a chain: the
+// file's and each tiled copy) and the output projection.
 // One token (decode: t_end = t_begin + 1), the quantised-input slot 0.
 #if defined(__x86_64__) && defined(__clang__)
 
@@ -29,10 +32,14 @@
 #define CH_MATMUL 2
 #define CH_ADD_RMSNORM_Q8 3
 #define CH_SWIGLU_Q8 4
+#define CH_ROPE_PAIR 5
+#define CH_KV_WRITE 6
+#define CH_ATTENTION 7
+#define CH_ATTN_MERGE 8
 // Counters: CH_SYNC uints a stage: [0] chunks done, [16 + 8 w] the next chunk of share w.
 #define CH_SYNC 80
 #define CH_MAX_GROUPS 8
-#define CH_MAX_STAGES 64
+#define CH_MAX_STAGES 256
 #define CH_EXIT (CH_MAX_STAGES * CH_SYNC)  // groups that left
 
 #define CH_U64(st, i) ((ulong)(st)[i] | ((ulong)(st)[(i) + 1] << 32))
@@ -116,8 +123,70 @@ __attribute__((always_inline)) inline void ch_add_rmsnorm_q8(global const uint* 
       break;                           \
   }
 
+// A one-token rope_heads_pair, KV write and attention (split and merge), through the functions
+// their kernels apart call (elementwise.cl, kv_write.cl, attention.cl), item by item.
+__attribute__((always_inline)) inline void ch_rope_pair(global const uint* st, uint chunk,
+                                                        global uchar* arena,
+                                                        global const uchar* const* ws) {
+  const uint pairs = st[22], unit = st[3], t = st[26];
+  for (uint i = chunk * unit; i < min(pairs, (chunk + 1) * unit); ++i)
+    rope_heads_pair_at(arena, CH_U64(st, 4), st[6], st[7], CH_U64(st, 8), st[10], st[11], st[12],
+                       as_float(st[13]), CH_U64(st, 14), t, 1, as_float(st[16]), st[17],
+                       ws[st[18]], CH_U64(st, 19), st[21], i, 0);
+}
+__attribute__((always_inline)) inline void ch_kv_write(global const uint* st, uint chunk,
+                                                       global uchar* arena, global uchar* kv) {
+  const uint units = st[16], unit = st[3], t = st[26];
+  for (uint i = chunk * unit; i < min(units, (chunk + 1) * unit); ++i) {
+#define CH_KV_ARGS                                                                             \
+  arena, CH_U64(st, 5), st[7], CH_U64(st, 8), st[10], kv, CH_U64(st, 11), CH_U64(st, 13), st[15], \
+      units, st[17], CH_U64(st, 18), CH_U64(st, 20), st[22], i, t
+    if (st[4] == 0)
+      kv_write_f32_at(CH_KV_ARGS);
+    else if (st[4] == 1)
+      kv_write_f16_at(CH_KV_ARGS);
+    else
+      kv_write_q8_0_at(CH_KV_ARGS);
+#undef CH_KV_ARGS
+  }
+}
+// Variant [4]: KV type (0 f32, 1 f16, 2 q8_0) x 3 + kernel (0 attention_split_cpu, 1 the GQA
+// kernel 4x4, 2 8x2); item j is work-item j % [30] of key chunk j / [30].
+#define CH_ATTN_ARGS(j)                                                                          \
+  arena, CH_U64(st, 5), st[7], CH_U64(st, 8), st[10], kv, CH_U64(st, 11), CH_U64(st, 13), st[15], \
+      st[16], st[17], CH_U64(st, 18), CH_U64(st, 20), st[22], st[23], st[24], st[25],            \
+      as_float(st[27]), st[26], partials, st[28], st[29], (j) % st[30], 0, (j) / st[30]
+__attribute__((always_inline)) inline void ch_attention(global const uint* st, uint j,
+                                                        global uchar* arena, global uchar* kv,
+                                                        global float* partials) {
+  switch (st[4]) {
+    case 0: attention_split_cpu_f32_at(CH_ATTN_ARGS(j)); break;
+    case 1: attention_gqa_cpu_f32_4x4_at(CH_ATTN_ARGS(j)); break;
+    case 2: attention_gqa_cpu_f32_8x2_at(CH_ATTN_ARGS(j)); break;
+    case 3: attention_split_cpu_f16_at(CH_ATTN_ARGS(j)); break;
+    case 4: attention_gqa_cpu_f16_4x4_at(CH_ATTN_ARGS(j)); break;
+    case 5: attention_gqa_cpu_f16_8x2_at(CH_ATTN_ARGS(j)); break;
+    case 6: attention_split_cpu_q8_0_at(CH_ATTN_ARGS(j)); break;
+    case 7: attention_gqa_cpu_q8_0_4x4_at(CH_ATTN_ARGS(j)); break;
+    case 8: attention_gqa_cpu_q8_0_8x2_at(CH_ATTN_ARGS(j)); break;
+  }
+}
+#undef CH_ATTN_ARGS
+
+// The weight buffers the stages read (a slot each: the file's segment and every tiled copy), as
+// CH_MAX_BUFFERS kernel arguments w00 .. w77 (64 pointers: 512 of PoCL's 1024 argument bytes).
+#define CH_MAX_BUFFERS 64
+#define CH_W8(a)                                                                               \
+  global const uchar *w##a##0, global const uchar *w##a##1, global const uchar *w##a##2,       \
+      global const uchar *w##a##3, global const uchar *w##a##4, global const uchar *w##a##5,   \
+      global const uchar *w##a##6, global const uchar *w##a##7
+#define CH_W_PARAMS CH_W8(0), CH_W8(1), CH_W8(2), CH_W8(3), CH_W8(4), CH_W8(5), CH_W8(6), CH_W8(7)
+#define CH_N8(a) w##a##0, w##a##1, w##a##2, w##a##3, w##a##4, w##a##5, w##a##6, w##a##7
+#define CH_W_NAMES CH_N8(0), CH_N8(1), CH_N8(2), CH_N8(3), CH_N8(4), CH_N8(5), CH_N8(6), CH_N8(7)
+
 #define DEFINE_STEP_CHAIN(ISA)                                                                  \
   void ch_chunk_##ISA(global const uint* st, uint chunk, global uchar* arena, global uchar* q,  \
+                      global uchar* kv, global float* partials,                                 \
                       global const uchar* const* ws) {                                          \
     const uint unit = st[3], t = st[26];                                                        \
     switch (st[0]) {                                                                            \
@@ -160,14 +229,27 @@ __attribute__((always_inline)) inline void ch_add_rmsnorm_q8(global const uint* 
         }                                                                                       \
         break;                                                                                  \
       }                                                                                         \
+      case CH_ROPE_PAIR:                                                                        \
+        ch_rope_pair(st, chunk, arena, ws);                                                     \
+        break;                                                                                  \
+      case CH_KV_WRITE:                                                                         \
+        ch_kv_write(st, chunk, arena, kv);                                                      \
+        break;                                                                                  \
+      case CH_ATTENTION:                                                                        \
+        for (uint j = chunk * unit; j < min(st[31], (chunk + 1) * unit); ++j)                   \
+          ch_attention(st, j, arena, kv, partials);                                             \
+        break;                                                                                  \
+      case CH_ATTN_MERGE:                                                                       \
+        for (uint h = chunk * unit; h < min(st[23], (chunk + 1) * unit); ++h)                   \
+          attention_merge_at(arena, CH_U64(st, 8), st[10], CH_U64(st, 18), st[23], st[25], t,   \
+                             partials, st[28], st[29], h, 0);                                   \
+        break;                                                                                  \
     }                                                                                           \
   }                                                                                             \
   kernel void step_chain_t1_##ISA(                                                              \
       global const uint* table, uint n_stages, global uchar* arena, global uchar* q,            \
-      global volatile uint* sync, global const uchar* w0, global const uchar* w1,               \
-      global const uchar* w2, global const uchar* w3, global const uchar* w4,                   \
-      global const uchar* w5, global const uchar* w6, global const uchar* w7) {                 \
-    global const uchar* ws[8] = {w0, w1, w2, w3, w4, w5, w6, w7};                               \
+      global volatile uint* sync, global uchar* kv, global float* partials, CH_W_PARAMS) {      \
+    global const uchar* ws[CH_MAX_BUFFERS] = {CH_W_NAMES};                                      \
     const uint g = get_group_id(0), ng = get_num_groups(0);                                     \
     uint wait_from = 0; /* the first stage since the last barrier */                            \
     for (uint s = 0; s < n_stages; ++s) {                                                       \
@@ -179,7 +261,7 @@ __attribute__((always_inline)) inline void ch_add_rmsnorm_q8(global const uint* 
         const uint c0 = chunks * share / ng, c1 = chunks * (share + 1) / ng;                    \
         uint c;                                                                                 \
         while ((c = c0 + atomic_inc(&sy[16 + 8 * share])) < c1) {                               \
-          ch_chunk_##ISA(st, c, arena, q, ws);                                                  \
+          ch_chunk_##ISA(st, c, arena, q, kv, partials, ws);                                    \
           mem_fence(CLK_GLOBAL_MEM_FENCE);                                                      \
           atomic_inc(&sy[0]);                                                                   \
         }                                                                                       \
