@@ -386,9 +386,10 @@ class GpuKernels {
   static constexpr uint32_t kChainRingSlots = 64;
   bool chain_recording() const { return chain_on_; }
   // The stage's words, appended (enqueuing first what is recorded where it, or `buffer`'s
-  // slot, would not fit); *slot gets buffer's slot.
+  // slot, would not fit, or where it reads another arena or KV pool `kv` than the stages
+  // before: one of each a chain); *slot gets buffer's slot.
   uint32_t* chain_stage(uint32_t kind, uint32_t chunks, uint32_t unit, cl_mem arena,
-                        cl_mem buffer = nullptr, uint32_t* slot = nullptr);
+                        cl_mem buffer = nullptr, uint32_t* slot = nullptr, cl_mem kv = nullptr);
   // One-token stages (gpu_kernels_chain.cpp has their words): a's input quantisation, a matmul
   // (its input quantised before it), add_rmsnorm_quantize's and swiglu_quantize's work.
   void chain_quantize(cl_mem arena, const MatmulArgs& a, int bits, uint32_t zp_shift);
@@ -413,8 +414,6 @@ class GpuKernels {
                        uint32_t out_stride, const KvArgs& kv, uint32_t units, uint64_t tok_off,
                        uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
                        uint32_t t, uint32_t variant, uint32_t items, uint32_t chunks);
-  // The KV pool the stages recorded so far read or write (one a chain: another enqueues them).
-  void chain_use_kv(cl_mem kv);
   void flush_chain();
   void release_chain();  // the ring, the counters and the last events (the destructor's)
   bool chain_on_ = false;
@@ -432,5 +431,9 @@ class GpuKernels {
 
 // A kernel-name suffix per weight type ("q4_0", ...); throws unsupported for others.
 const char* kernel_type_suffix(DType t);
+// The segment type codes of matmul_siblings_cpu.cl (SIB_*: the sibling launch and the step
+// chains' matmul stages) and, for the K types, matmul_siblings_gpu.cl (GEMV_SIB_*); -1 for other
+// types.
+int sibling_type_code(DType t);
 
 }  // namespace duet::gpu

@@ -52,7 +52,6 @@ constexpr uint32_t kBlocksPerChunk = 64;      // quantisation, swiglu: 32-value 
 constexpr uint32_t kChSyncWords = 80;         // CH_SYNC
 constexpr uint32_t kChMaxGroups = 8;          // CH_MAX_GROUPS
 constexpr uint32_t kMatmulItemsPerChunk = 4;  // matmul_int8's work-group of 4 items
-constexpr uint32_t kSibQ4_0 = 0, kSibQ8_0 = 1, kSibQ4_K = 2, kSibQ5_K = 3, kSibQ6_K = 4;
 
 void put64(uint32_t* w, uint32_t at, uint64_t v) {
   w[at] = static_cast<uint32_t>(v);
@@ -60,20 +59,9 @@ void put64(uint32_t* w, uint32_t at, uint64_t v) {
 }
 
 uint32_t sib_code(DType t) {
-  switch (t) {
-    case DType::Q4_0:
-      return kSibQ4_0;
-    case DType::Q8_0:
-      return kSibQ8_0;
-    case DType::Q4_K:
-      return kSibQ4_K;
-    case DType::Q5_K:
-      return kSibQ5_K;
-    case DType::Q6_K:
-      return kSibQ6_K;
-    default:
-      throw Error(Errc::internal, "gpu_svc: no chained matmul for this weight type");
-  }
+  const int code = sibling_type_code(t);
+  if (code < 0) throw Error(Errc::internal, "gpu_svc: no chained matmul for this weight type");
+  return static_cast<uint32_t>(code);
 }
 
 }  // namespace
@@ -108,13 +96,15 @@ cl_event GpuKernels::take_chain_event() {
 }
 
 uint32_t* GpuKernels::chain_stage(uint32_t kind, uint32_t chunks, uint32_t unit, cl_mem arena,
-                                  cl_mem buffer, uint32_t* slot) {
+                                  cl_mem buffer, uint32_t* slot, cl_mem kv) {
   const auto used = std::span(chain_buffers_).first(chain_n_buffers_);
   const bool known = !buffer || std::find(used.begin(), used.end(), buffer) != used.end();
   if (chain_words_.size() >= size_t{kChainMaxStages} * kChainWords ||
-      (chain_arena_ && arena != chain_arena_) || (!known && chain_n_buffers_ == kChainMaxBuffers))
+      (chain_arena_ && arena != chain_arena_) || (kv && chain_kv_ && kv != chain_kv_) ||
+      (!known && chain_n_buffers_ == kChainMaxBuffers))
     flush_chain();
   chain_arena_ = arena;
+  if (kv) chain_kv_ = kv;
   if (buffer) {
     uint32_t i = 0;
     while (i < chain_n_buffers_ && chain_buffers_[i] != buffer) ++i;
@@ -262,17 +252,11 @@ void put_kv(uint32_t* s, const KvArgs& kv, uint32_t units, uint64_t tok_off) {
 
 }  // namespace
 
-void GpuKernels::chain_use_kv(cl_mem kv) {
-  if (chain_kv_ && chain_kv_ != kv) flush_chain();
-}
-
 void GpuKernels::chain_kv_write(cl_mem arena, uint64_t k_off, uint32_t k_stride, uint64_t v_off,
                                 uint32_t v_stride, const KvArgs& kv, uint32_t units,
                                 uint64_t tok_off, uint32_t t) {
-  chain_use_kv(kv.kv);
   uint32_t* s = chain_stage(kChKvWrite, (units + kKvUnitsPerChunk - 1) / kKvUnitsPerChunk,
-                            kKvUnitsPerChunk, arena);
-  chain_kv_ = kv.kv;  // after chain_stage, which may have enqueued the stages before
+                            kKvUnitsPerChunk, arena, nullptr, nullptr, kv.kv);
   s[4] = kv_type_code(kv.value_type);
   put64(s, 5, k_off);
   s[7] = k_stride;
@@ -287,9 +271,7 @@ void GpuKernels::chain_attention(cl_mem arena, uint64_t q_off, uint32_t q_stride
                                  uint64_t tok_off, uint32_t n_heads, uint32_t n_kv_heads,
                                  uint32_t head_dim, float scale, uint32_t t, uint32_t variant,
                                  uint32_t items, uint32_t chunks) {
-  chain_use_kv(kv.kv);
-  uint32_t* s = chain_stage(kChAttention, items * chunks, 1, arena);
-  chain_kv_ = kv.kv;
+  uint32_t* s = chain_stage(kChAttention, items * chunks, 1, arena, nullptr, nullptr, kv.kv);
   s[4] = kv_type_code(kv.value_type) * 3 + variant;
   put64(s, 5, q_off);
   s[7] = q_stride;
@@ -308,7 +290,6 @@ void GpuKernels::chain_attention(cl_mem arena, uint64_t q_off, uint32_t q_stride
   if (chunks == 1) return;  // the split writes the output (attention.cl)
   uint32_t* m = chain_stage(kChAttnMerge, (n_heads + kMergeHeadsPerChunk - 1) / kMergeHeadsPerChunk,
                             kMergeHeadsPerChunk, arena);
-  chain_kv_ = kv.kv;
   put64(m, 8, out_off);
   m[10] = out_stride;
   put64(m, 18, tok_off);

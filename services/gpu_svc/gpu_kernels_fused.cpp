@@ -24,10 +24,6 @@ bool GpuKernels::quantizes_input(const MatmulArgs& a) const {
   return !(coop_gemv_ && a.tokens.count() <= 4) && dev_.info().type == "cpu";
 }
 
-namespace {
-
-// The segment type codes of matmul_siblings_cpu.cl (SIB_*) and, for the K types,
-// matmul_siblings_gpu.cl (GEMV_SIB_*); -1 for other types.
 int sibling_type_code(DType t) {
   switch (t) {
     case DType::Q4_0:
@@ -44,8 +40,6 @@ int sibling_type_code(DType t) {
       return -1;
   }
 }
-
-}  // namespace
 
 bool GpuKernels::siblings_fuse(std::span<const MatmulArgs> mm) const {
   return sibling_pick(mm).has_value();

@@ -75,3 +75,17 @@ inline ulong kv_row_offset(global const int* page_table, uint pt_stride, int seq
   return pages_offset + (ulong)page * page_bytes +
          (((ulong)layer * 2 + which) * page_tokens + row) * kv_dim * value_bytes;
 }
+// Token t's K and V rows (kv_row_offset at its sequence and position): where the KV writes put
+// its values (kv_write_*_at).
+inline void kv_token_rows(global const uchar* arena, ulong tok_off, ulong pt_off, uint pt_stride,
+                          uint t, ulong pages_offset, ulong page_bytes, uint page_tokens,
+                          uint kv_units, uint layer, uint unit_bytes, ulong* k_dst, ulong* v_dst) {
+  global const int* tok = (global const int*)(arena + tok_off);
+  global const int* page_table = (global const int*)(arena + pt_off);
+  const int pos = tok[4 * t + TOK_POS];
+  const int seq = tok[4 * t + TOK_SEQ];
+  *k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens,
+                         kv_units, layer, 0, unit_bytes);
+  *v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes, page_tokens,
+                         kv_units, layer, 1, unit_bytes);
+}

@@ -192,14 +192,9 @@ inline void kv_write_f32_at(global const uchar* arena, ulong k_off, uint k_strid
                             uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
                             uint page_tokens, uint kv_dim, uint layer, ulong tok_off, ulong pt_off,
                             uint pt_stride, uint i, uint t) {
-  global const int* tok = (global const int*)(arena + tok_off);
-  global const int* page_table = (global const int*)(arena + pt_off);
-  const int pos = tok[4 * t + TOK_POS];
-  const int seq = tok[4 * t + TOK_SEQ];
-  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
-                                    page_tokens, kv_dim, layer, 0, 4);
-  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
-                                    page_tokens, kv_dim, layer, 1, 4);
+  ulong k_dst, v_dst;
+  kv_token_rows(arena, tok_off, pt_off, pt_stride, t, pages_offset, page_bytes, page_tokens,
+                kv_dim, layer, 4, &k_dst, &v_dst);
   ((global float*)(kv + k_dst))[i] = ((global const float*)(arena + k_off))[(ulong)t * k_stride + i];
   ((global float*)(kv + v_dst))[i] = ((global const float*)(arena + v_off))[(ulong)t * v_stride + i];
 }

@@ -9,14 +9,9 @@ inline void kv_write_f16_at(global const uchar* arena, ulong k_off, uint k_strid
                             uint v_stride, global uchar* kv, ulong pages_offset, ulong page_bytes,
                             uint page_tokens, uint kv_dim, uint layer, ulong tok_off, ulong pt_off,
                             uint pt_stride, uint i, uint t) {
-  global const int* tok = (global const int*)(arena + tok_off);
-  global const int* page_table = (global const int*)(arena + pt_off);
-  const int pos = tok[4 * t + TOK_POS];
-  const int seq = tok[4 * t + TOK_SEQ];
-  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
-                                    page_tokens, kv_dim, layer, 0, 2);
-  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
-                                    page_tokens, kv_dim, layer, 1, 2);
+  ulong k_dst, v_dst;
+  kv_token_rows(arena, tok_off, pt_off, pt_stride, t, pages_offset, page_bytes, page_tokens,
+                kv_dim, layer, 2, &k_dst, &v_dst);
   vstore_half_rte(((global const float*)(arena + k_off))[(ulong)t * k_stride + i], i,
                   (global half*)(kv + k_dst));
   vstore_half_rte(((global const float*)(arena + v_off))[(ulong)t * v_stride + i], i,
@@ -65,14 +60,9 @@ inline void kv_write_q8_0_at(global const uchar* arena, ulong k_off, uint k_stri
                              uint v_stride, global uchar* kv, ulong pages_offset,
                              ulong page_bytes, uint page_tokens, uint kv_blocks, uint layer,
                              ulong tok_off, ulong pt_off, uint pt_stride, uint b, uint t) {
-  global const int* tok = (global const int*)(arena + tok_off);
-  global const int* page_table = (global const int*)(arena + pt_off);
-  const int pos = tok[4 * t + TOK_POS];
-  const int seq = tok[4 * t + TOK_SEQ];
-  const ulong k_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
-                                    page_tokens, kv_blocks, layer, 0, BLOCK_BYTES_q8_0);
-  const ulong v_dst = kv_row_offset(page_table, pt_stride, seq, pos, pages_offset, page_bytes,
-                                    page_tokens, kv_blocks, layer, 1, BLOCK_BYTES_q8_0);
+  ulong k_dst, v_dst;
+  kv_token_rows(arena, tok_off, pt_off, pt_stride, t, pages_offset, page_bytes, page_tokens,
+                kv_blocks, layer, BLOCK_BYTES_q8_0, &k_dst, &v_dst);
   store_block_q8_0((global const float*)(arena + k_off) + (ulong)t * k_stride + b * QK,
                    kv + k_dst + (ulong)b * BLOCK_BYTES_q8_0);
   store_block_q8_0((global const float*)(arena + v_off) + (ulong)t * v_stride + b * QK,

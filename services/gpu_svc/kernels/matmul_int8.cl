@@ -100,6 +100,45 @@ kernel void quantize_q8_act(global const uchar* arena, ulong x_off, uint x_strid
 // fewer: PoCL wakes its worker threads for every kernel, which on this path cost more than
 // these ops' own work (bench/kquant/RESULTS.md, 2026-11-26 decode19).
 
+// add_rmsnorm_q8's two loops, which the step chains' stage (step_chain_cpu.cl) runs too, so both
+// give the same bits. Lane lid of lsz: [x = a + b when has_add] over values lid, lid + lsz, ...,
+// returning their sum of squares in that order.
+__attribute__((always_inline)) inline float add_square_sum(global uchar* arena, ulong a_off,
+                                                           uint a_stride, ulong b_off,
+                                                           uint b_stride, uint has_add,
+                                                           global float* x, uint dim, uint t,
+                                                           uint lid, uint lsz) {
+  float s = 0.0f;
+  if (has_add) {
+    global const float* a = (global const float*)(arena + a_off) + (ulong)t * a_stride;
+    global const float* b = (global const float*)(arena + b_off) + (ulong)t * b_stride;
+    for (uint i = lid; i < dim; i += lsz) {
+      const float v = a[i] + b[i];
+      x[i] = v;
+      s += v * v;
+    }
+  } else {
+    for (uint i = lid; i < dim; i += lsz) s += x[i] * x[i];
+  }
+  return s;
+}
+// out = x * scale * w over blocks blk, blk + step, ..., each quantised (token slot `slot`).
+__attribute__((always_inline)) inline void rmsnorm_q8_blocks(global const float* x, float scale,
+                                                             global const float* wt,
+                                                             global float* out, global uchar* q,
+                                                             uint n_blocks, uint blk, uint step,
+                                                             uint slot, uint bits,
+                                                             uint zp_shift) {
+  for (; blk < n_blocks; blk += step) {
+    const uint c = blk * QK;
+    const float16 lo = vload16(0, x + c) * scale * vload16(0, wt + c);
+    const float16 hi = vload16(1, x + c) * scale * vload16(1, wt + c);
+    vstore16(lo, 0, out + c);
+    vstore16(hi, 1, out + c);
+    q8_act_block(lo, hi, q, n_blocks, blk, slot, bits, zp_shift);
+  }
+}
+
 // [x = a + b when has_add (the residual add; x may be a)]; out = rmsnorm(x) * w, as kernel
 // rmsnorm (one work-group per token, the same partial sums in the same order: the same scale);
 // then out's blocks quantised as quantize_q8_act's (token slot = the group's token).
@@ -113,19 +152,8 @@ kernel void add_rmsnorm_q8(global uchar* arena, ulong a_off, uint a_stride, ulon
   const uint slot = get_group_id(1);
   const uint t = t_begin + slot;
   global float* x = (global float*)(arena + x_off) + (ulong)t * x_stride;
-  float s = 0.0f;
-  if (has_add) {
-    global const float* a = (global const float*)(arena + a_off) + (ulong)t * a_stride;
-    global const float* b = (global const float*)(arena + b_off) + (ulong)t * b_stride;
-    for (uint i = lid; i < dim; i += lsz) {
-      const float v = a[i] + b[i];
-      x[i] = v;
-      s += v * v;
-    }
-  } else {
-    for (uint i = lid; i < dim; i += lsz) s += x[i] * x[i];
-  }
-  partial[lid] = s;
+  partial[lid] = add_square_sum(arena, a_off, a_stride, b_off, b_stride, has_add, x, dim, t, lid,
+                                lsz);
   barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);  // x's sums, and x's new values
   for (uint half_n = lsz / 2; half_n > 0; half_n /= 2) {
     if (lid < half_n) partial[lid] += partial[lid + half_n];
@@ -134,15 +162,7 @@ kernel void add_rmsnorm_q8(global uchar* arena, ulong a_off, uint a_stride, ulon
   const float scale = rsqrt(partial[0] / (float)dim + eps);
   global const float* wt = (global const float*)(w + w_off);
   global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride;
-  const uint n_blocks = dim / QK;
-  for (uint blk = lid; blk < n_blocks; blk += lsz) {
-    const uint c = blk * QK;
-    const float16 lo = vload16(0, x + c) * scale * vload16(0, wt + c);
-    const float16 hi = vload16(1, x + c) * scale * vload16(1, wt + c);
-    vstore16(lo, 0, out + c);
-    vstore16(hi, 1, out + c);
-    q8_act_block(lo, hi, q, n_blocks, blk, slot, bits, zp_shift);
-  }
+  rmsnorm_q8_blocks(x, scale, wt, out, q, dim / QK, lid, lsz, slot, bits, zp_shift);
 }
 
 // out = silu(g) * u over one 32-value block of a token (out may be g): swiglu_blocks and

@@ -23,6 +23,26 @@
 #define SIB_Q4_K 2
 #define SIB_Q5_K 3
 #define SIB_Q6_K 4
+// ITEM(NAME, ...) for the segment type code `type`: the type dispatch of the sibling launch and
+// of the step chains' matmul stages (step_chain_cpu.cl).
+#define SIB_SWITCH_TYPE(type, ITEM, ...) \
+  switch (type) {                        \
+    case SIB_Q4_0:                       \
+      ITEM(q4_0, __VA_ARGS__);           \
+      break;                             \
+    case SIB_Q8_0:                       \
+      ITEM(q8_0, __VA_ARGS__);           \
+      break;                             \
+    case SIB_Q4_K:                       \
+      ITEM(q4_k, __VA_ARGS__);           \
+      break;                             \
+    case SIB_Q5_K:                       \
+      ITEM(q5_k, __VA_ARGS__);           \
+      break;                             \
+    case SIB_Q6_K:                       \
+      ITEM(q6_k, __VA_ARGS__);           \
+      break;                             \
+  }
 
 #define SIB_ITEM(NAME, ISA, BITS)                                                            \
   matmul_i8_##NAME##_t1_##ISA##_a##BITS##_tiled_item(w, 0, k, arena, y_off, y_stride, 0, rows, \
@@ -55,23 +75,7 @@
         y_stride = y2_stride;                                                                     \
       }                                                                                           \
     }                                                                                             \
-    switch (type) {                                                                               \
-      case SIB_Q4_0:                                                                              \
-        SIB_ITEM(q4_0, ISA, BITS);                                                                \
-        break;                                                                                    \
-      case SIB_Q8_0:                                                                              \
-        SIB_ITEM(q8_0, ISA, BITS);                                                                \
-        break;                                                                                    \
-      case SIB_Q4_K:                                                                              \
-        SIB_ITEM(q4_k, ISA, BITS);                                                                \
-        break;                                                                                    \
-      case SIB_Q5_K:                                                                              \
-        SIB_ITEM(q5_k, ISA, BITS);                                                                \
-        break;                                                                                    \
-      case SIB_Q6_K:                                                                              \
-        SIB_ITEM(q6_k, ISA, BITS);                                                                \
-        break;                                                                                    \
-    }                                                                                             \
+    SIB_SWITCH_TYPE(type, SIB_ITEM, ISA, BITS)                                                    \
   }
 DEFINE_MATMUL_SIBLINGS(portable, 8)
 DEFINE_MATMUL_SIBLINGS(vnni, 8)

@@ -49,7 +49,8 @@ __attribute__((always_inline)) inline void ch_pause(void) {
 }
 
 // add_rmsnorm_q8 (matmul_int8.cl) for one token, by one work-item: the same lsz partial sums
-// (value i into partial i % lsz, in order), the same tree, the same scale and blocks.
+// (add_square_sum, lane by lane), the same tree (serially: the kernel's barriers cannot run in a
+// chain), the same scale and blocks (rmsnorm_q8_blocks).
 __attribute__((always_inline)) inline void ch_add_rmsnorm_q8(global const uint* st,
                                                              global uchar* arena,
                                                              global const uchar* w,
@@ -62,35 +63,15 @@ __attribute__((always_inline)) inline void ch_add_rmsnorm_q8(global const uint* 
   const float eps = as_float(st[21]);
   global float* x = (global float*)(arena + x_off) + (ulong)t * x_stride;
   float partial[16];
-  for (uint lid = 0; lid < lsz; ++lid) {
-    float s = 0.0f;
-    if (has_add) {
-      global const float* a = (global const float*)(arena + a_off) + (ulong)t * a_stride;
-      global const float* b = (global const float*)(arena + b_off) + (ulong)t * b_stride;
-      for (uint i = lid; i < dim; i += lsz) {
-        const float v = a[i] + b[i];
-        x[i] = v;
-        s += v * v;
-      }
-    } else {
-      for (uint i = lid; i < dim; i += lsz) s += x[i] * x[i];
-    }
-    partial[lid] = s;
-  }
+  for (uint lid = 0; lid < lsz; ++lid)
+    partial[lid] =
+        add_square_sum(arena, a_off, a_stride, b_off, b_stride, has_add, x, dim, t, lid, lsz);
   for (uint half_n = lsz / 2; half_n > 0; half_n /= 2)
     for (uint lid = 0; lid < half_n; ++lid) partial[lid] += partial[lid + half_n];
   const float scale = rsqrt(partial[0] / (float)dim + eps);
-  global const float* wt = (global const float*)(w + w_off);
   global float* out = (global float*)(arena + out_off) + (ulong)t * out_stride;
-  const uint n_blocks = dim / QK;
-  for (uint blk = 0; blk < n_blocks; ++blk) {
-    const uint c = blk * QK;
-    const float16 lo = vload16(0, x + c) * scale * vload16(0, wt + c);
-    const float16 hi = vload16(1, x + c) * scale * vload16(1, wt + c);
-    vstore16(lo, 0, out + c);
-    vstore16(hi, 1, out + c);
-    q8_act_block(lo, hi, q, n_blocks, blk, 0, bits, zp_shift);
-  }
+  rmsnorm_q8_blocks(x, scale, (global const float*)(w + w_off), out, q, dim / QK, 0, 1, 0, bits,
+                    zp_shift);
 }
 
 // One matmul item through its kernel's own item function (type SIB_* code, layout 0 file /
@@ -104,24 +85,7 @@ __attribute__((always_inline)) inline void ch_add_rmsnorm_q8(global const uint* 
     CH_ITEM(NAME, ISA, 16, LAYOUT);     \
   else                                  \
     CH_ITEM(NAME, ISA, 8, LAYOUT)
-#define CH_ITEM_TYPE(ISA, LAYOUT)      \
-  switch (type) {                      \
-    case SIB_Q4_0:                     \
-      CH_ITEM_BITS(q4_0, ISA, LAYOUT); \
-      break;                           \
-    case SIB_Q8_0:                     \
-      CH_ITEM_BITS(q8_0, ISA, LAYOUT); \
-      break;                           \
-    case SIB_Q4_K:                     \
-      CH_ITEM_BITS(q4_k, ISA, LAYOUT); \
-      break;                           \
-    case SIB_Q5_K:                     \
-      CH_ITEM_BITS(q5_k, ISA, LAYOUT); \
-      break;                           \
-    case SIB_Q6_K:                     \
-      CH_ITEM_BITS(q6_k, ISA, LAYOUT); \
-      break;                           \
-  }
+#define CH_ITEM_TYPE(ISA, LAYOUT) SIB_SWITCH_TYPE(type, CH_ITEM_BITS, ISA, LAYOUT)
 
 // A one-token rope_heads_pair, KV write and attention (split and merge), through the functions
 // their kernels apart call (elementwise.cl, kv_write.cl, attention.cl), item by item.
