@@ -238,6 +238,15 @@ std::unique_ptr<ClDevice> ClDevice::open(const DeviceOptions& options) {
   return dev;
 }
 
+bool host_has_vnni() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 bool has_extension(const std::string& extensions, const std::string& name) {
   std::istringstream in(extensions);
   std::string token;
@@ -334,21 +343,17 @@ std::vector<std::vector<unsigned char>> read_binaries(const std::string& path, s
 
 void ClDevice::build_program(const DeviceOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string build_options = std::string("-cl-std=CL1.2 -cl-mad-enable") +
-                                    (options.gemv_tuning ? " -DDUET_GEMV_TUNING" : "");
+  const std::string base_options = std::string("-cl-std=CL1.2 -cl-mad-enable") +
+                                   (options.gemv_tuning ? " -DDUET_GEMV_TUNING" : "");
+  // On a VNNI host's CPU device the int8 kernels' portable family goes to a second program
+  // (matmul_int8.cl, INT8_ISA_*), built on first use (kernel()): half the IR PoCL parses when a
+  // restarted gpu_svc loads its program.
+  const bool split_isa = info_.type == "cpu" && host_has_vnni();
+  const std::string build_options = base_options + (split_isa ? " -DDUET_INT8_ISA_VNNI_ONLY" : "");
+  if (split_isa) other_isa_options_ = base_options + " -DDUET_INT8_ISA_PORTABLE_ONLY";
   const std::vector<cl_device_id> devs = devices();
-  uint64_t h = 1469598103934665603ull;
-  for (const std::string& s :
-       {info_.platform, info_.name, info_.narrow, info_.version, info_.driver, build_options})
-    h = fnv1a(h, s.data(), s.size() + 1);
-  h = fnv1a(h, kKernelSource, kKernelSourceSize);
-
-  const std::string dir = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
-  if (!dir.empty() && dir != "-") {
-    char name[32];
-    std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
-    cache_path_ = dir + "/opencl-" + name + ".bin";
-  }
+  cache_dir_ = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
+  cache_path_ = cache_file(info_.name + "\n" + info_.narrow, build_options);
 
   std::vector<std::vector<unsigned char>> bins;
   if (!cache_path_.empty()) bins = read_binaries(cache_path_, devs.size());
@@ -414,10 +419,46 @@ cl_program ClDevice::build_for(cl_device_id device, const std::vector<unsigned c
   return p;
 }
 
+std::string ClDevice::cache_file(const std::string& devices, const std::string& options) const {
+  if (cache_dir_.empty() || cache_dir_ == "-") return "";
+  uint64_t h = 1469598103934665603ull;
+  for (const std::string& s : {info_.platform, devices, info_.version, info_.driver, options})
+    h = fnv1a(h, s.data(), s.size() + 1);
+  h = fnv1a(h, kKernelSource, kKernelSourceSize);
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
+  return cache_dir_ + "/opencl-" + name + ".bin";
+}
+
+cl_program ClDevice::other_isa_program(bool narrow) {
+  cl_program& p = narrow ? narrow_other_isa_program_ : other_isa_program_;
+  if (p || other_isa_options_.empty()) return p;
+  const cl_device_id device = narrow ? narrow_device_ : device_;
+  const std::string path = cache_file(narrow ? info_.narrow : info_.name, other_isa_options_);
+  const std::vector<std::vector<unsigned char>> bins =
+      path.empty() ? std::vector<std::vector<unsigned char>>{} : read_binaries(path, 1);
+  if (!bins.empty()) p = build_for(device, bins[0], other_isa_options_);
+  if (!p) {
+    p = build_for(device, {}, other_isa_options_);
+    write_binaries(path, {p});
+  }
+  return p;
+}
+
+void ClDevice::build_other_isa_programs() {
+  if (other_isa_options_.empty()) return;
+  other_isa_program(false);
+  if (wait_narrow()) other_isa_program(true);
+}
+
 void ClDevice::write_cache() const {
-  if (cache_path_.empty()) return;
+  write_binaries(cache_path_, {program_, narrow_program_});
+}
+
+void ClDevice::write_binaries(const std::string& path, const std::vector<cl_program>& programs) {
+  if (path.empty()) return;
   std::vector<std::vector<unsigned char>> bins;
-  for (cl_program p : {program_, narrow_program_}) {
+  for (cl_program p : programs) {
     if (!p) continue;
     // A cache that cannot be written only costs time: nothing here throws.
     size_t size = 0;
@@ -430,8 +471,8 @@ void ClDevice::write_cache() const {
   }
   // Write then rename, so a concurrent reader never sees half a file.
   std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(cache_path_).parent_path(), ec);
-  const std::string tmp = cache_path_ + ".tmp" + std::to_string(::getpid());
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
   std::ofstream out(tmp, std::ios::binary);
   const auto count = static_cast<uint32_t>(bins.size());
   out.write(kBinaryMagic, 8);
@@ -442,7 +483,7 @@ void ClDevice::write_cache() const {
     out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(size));
   }
   out.close();
-  if (out) std::filesystem::rename(tmp, cache_path_, ec);
+  if (out) std::filesystem::rename(tmp, path, ec);
   if (!out || ec) std::filesystem::remove(tmp, ec);
 }
 
@@ -460,6 +501,8 @@ cl_kernel ClDevice::kernel(const std::string& name) {
   if (it != kernels.end()) return it->second;
   cl_int err = CL_SUCCESS;
   cl_kernel k = clCreateKernel(narrow ? narrow_program_ : program_, name.c_str(), &err);
+  if (err == CL_INVALID_KERNEL_NAME && !other_isa_options_.empty())
+    k = clCreateKernel(other_isa_program(narrow), name.c_str(), &err);
   if (err != CL_SUCCESS)
     throw Error(Errc::internal, "gpu_svc kernel '" + name + "': " + cl_error_name(err));
   kernels.emplace(name, k);
@@ -472,6 +515,8 @@ ClDevice::~ClDevice() {
   for (auto& [name, k] : narrow_kernels_) clReleaseKernel(k);
   if (program_) clReleaseProgram(program_);
   if (narrow_program_) clReleaseProgram(narrow_program_);
+  if (other_isa_program_) clReleaseProgram(other_isa_program_);
+  if (narrow_other_isa_program_) clReleaseProgram(narrow_other_isa_program_);
   if (queue_) clReleaseCommandQueue(queue_);
   if (untimed_queue_) clReleaseCommandQueue(untimed_queue_);
   if (narrow_queue_) clReleaseCommandQueue(narrow_queue_);

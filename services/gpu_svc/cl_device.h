@@ -45,6 +45,9 @@ struct DeviceInfo {
 // `name` is one of the space-separated tokens of an extension string (CL_DEVICE_EXTENSIONS).
 bool has_extension(const std::string& extensions, const std::string& name);
 
+// The host CPU runs AVX-512 VNNI (vpdpbusd): the int8 kernels' fast family (matmul_int8.cl).
+bool host_has_vnni();
+
 struct DeviceOptions {
   // Which device: "" picks the first GPU, else the first device of any type;
   // "P:D" picks device D of platform P. Env DUET_OPENCL_DEVICE overrides an empty value.
@@ -133,7 +136,12 @@ class ClDevice {
   // GPUs reporting host-unified memory. Otherwise the runner copies and says so.
   bool zero_copy() const { return zero_copy_; }
   // A kernel of the built program of the device the queue() is on, created on first use and kept.
+  // On a VNNI host's CPU device the int8 kernels' portable family (DUET_GPU_INT8_VNNI=0, the
+  // tests that hold it to the VNNI one's bits) is in a second program, loaded or built (then
+  // cached) the first time one of its kernels is asked for.
   cl_kernel kernel(const std::string& name);
+  // Builds that second program for both devices now (gpu_svc --prepare); a no-op without one.
+  void build_other_isa_programs();
   bool program_from_cache() const { return program_from_cache_; }
   double program_build_ms() const { return program_build_ms_; }
   const std::string& cache_path() const { return cache_path_; }
@@ -146,6 +154,10 @@ class ClDevice {
   cl_program build_for(cl_device_id device, const std::vector<unsigned char>& binary,
                        const std::string& build_options);
   void write_cache() const;  // both devices' binaries, when one was built from source
+  // The cache file of a program built for `devices` (names) with `options`; "" without a cache.
+  std::string cache_file(const std::string& devices, const std::string& options) const;
+  static void write_binaries(const std::string& path, const std::vector<cl_program>& programs);
+  cl_program other_isa_program(bool narrow);  // built on first use: kernel()
   void open_low_priority_queue(const DeviceOptions& options);
   std::vector<cl_device_id> devices() const;  // the device, then the narrow one if any
 
@@ -172,6 +184,9 @@ class ClDevice {
   bool program_from_cache_ = false;
   double program_build_ms_ = 0;
   std::string cache_path_;
+  std::string cache_dir_;
+  std::string other_isa_options_;  // empty: the one program holds every kernel
+  cl_program other_isa_program_ = nullptr, narrow_other_isa_program_ = nullptr;
 };
 
 // The process-wide device tests and benches share: building the program once per process keeps

@@ -17,15 +17,6 @@
 namespace duet::gpu {
 namespace {
 
-bool host_has_vnni() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
-#else
-  return false;
-#endif
-}
-
 bool env_off(const char* name) {
   return setting_text(name) == "0";
 }

@@ -11,8 +11,9 @@
 
 namespace {
 
-// `gpu_svc --prepare`: builds the kernel program for this machine's OpenCL device(s) into the
-// binary cache (cl_device.h) and exits. A cold build on PoCL compiles every kernel for each of
+// `gpu_svc --prepare`: builds the kernel program for this machine's OpenCL device(s), and on a
+// VNNI host the second one of the int8 kernels' portable family, into the binary cache
+// (cl_device.h) and exits. A cold build on PoCL compiles every kernel for each of
 // its drivers, 35-75 s on 2 cores: longer than `duet stack up` waits for a healthy stack, so
 // deploy/build.sh runs this once after building. With the cache warm it takes well under 1 s.
 int prepare() {
@@ -22,6 +23,7 @@ int prepare() {
     if (device.has_narrow() && !device.wait_narrow())
       throw duet::Error(duet::Errc::internal,
                         "the narrow device's program: " + device.narrow_error());
+    device.build_other_isa_programs();
     std::printf(
         "gpu_svc --prepare: %s%s%s: program %s in %.0f ms (%s)\n", device.info().name.c_str(),
         device.info().narrow.empty() ? "" : " + narrow ", device.info().narrow.c_str(),

@@ -223,6 +223,20 @@ __attribute__((always_inline)) inline int16 dot4_portable(int16 acc, int16 u, in
 // (skylake-avx512: no VNNI), so the VNNI code lives in a function of its own, not inlined.
 #define MMI_TARGET_portable __attribute__((noinline))
 #define MMI_TARGET_vnni __attribute__((noinline, target("avx512vnni")))
+// Which ISA families a program holds (ClDevice, cl_device.h): a VNNI host's program holds the
+// VNNI kernels and a second program, built on first use, the portable ones; loading a program
+// into PoCL parses all its IR, and the portable family is more than half of it (~0.35 s of a
+// restarted gpu_svc). Without either option (GPUs, other hosts) a program holds both.
+#if defined(DUET_INT8_ISA_VNNI_ONLY)
+#define INT8_ISA_portable(...)
+#else
+#define INT8_ISA_portable(...) __VA_ARGS__
+#endif
+#if defined(DUET_INT8_ISA_PORTABLE_ONLY)
+#define INT8_ISA_vnni(...)
+#else
+#define INT8_ISA_vnni(...) __VA_ARGS__
+#endif
 
 __attribute__((always_inline)) inline int16 mmi_cat4(int4 a, int4 b, int4 c, int4 d) {
   const int8 ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7);
@@ -488,10 +502,10 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
         rows_from_table, q, get_global_id(0), get_global_id(1));                                   \
   }
 #define DEFINE_MATMUL_INT8_ALL(ITEM, NAME, MMI_T, LAYOUT)                                          \
-  DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, portable, 8, LAYOUT)                                       \
-  DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, vnni, 8, LAYOUT)                                           \
-  DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, portable, 16, LAYOUT)                                      \
-  DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, vnni, 16, LAYOUT)
+  INT8_ISA_portable(DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, portable, 8, LAYOUT))                    \
+  INT8_ISA_vnni(DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, vnni, 8, LAYOUT))                            \
+  INT8_ISA_portable(DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, portable, 16, LAYOUT))                   \
+  INT8_ISA_vnni(DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, vnni, 16, LAYOUT))
 DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 1, file)
 DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 8, file)  // MMI_TILE
 DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q8_0, 1, file)

@@ -77,9 +77,9 @@
     }                                                                                             \
     SIB_SWITCH_TYPE(type, SIB_ITEM, ISA, BITS)                                                    \
   }
-DEFINE_MATMUL_SIBLINGS(portable, 8)
-DEFINE_MATMUL_SIBLINGS(vnni, 8)
-DEFINE_MATMUL_SIBLINGS(portable, 16)
-DEFINE_MATMUL_SIBLINGS(vnni, 16)
+INT8_ISA_portable(DEFINE_MATMUL_SIBLINGS(portable, 8))
+INT8_ISA_vnni(DEFINE_MATMUL_SIBLINGS(vnni, 8))
+INT8_ISA_portable(DEFINE_MATMUL_SIBLINGS(portable, 16))
+INT8_ISA_vnni(DEFINE_MATMUL_SIBLINGS(vnni, 16))
 
 #endif  // __x86_64__ && __clang__

@@ -242,7 +242,7 @@ __attribute__((always_inline)) inline void ch_attention(global const uint* st, u
       sync[CH_EXIT] = 0;                                                                        \
     }                                                                                           \
   }
-DEFINE_STEP_CHAIN(portable)
-DEFINE_STEP_CHAIN(vnni)
+INT8_ISA_portable(DEFINE_STEP_CHAIN(portable))
+INT8_ISA_vnni(DEFINE_STEP_CHAIN(vnni))
 
 #endif  // __x86_64__ && __clang__
