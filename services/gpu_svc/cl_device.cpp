@@ -320,8 +320,10 @@ void ClDevice::use_narrow(bool on) {
 namespace {
 
 constexpr char kBinaryMagic[8] = {'D', 'U', 'E', 'T', 'C', 'L', 'B', '2'};
+const std::vector<unsigned char> kNoBinary;
 
 std::vector<std::vector<unsigned char>> read_binaries(const std::string& path, size_t n) {
+  if (path.empty()) return {};  // no cache
   std::ifstream f(path, std::ios::binary);
   char magic[8] = {};
   uint32_t count = 0;
@@ -355,11 +357,9 @@ void ClDevice::build_program(const DeviceOptions& options) {
   cache_dir_ = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
   cache_path_ = cache_file(info_.name + "\n" + info_.narrow, build_options);
 
-  std::vector<std::vector<unsigned char>> bins;
-  if (!cache_path_.empty()) bins = read_binaries(cache_path_, devs.size());
-  if (!bins.empty()) program_ = build_for(device_, bins[0], build_options);
-  program_from_cache_ = program_ != nullptr;
-  if (!program_) program_ = build_for(device_, {}, build_options);
+  std::vector<std::vector<unsigned char>> bins = read_binaries(cache_path_, devs.size());
+  program_ =
+      build_for(device_, bins.empty() ? kNoBinary : bins[0], build_options, &program_from_cache_);
   program_build_ms_ =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (!narrow_device_) {
@@ -372,13 +372,10 @@ void ClDevice::build_program(const DeviceOptions& options) {
   if (program_from_cache_) narrow_binary = std::move(bins[1]);
   narrow_build_ = std::thread([this, narrow_binary = std::move(narrow_binary), build_options] {
     try {
-      cl_program p =
-          narrow_binary.empty() ? nullptr : build_for(narrow_device_, narrow_binary, build_options);
-      const bool from_source = p == nullptr;
-      if (!p) p = build_for(narrow_device_, {}, build_options);
-      narrow_program_ = p;
+      bool from_binary = false;
+      narrow_program_ = build_for(narrow_device_, narrow_binary, build_options, &from_binary);
       narrow_ready_.store(true, std::memory_order_release);
-      if (from_source) write_cache();
+      if (!from_binary) write_cache();
     } catch (const std::exception& e) {
       narrow_error_ = e.what();  // read after the join (wait_narrow)
       std::fprintf(stderr, "gpu_svc: no narrow queue, the wide one serves every step: %s\n",
@@ -388,7 +385,8 @@ void ClDevice::build_program(const DeviceOptions& options) {
 }
 
 cl_program ClDevice::build_for(cl_device_id device, const std::vector<unsigned char>& binary,
-                               const std::string& build_options) {
+                               const std::string& build_options, bool* from_binary) {
+  if (from_binary) *from_binary = !binary.empty();
   cl_int err = CL_SUCCESS;
   if (!binary.empty()) {
     const unsigned char* ptr = binary.data();
@@ -399,7 +397,7 @@ cl_program ClDevice::build_for(cl_device_id device, const std::vector<unsigned c
         clBuildProgram(p, 1, &device, build_options.c_str(), nullptr, nullptr) == CL_SUCCESS)
       return p;
     if (err == CL_SUCCESS && p) clReleaseProgram(p);
-    return nullptr;  // a stale or foreign binary: the caller builds the source
+    if (from_binary) *from_binary = false;  // a stale or foreign binary: the source, below
   }
   const char* src = reinterpret_cast<const char*>(kKernelSource);
   const size_t len = kKernelSourceSize;
@@ -435,13 +433,10 @@ cl_program ClDevice::other_isa_program(bool narrow) {
   if (p || other_isa_options_.empty()) return p;
   const cl_device_id device = narrow ? narrow_device_ : device_;
   const std::string path = cache_file(narrow ? info_.narrow : info_.name, other_isa_options_);
-  const std::vector<std::vector<unsigned char>> bins =
-      path.empty() ? std::vector<std::vector<unsigned char>>{} : read_binaries(path, 1);
-  if (!bins.empty()) p = build_for(device, bins[0], other_isa_options_);
-  if (!p) {
-    p = build_for(device, {}, other_isa_options_);
-    write_binaries(path, {p});
-  }
+  const std::vector<std::vector<unsigned char>> bins = read_binaries(path, 1);
+  bool from_binary = false;
+  p = build_for(device, bins.empty() ? kNoBinary : bins[0], other_isa_options_, &from_binary);
+  if (!from_binary) write_binaries(path, {p});
   return p;
 }
 

@@ -149,10 +149,10 @@ class ClDevice {
  private:
   ClDevice() = default;
   void build_program(const DeviceOptions& options);
-  // Builds `src` (a binary, or the source where empty) for `device` with `build_options`: the
-  // program, or null where a binary is stale or foreign. Throws for a source that fails.
+  // Builds the program for `device` with `build_options` from `binary`, or from the source where
+  // it is empty, stale or foreign; `from_binary` says which. Throws for a source that fails.
   cl_program build_for(cl_device_id device, const std::vector<unsigned char>& binary,
-                       const std::string& build_options);
+                       const std::string& build_options, bool* from_binary = nullptr);
   void write_cache() const;  // both devices' binaries, when one was built from source
   // The cache file of a program built for `devices` (names) with `options`; "" without a cache.
   std::string cache_file(const std::string& devices, const std::string& options) const;
