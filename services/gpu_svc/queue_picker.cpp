@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -32,19 +34,58 @@ uint32_t QueuePicker::context_bucket(uint32_t context) {
   return static_cast<uint32_t>(std::bit_width(context / 64));
 }
 
+double QueuePicker::loser_over_winner(const Shape& s) {
+  const double w = s.arm[0].estimate(), nr = s.arm[1].estimate();
+  const double win = std::min(w, nr), lose = std::max(w, nr);
+  return win > 0 ? lose / win : 1.0;
+}
+
+std::optional<QueuePicker::Carried> QueuePicker::carried_over(uint32_t program, uint32_t n_tokens,
+                                                              uint32_t context_bucket) const {
+  // Nearest measured bucket below (wide there means wide here) and above (narrow there means
+  // narrow here); the map is ordered by (program, tokens, bucket).
+  const auto here = shapes_.lower_bound(Key{program, n_tokens, context_bucket});
+  for (auto it = std::make_reverse_iterator(here); it != shapes_.rend(); ++it) {
+    if (it->first.program != program || it->first.n_tokens != n_tokens) break;
+    if (measured(it->second)) {
+      if (faster(it->second) == StepQueue::wide)
+        return Carried{StepQueue::wide, loser_over_winner(it->second)};
+      break;
+    }
+  }
+  for (auto it = here; it != shapes_.end(); ++it) {
+    if (it->first.program != program || it->first.n_tokens != n_tokens) break;
+    if (it->first.context_bucket == context_bucket) continue;
+    if (measured(it->second)) {
+      if (faster(it->second) == StepQueue::narrow)
+        return Carried{StepQueue::narrow, loser_over_winner(it->second)};
+      break;
+    }
+  }
+  return std::nullopt;
+}
+
+StepQueue QueuePicker::keep(Shape& s, StepQueue best, double ratio) {
+  ++s.picks;
+  if (o_.reprobe_every == 0) return best;
+  const double budget = 200.0 * (ratio - 1.0);  // re-measuring ~0.5% of the time
+  const uint64_t interval = std::clamp<uint64_t>(
+      std::isfinite(budget) && budget > 0 ? static_cast<uint64_t>(std::ceil(budget)) : 0,
+      o_.reprobe_every, 16 * o_.reprobe_every);
+  if (s.picks % interval == 0) return best == StepQueue::wide ? StepQueue::narrow : StepQueue::wide;
+  return best;
+}
+
 StepQueue QueuePicker::pick(uint32_t program, uint32_t n_tokens, uint32_t context) {
   if (o_.mode == Mode::off || n_tokens > o_.max_tokens) return StepQueue::wide;
   if (o_.mode == Mode::on) return StepQueue::narrow;
   Shape& s = shape(program, n_tokens, context);
   const Arm& w = s.arm[0];
   const Arm& nr = s.arm[1];
-  if (w.n < o_.samples || nr.n < o_.samples)
-    return nr.n < w.n ? StepQueue::narrow : StepQueue::wide;  // alternate while measuring
-  const StepQueue best = nr.estimate() < w.estimate() ? StepQueue::narrow : StepQueue::wide;
-  ++s.picks;
-  if (o_.reprobe_every > 0 && s.picks % o_.reprobe_every == 0)
-    return best == StepQueue::wide ? StepQueue::narrow : StepQueue::wide;
-  return best;
+  if (measured(s)) return keep(s, faster(s), loser_over_winner(s));
+  if (const auto carried = carried_over(program, n_tokens, context_bucket(context)))
+    return keep(s, carried->queue, carried->loser_over_winner);
+  return nr.n < w.n ? StepQueue::narrow : StepQueue::wide;  // alternate while measuring
 }
 
 void QueuePicker::observe(uint32_t program, uint32_t n_tokens, uint32_t context, StepQueue q,

@@ -17,12 +17,21 @@
 // tokens, so 8 decoders at 16 positions run faster on one core (0.86 vs 1.05 ms) and at 320
 // positions slower (3.4 vs 2.7 ms; bench/gpu/narrow_side_by_side.sh). The context bucket is
 // that of the step's longest context, in doubling ranges: [0, 64), [64, 128), [128, 256), ...
+// Because the narrow queue's advantage only shrinks as the context grows, a bucket not yet
+// measured takes the answer of a measured neighbour where that answer carries over: wide from a
+// smaller context where wide won, narrow from a larger one where narrow won. Otherwise every
+// bucket a decode grows into paid three probes on the losing queue (llama3.2-1b Q4_K_M: 31-35 ms
+// against 17 wide, 8% of a 32-token decode). Such a bucket still re-measures the other queue
+// every reprobe interval (its neighbour's) and decides on its own once both have their samples.
+// A re-measurement costs (loser / winner - 1) of a step, so its interval grows with that ratio
+// to keep re-measuring under ~0.5% of the shape's time: at least reprobe_every steps, at most 16x.
 // Not thread-safe: the runner runs one step at a time.
 #include <array>
 #include <compare>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 namespace duet::gpu {
 
@@ -70,6 +79,23 @@ class QueuePicker {
     Arm arm[2];
     uint64_t picks = 0;
   };
+  bool measured(const Shape& s) const {
+    return s.arm[0].n >= o_.samples && s.arm[1].n >= o_.samples;
+  }
+  static StepQueue faster(const Shape& s) {
+    return s.arm[1].estimate() < s.arm[0].estimate() ? StepQueue::narrow : StepQueue::wide;
+  }
+  // The answer a measured neighbouring bucket gives this one (above), if any: its winner and
+  // its loser / winner time ratio (the re-measurement interval's).
+  struct Carried {
+    StepQueue queue;
+    double loser_over_winner;
+  };
+  std::optional<Carried> carried_over(uint32_t program, uint32_t n_tokens,
+                                      uint32_t context_bucket) const;
+  static double loser_over_winner(const Shape& s);
+  // The winner of a decided shape, re-measuring the other queue at the interval above.
+  StepQueue keep(Shape& s, StepQueue best, double ratio);  // ratio: loser / winner
   Options o_;
   struct Key {
     uint32_t program, n_tokens, context_bucket;

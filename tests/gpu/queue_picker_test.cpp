@@ -32,11 +32,57 @@ TEST(QueuePicker, MeasuresBothQueuesThenKeepsTheFasterOne) {
   EXPECT_EQ(p.pick(1, 1, 16), StepQueue::narrow);
   p.observe(1, 1, 16, StepQueue::narrow, 300);
   EXPECT_EQ(run_steps(p, 1, 4, 600, 300), 2);
-  // Then the faster one (narrow at 300 us), but for the re-measurement every 64th step.
-  EXPECT_EQ(run_steps(p, 1, 128, 600, 300), 126);
-  // The other way round for another shape: a big model's decode is faster wide.
+  // Then the faster one (narrow at 300 us), but for a re-measurement of wide: every 200th step
+  // at wide's 2x (a probe costs a whole narrow step more: 200 of them keep it to 0.5%).
+  EXPECT_EQ(run_steps(p, 1, 199, 600, 300), 199);
+  EXPECT_EQ(run_steps(p, 1, 1, 600, 300), 0);
+  // The other way round for another shape: a big model's decode is faster wide; at 1.21x the
+  // interval is the least, reprobe_every (64).
   EXPECT_EQ(run_steps(p, 4, 6, 14000, 17000), 3);
   EXPECT_EQ(run_steps(p, 4, 64, 14000, 17000), 1);
+}
+
+TEST(QueuePicker, ReMeasuresAtMostEvery16xReprobeEverySteps) {
+  QueuePicker p;
+  run_steps(p, 1, 6, 100'000, 300);  // wide 333x slower
+  EXPECT_EQ(run_steps(p, 1, 1023, 100'000, 300), 1023);
+  EXPECT_EQ(run_steps(p, 1, 1, 100'000, 300), 0);
+}
+
+// A decode grows into larger contexts step by step; where wide won at a smaller context it wins
+// at a larger one (narrow's edge is its lower launch cost, attention grows with the context), so
+// the new bucket does not pay three steps on the slower queue first.
+TEST(QueuePicker, ALargerContextTakesWideFromASmallerOneWhereWideWon) {
+  QueuePicker p;
+  run_steps(p, 1, 6, 17000, 31000, 40);                   // bucket [0, 64): wide
+  EXPECT_EQ(run_steps(p, 1, 164, 17000, 31000, 100), 0);  // [64, 128): wide from the start
+  // Narrow re-measured at its neighbour's interval: 200 x (31000 / 17000 - 1), 165 steps.
+  EXPECT_EQ(run_steps(p, 1, 1, 17000, 31000, 100), 1);
+  EXPECT_EQ(run_steps(p, 1, 30, 17000, 31000, 600), 0);  // [512, 1024): skips the unmeasured
+  // The carried answer is not a measurement: a smaller bucket than the measured one measures.
+  QueuePicker q;
+  run_steps(q, 1, 6, 17000, 31000, 600);
+  EXPECT_EQ(run_steps(q, 1, 6, 17000, 31000, 100), 3);
+}
+
+TEST(QueuePicker, ASmallerContextTakesNarrowFromALargerOneWhereNarrowWon) {
+  QueuePicker p;
+  run_steps(p, 8, 6, 1050, 860, 320);                 // [256, 512): narrow
+  EXPECT_EQ(run_steps(p, 8, 20, 1050, 860, 16), 20);  // [0, 64): narrow from the start
+  // Not upwards: narrow winning at a smaller context says nothing of a larger one.
+  EXPECT_EQ(run_steps(p, 8, 6, 1050, 860, 600), 3);
+}
+
+// Once the carried bucket's re-measurements give the other queue its samples, it decides on its
+// own: here narrow, which its neighbour's answer would never have picked.
+TEST(QueuePicker, ACarriedBucketDecidesOnItsOwnOnceMeasured) {
+  QueuePicker p;
+  run_steps(p, 1, 6, 1000, 1300, 16);  // wide by 1.3x: re-measured every 64 steps
+  EXPECT_EQ(run_steps(p, 1, 3 * 64 - 1, 1000, 500, 100), 2) << "two re-measurements";
+  EXPECT_EQ(run_steps(p, 1, 1, 1000, 500, 100), 1) << "the third";
+  // Narrow, measured three times, until wide's re-measurement at step 200 (500 us against 1000).
+  EXPECT_EQ(run_steps(p, 1, 7, 1000, 500, 100), 7);
+  EXPECT_EQ(run_steps(p, 1, 1, 1000, 500, 100), 0);
 }
 
 TEST(QueuePicker, OneSlowFirstStepDoesNotDecide) {
