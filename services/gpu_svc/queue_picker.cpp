@@ -53,9 +53,9 @@ std::optional<QueuePicker::Carried> QueuePicker::carried_over(uint32_t program, 
       break;
     }
   }
-  for (auto it = here; it != shapes_.end(); ++it) {
+  for (auto it = shapes_.upper_bound(Key{program, n_tokens, context_bucket}); it != shapes_.end();
+       ++it) {
     if (it->first.program != program || it->first.n_tokens != n_tokens) break;
-    if (it->first.context_bucket == context_bucket) continue;
     if (measured(it->second)) {
       if (faster(it->second) == StepQueue::narrow)
         return Carried{StepQueue::narrow, loser_over_winner(it->second)};
@@ -68,10 +68,10 @@ std::optional<QueuePicker::Carried> QueuePicker::carried_over(uint32_t program, 
 StepQueue QueuePicker::keep(Shape& s, StepQueue best, double ratio) {
   ++s.picks;
   if (o_.reprobe_every == 0) return best;
-  const double budget = 200.0 * (ratio - 1.0);  // re-measuring ~0.5% of the time
-  const uint64_t interval = std::clamp<uint64_t>(
-      std::isfinite(budget) && budget > 0 ? static_cast<uint64_t>(std::ceil(budget)) : 0,
-      o_.reprobe_every, 16 * o_.reprobe_every);
+  // Re-measuring ~0.5% of the time, clamped as a double: a huge ratio never reaches the cast.
+  const auto least = static_cast<double>(o_.reprobe_every);
+  const auto interval =
+      static_cast<uint64_t>(std::clamp(std::ceil(200.0 * (ratio - 1.0)), least, 16 * least));
   if (s.picks % interval == 0) return best == StepQueue::wide ? StepQueue::narrow : StepQueue::wide;
   return best;
 }
