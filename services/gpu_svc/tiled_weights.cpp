@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "core/base/error.h"
@@ -101,23 +102,24 @@ void tile_weights(DType type, uint64_t rows, uint32_t cols, const uint8_t* src, 
 TiledTensor::TiledTensor(ClDevice& dev, DType type, uint64_t rows, uint32_t cols,
                          const uint8_t* src) {
   const uint64_t bytes = tiled_bytes(type, rows, cols);
-  void* host = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  // Owned here until the buffer's destructor callback takes it: a width tile_weights refuses
+  // or a failed clCreateBuffer frees it on the way out.
+  std::unique_ptr<void, decltype(&std::free)> host(std::aligned_alloc(64, (bytes + 63) / 64 * 64),
+                                                   &std::free);
   if (!host)
     throw Error(Errc::out_of_range, "gpu_svc: no memory for a tiled weight copy of " +
                                         std::to_string(bytes) + " bytes");
-  tile_weights(type, rows, cols, src, static_cast<uint8_t*>(host));
+  tile_weights(type, rows, cols, src, static_cast<uint8_t*>(host.get()));
   cl_int err = CL_SUCCESS;
-  mem_ = clCreateBuffer(dev.context(), CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, bytes, host, &err);
-  if (err != CL_SUCCESS) {
-    std::free(host);
-    check_cl(err, "clCreateBuffer(tiled weights)");
-  }
-  if (const cl_int e = clSetMemObjectDestructorCallback(mem_, free_host_memory, host);
+  mem_ = clCreateBuffer(dev.context(), CL_MEM_READ_ONLY | CL_MEM_USE_HOST_PTR, bytes, host.get(),
+                        &err);
+  check_cl(err, "clCreateBuffer(tiled weights)");
+  if (const cl_int e = clSetMemObjectDestructorCallback(mem_, free_host_memory, host.get());
       e != CL_SUCCESS) {
     clReleaseMemObject(mem_);
-    std::free(host);
     check_cl(e, "clSetMemObjectDestructorCallback");
   }
+  host.release();  // the callback frees it now
 }
 
 TiledTensor::~TiledTensor() {

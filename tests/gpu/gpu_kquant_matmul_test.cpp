@@ -135,6 +135,19 @@ double worst_relative_error(const std::vector<uint8_t>& wbytes, DType type, cons
   return testing::worst_relative_error(dense, s, x, t_begin, n, y);
 }
 
+// A width that is not whole super-blocks is refused with the width named, and the host copy it
+// had allocated goes with the error (checked for leaks under -fsanitize=address).
+TEST_P(KQuantInt8Matmul, ATiledCopyOfAWidthThatIsNotWholeSuperBlocksIsRefused) {
+  const std::vector<uint8_t> bytes(4 * 512, 0);
+  try {
+    const TiledTensor tiled(dev, type, 4, 300, bytes.data());
+    FAIL() << "a width of 300 was tiled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("width 300"), std::string::npos) << e.what();
+  }
+}
+
 TEST_P(KQuantInt8Matmul, StaysCloseToTheFp64MatmulOfTheDequantisedWeights) {
   const Shape s{96, 1024, 0, 96};
   const uint32_t table = kBegin + 9;
