@@ -49,7 +49,7 @@ constexpr uint32_t kChQuantize = 1, kChMatmul = 2, kChAddRmsnormQ8 = 3, kChSwigl
 constexpr uint32_t kChRopePair = 5, kChKvWrite = 6, kChAttention = 7, kChAttnMerge = 8;
 constexpr uint32_t kRopePairsPerChunk = 8, kKvUnitsPerChunk = 256, kMergeHeadsPerChunk = 4;
 constexpr uint32_t kBlocksPerChunk = 64;      // quantisation, swiglu: 32-value blocks a chunk
-constexpr uint32_t kChSyncWords = 80;         // CH_SYNC
+constexpr uint32_t kChSyncWords = 128;        // CH_SYNC
 constexpr uint32_t kChMaxGroups = 8;          // CH_MAX_GROUPS
 constexpr uint32_t kMatmulItemsPerChunk = 4;  // matmul_int8's work-group of 4 items
 
