@@ -135,8 +135,8 @@ double worst_relative_error(const std::vector<uint8_t>& wbytes, DType type, cons
   return testing::worst_relative_error(dense, s, x, t_begin, n, y);
 }
 
-// A width that is not whole super-blocks is refused with the width named, and the host copy it
-// had allocated goes with the error (checked for leaks under -fsanitize=address).
+// A width that is not whole super-blocks is refused with the width named, and the host copy
+// it had allocated goes with the error (gpu_tiled_copy_leak_test runs it under LeakSanitizer).
 TEST_P(KQuantInt8Matmul, ATiledCopyOfAWidthThatIsNotWholeSuperBlocksIsRefused) {
   const std::vector<uint8_t> bytes(4 * 512, 0);
   try {

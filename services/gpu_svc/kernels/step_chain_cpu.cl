@@ -107,13 +107,14 @@ __attribute__((always_inline)) inline ulong ch_next_weights(global const uint* t
   for (uint n = s + 1; n < min(n_stages, s + 5); ++n) {
     global const uint* st = table + n * CH_WORDS;
     if (st[0] != CH_MATMUL || !st[19]) continue;
-    const uint type = st[4];  // sibling_type_code: q4_0 q8_0 q4_k q5_k q6_k
-    const ulong item_bytes = (ulong)(st[9] / (type < 2 ? 32 : 256)) *
-                             (type == 0   ? 288
-                              : type == 1 ? 544
-                              : type == 2 ? 2304
-                              : type == 3 ? 2816
-                                          : 3392);  // TILED_BYTES_*
+    const uint type = st[4];  // SIB_* (sibling_type_code)
+    const bool k_quant = type == SIB_Q4_K || type == SIB_Q5_K || type == SIB_Q6_K;
+    const ulong item_bytes = (ulong)(st[9] / (k_quant ? 256 : QK)) *
+                             (type == SIB_Q4_0   ? TILED_BYTES_q4_0
+                              : type == SIB_Q8_0 ? TILED_BYTES_q8_0
+                              : type == SIB_Q4_K ? TILED_BYTES_q4_k
+                              : type == SIB_Q5_K ? TILED_BYTES_q5_k
+                                                 : TILED_BYTES_q6_k);
     const uint chunks = st[2], unit = st[3], items = st[20];
     const uint i0 = min(items, chunks * g / ng * unit);
     const uint i1 = min(items, chunks * (g + 1) / ng * unit);
