@@ -5,6 +5,9 @@
 # its services beside its own binary), N rounds, M model.
 #   ARMS="old:/tmp/oldbin new:build/bin" N=8 bash bench/kquant/ab_stacks.sh
 set -uo pipefail
+cd "$(dirname "$0")/../.."
+# Both stacks go down however the script ends.
+trap 'for arm in $ARMS; do "${arm#*:}/duet" stack down --stack ab2${arm%%:*} >/dev/null 2>&1; done' EXIT
 M=${M:-build-bench/models/llama3.2-1b-q4_k_m-llama3.gguf}
 for arm in $ARMS; do name=${arm%%:*}; bin=${arm#*:}
   $bin/duet stack up --stack ab2$name --model $M --plan gpu-only --timeout 300 >/dev/null 2>&1 || echo "up failed $name"
@@ -20,4 +23,3 @@ for i in $(seq ${N:-4}); do
   done
   echo "$line"
 done
-for arm in $ARMS; do name=${arm%%:*}; bin=${arm#*:}; $bin/duet stack down --stack ab2$name >/dev/null 2>&1; done
