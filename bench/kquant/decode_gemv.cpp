@@ -178,14 +178,18 @@ int main(int argc, char** argv) {
       flops += 2.0 * c.rows * c.k * T;
     }
   }
-  // Two tiles of 8 tokens' quantised input at k = 8192 (16-token items read both).
-  const size_t qgroups = 2 * 8192 / 32, qbytes = qgroups * 640;
+  // 16 tokens' quantised input at k = 8192 (16-token items read all), in the kernels' layout:
+  // groups of MMI_TILE token slots (64 bytes each), then their float scales and int sums.
+  const size_t at_tile = src.find("#define MMI_TILE ");
+  const size_t tile = at_tile == std::string::npos ? 8 : std::stoul(src.substr(at_tile + 17));
+  const size_t group_bytes = 80 * tile, qgroups = 16 / tile * 8192 / 32;
+  const size_t qbytes = qgroups * group_bytes;
   std::vector<unsigned char> qh(qbytes);
   for (size_t g = 0; g < qgroups; ++g) {
-    for (size_t i = 0; i < 640; ++i) qh[g * 640 + i] = rng() & 0xFF;
-    for (int s = 0; s < 8; ++s) {
+    for (size_t i = 0; i < group_bytes; ++i) qh[g * group_bytes + i] = rng() & 0xFF;
+    for (size_t s = 0; s < tile; ++s) {
       float d = 0.01f;
-      std::memcpy(&qh[g * 640 + 512 + 4 * s], &d, 4);
+      std::memcpy(&qh[g * group_bytes + 64 * tile + 4 * s], &d, 4);
     }
   }
   cl_mem q = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, qbytes, qh.data(), &err);

@@ -97,6 +97,9 @@ const std::array kSettings = {
             "Q8_0/Q4_0 matmuls on int8 activations where the kernels exist; 0: off"},
     Setting{"DUET_GPU_INT8_VNNI", "gpu.int8_vnni", T::choice, "1", 0, 0, "0|1",
             "the int8 matmuls' AVX512-VNNI kernels on hosts that have it; 0: off"},
+    Setting{"DUET_GPU_INT8_AMX", "gpu.int8_amx", T::choice, "1", 0, 0, "0|1",
+            "the int8 GEMMs' AMX tile kernels (launches of more than 8 tokens) on hosts with "
+            "AMX-INT8 whose kernel grants the tile state; the same bits as VNNI; 0: off"},
     Setting{"DUET_GPU_FUSE", "gpu.fuse", T::choice, "1", 0, 0, "0|1",
             "fused launches of a decode step's small ops: on the CPU integer path add + rmsnorm + "
             "quantise, swiglu + quantise, the q/k ropes, the q/k/v and gate/up matmuls; on GPUs "

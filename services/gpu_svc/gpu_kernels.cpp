@@ -10,12 +10,37 @@
 #include <stdexcept>
 #include <string>
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "core/base/error.h"
 #include "core/base/settings.h"
 #include "services/gpu_svc/kernel_args.h"
 
 namespace duet::gpu {
 namespace {
+
+// AMX-INT8 in the CPU (cpuid leaf 7, EDX bits 24 AMX-TILE and 25 AMX-INT8), and the tile state
+// granted to this process by Linux (5.16 on: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+// without it the first tile instruction faults). Asked once; the grant is the whole process's,
+// PoCL's worker threads included.
+bool host_grants_amx() {
+#if defined(__x86_64__) && defined(__linux__)
+  static const bool granted = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1))
+      return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
 
 bool env_off(const char* name) {
   return setting_text(name) == "0";
@@ -51,6 +76,7 @@ GpuKernels::GpuKernels(ClDevice& dev)
       attn_min_chunk_keys_(dev.info().type == "gpu" ? kAttnMinChunkKeysGpu : kAttnMinChunkKeys) {
   int8_matmul_ = !env_off("DUET_GPU_INT8_MATMUL") && int8_kernels_available();
   int8_vnni_ = int8_matmul_ && !env_off("DUET_GPU_INT8_VNNI") && host_has_vnni();
+  int8_amx_ = int8_vnni_ && !env_off("DUET_GPU_INT8_AMX") && host_grants_amx();
   if (dev_.info().type == "cpu") {
     // PoCL reports its device-wide multiple for every kernel; its own group choice uses that.
     check_cl(clGetKernelWorkGroupInfo(dev_.kernel("add"), dev_.id(),
@@ -103,7 +129,7 @@ bool GpuKernels::int8_kernels_available() {
 void GpuKernels::set_gpu_kernels(bool on) {
   gpu_kernels_ = on;
   coop_gemv_ = on;
-  if (on) int8_matmul_ = int8_vnni_ = false;
+  if (on) int8_matmul_ = int8_vnni_ = int8_amx_ = false;
   forget_quantized_input();
 }
 
@@ -171,6 +197,22 @@ void GpuKernels::set_int8_vnni(bool on) {
   if (on && !host_has_vnni())
     throw Error(Errc::unsupported, "gpu_svc: this CPU has no AVX-512 VNNI");
   int8_vnni_ = on;
+}
+
+void GpuKernels::set_int8_isa(Int8Isa isa) {
+  if (isa == Int8Isa::amx && !(host_has_vnni() && host_grants_amx()))
+    throw Error(Errc::unsupported,
+                "gpu_svc: no AMX-INT8 here (the CPU lacks it, or Linux refused the tile state)");
+  set_int8_vnni(isa != Int8Isa::portable);
+  int8_amx_ = isa == Int8Isa::amx;
+}
+
+GpuKernels::Int8Isa GpuKernels::int8_isa() const {
+  return !int8_vnni_ ? Int8Isa::portable : int8_amx_ ? Int8Isa::amx : Int8Isa::vnni;
+}
+
+const char* GpuKernels::int8_isa_name(Int8Isa isa) {
+  return isa == Int8Isa::portable ? "portable" : isa == Int8Isa::vnni ? "vnni" : "amx";
 }
 
 const char* kernel_type_suffix(DType t) {

@@ -86,7 +86,10 @@ struct KvArgs {
 // batch-invariant (a token's output bits do not depend on the other tokens of the launch). On
 // by default there; the environment variable DUET_GPU_INT8_MATMUL=0 turns it off (the fp32
 // kernels of matmul.cl then run, as on every other device), DUET_GPU_INT8_VNNI=0 keeps it on
-// but uses the portable kernels instead of AVX-512 VNNI (the same bits, slower). Weights are
+// but uses the portable kernels instead of AVX-512 VNNI (the same bits, slower). Where the CPU
+// has AMX-INT8 and Linux grants this process the tile state, launches of more than 8 tokens run
+// AMX tile products instead of vpdpbusd chains (matmul_int8_amx.cl: the same bits, 1.3-1.4x
+// faster GEMMs); DUET_GPU_INT8_AMX=0 keeps them on VNNI. Weights are
 // read from their tiled copy (MatmulArgs::tiled, tiled_weights.h: the runner makes one per
 // tensor) or, without one, from the file's layout (transposed block by block: ~25% slower).
 // Activations are quantised per 32-value block to 8 bits (llama.cpp's Q8_0) or 16 (two 8-bit
@@ -134,6 +137,14 @@ class GpuKernels {
   bool int8_matmul() const { return int8_matmul_; }
   void set_int8_vnni(bool on);
   bool int8_vnni() const { return int8_vnni_; }
+  // The integer kernels by instruction set, all with the same bits: portable (emulated
+  // vpdpbusd), vnni (AVX-512 VNNI), amx (vnni, and AMX tiles for launches of more than 8
+  // tokens). set_int8_isa throws unsupported where the host lacks the ISA (amx: also where the
+  // kernel refused the tile state).
+  enum class Int8Isa { portable, vnni, amx };
+  void set_int8_isa(Int8Isa isa);
+  Int8Isa int8_isa() const;
+  static const char* int8_isa_name(Int8Isa isa);
   // Activation bits of the integer path, per matmul role (see above): 8 or 16, invalid_argument
   // otherwise. set_int8_act_bits(bits) sets every role; int8_act_bits() is the widest (what a
   // matmul without a role gets).
@@ -301,10 +312,12 @@ class GpuKernels {
   // dst = src, 64 bytes per work-item (bytes a multiple of 64): bench/gpu's bandwidth yardstick.
   cl_event copy(cl_mem src, cl_mem dst, size_t bytes);
 
-  // The quantised input of the integer path by tiles of 8 tokens (MMI_TILE in matmul_int8.cl):
-  // per 32-value block of a tile, 8 x (2 x 32 quants) + 8 scales + 2 x 8 sums, in 640 bytes.
-  static constexpr uint32_t kInt8TileTokens = 8;
-  static size_t int8_tile_bytes(uint32_t k) { return size_t{k} / 32 * 640; }
+  // The quantised input of the integer path by tiles of 16 tokens (MMI_TILE in matmul_int8.cl):
+  // per 32-value block of a tile, 16 x (2 x 32 quants) + 16 scales + 3 x 16 sums, in 1280 bytes.
+  // A VNNI GEMM item takes 8 tokens (half a tile), an AMX one 16.
+  static constexpr uint32_t kInt8TileTokens = 16;
+  static constexpr uint32_t kInt8GemmTokens = 8;
+  static size_t int8_tile_bytes(uint32_t k) { return size_t{k} / 32 * 1280; }
   static constexpr uint32_t kMatmulTokensPerItem = 8;  // the prefill variant's MM_TN in matmul.cl
   static constexpr uint32_t kGemvLanes = 16;           // GEMV_LWS in matmul_gpu.cl
   static constexpr uint32_t kGemvRows = 16;            // GEMV_ROWS in matmul_gpu.cl
@@ -358,7 +371,7 @@ class GpuKernels {
   bool gpu_kernels_;               // set_gpu_kernels
   size_t cpu_group_multiple_ = 0;  // a CPU device's preferred group multiple; 0 elsewhere (launch)
   std::string gemv_variant_;       // "": by shape
-  bool int8_matmul_ = false, int8_vnni_ = false;
+  bool int8_matmul_ = false, int8_vnni_ = false, int8_amx_ = false;
   bool attention_cpu_available_ = false;  // a CPU device whose compiler built attention_split_cpu_*
   AttentionKernel attention_kernel_ = AttentionKernel::shared;
   uint32_t attn_min_chunk_keys_ = kAttnMinChunkKeys;

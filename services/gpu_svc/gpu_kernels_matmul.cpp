@@ -40,7 +40,8 @@ cl_event GpuKernels::matmul_cpu(cl_mem arena, const MatmulArgs& a) {
 // Two launches: quantize_q8_act writes the token rows' quantised blocks into int8_tiles_ (grown on
 // demand), then matmul_i8_* reads them. The returned event is the matmul's (profiling then
 // counts the matmul only; the quantisation reads k floats per token, ~1/rows of the matmul).
-// One token takes the T = 1 kernel (no tile to fill), more the 8-token tile: the same bits.
+// One token takes the T = 1 kernel (no tile to fill), more the 8- or 16-token GEMM: the same
+// bits.
 cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
   const uint32_t n = a.tokens.count();
   if (n == 0 || a.row_end <= a.row_begin) {
@@ -54,12 +55,15 @@ cl_event GpuKernels::matmul_int8(cl_mem arena, const MatmulArgs& a) {
     return nullptr;
   }
 
-  // 8-token tiles measured best of 8, 12 and 16 (bench/gpu/RESULTS.md).
+  // VNNI: 8-token items measured best of 8, 12 and 16 (bench/gpu/RESULTS.md); AMX: a whole
+  // 16-token input tile per item (one tile product per plane and block).
   constexpr size_t kRowsPerItem = kTiledRows;  // matmul_int8.cl: a work-item is a 16-row group
-  const size_t tokens_per_item = n == 1 ? 1 : kInt8TileTokens;
+  const bool amx = int8_amx_ && int8_vnni_ && n > kInt8GemmTokens;
+  const size_t tokens_per_item = n == 1 ? 1 : amx ? kInt8TileTokens : kInt8GemmTokens;
+  const char* isa = amx ? "_amx" : int8_vnni_ ? "_vnni" : "_portable";
   const std::string name = std::string("matmul_i8_") + kernel_type_suffix(a.wtype) + "_t" +
-                           std::to_string(tokens_per_item) + (int8_vnni_ ? "_vnni" : "_portable") +
-                           "_a" + std::to_string(bits) + (a.tiled ? "_tiled" : "_file");
+                           std::to_string(tokens_per_item) + isa + "_a" + std::to_string(bits) +
+                           (a.tiled ? "_tiled" : "_file");
   cl_kernel k = dev_.kernel(name);
   set_args(k, a.tiled ? a.tiled : a.w, cl_ulong{a.tiled ? 0 : a.w_off}, cl_uint{a.k}, arena,
            cl_ulong{a.y_off}, cl_uint{a.y_stride}, cl_uint{a.row_begin}, cl_uint{a.row_end},

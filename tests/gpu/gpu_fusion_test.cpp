@@ -272,7 +272,7 @@ TEST(SiblingMatmuls, OneLaunchWritesTheBitsOfTheMatmulsApartOnOddRowCounts) {
   ClDevice& dev = shared_device();
   GpuKernels kernels(dev);
   if (!testing::int8_path_available(kernels)) GTEST_SKIP() << "no integer path here";
-  const std::vector<bool> isas = testing::integer_isas(kernels);
+  const std::vector<GpuKernels::Int8Isa> isas = testing::integer_isas(kernels);
   struct Case {
     std::vector<DType> types;
     std::vector<uint32_t> rows;
@@ -287,12 +287,12 @@ TEST(SiblingMatmuls, OneLaunchWritesTheBitsOfTheMatmulsApartOnOddRowCounts) {
   };
   for (const Case& c : cases) {
     Siblings sib(dev, c.types, c.rows, c.cols, kLaunch, SiblingLayout::tiled);
-    for (const bool vnni : isas)
+    for (const GpuKernels::Int8Isa isa : isas)
       for (const int bits : {8, 16}) {
         SCOPED_TRACE(std::string(dtype_name(c.types.front())) + " then " +
-                     std::string(dtype_name(c.types.back())) + (vnni ? " vnni" : " portable") +
-                     " a" + std::to_string(bits));
-        kernels.set_int8_vnni(vnni);
+                     std::string(dtype_name(c.types.back())) + " " +
+                     GpuKernels::int8_isa_name(isa) + " a" + std::to_string(bits));
+        kernels.set_int8_isa(isa);
         kernels.set_int8_act_bits(bits);
         ASSERT_TRUE(kernels.siblings_fuse(sib.args));
         const auto apart = sib.outputs([&] {

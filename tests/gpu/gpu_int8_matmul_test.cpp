@@ -80,7 +80,7 @@ using Int8Matmul = testing::Int8MatmulTest;
 // n tokens in [1, 20] at t_begin 3 of a table of 23; each launch's rows against the one-token
 // launches of the same tokens, for both ISAs, and the one-token outputs against the emulation.
 TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
-  const std::vector<bool> isas = integer_isas();
+  const std::vector<GpuKernels::Int8Isa> isas = integer_isas();
   // 45 rows from 3: two full 16-row items and a partial one; 7 blocks a row (odd).
   for (const Shape s : {Shape{48, 224, 3, 48}, Shape{40, 64, 0, 40}, Shape{17, 32, 1, 17}}) {
     SCOPED_TRACE("rows " + std::to_string(s.rows) + " cols " + std::to_string(s.cols));
@@ -95,7 +95,8 @@ TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
     for (uint32_t i = 0; i < kQK; ++i) x[size_t{kBegin + 1} * s.cols + i] = 0.0f;
     const uint64_t tok_off = 0, x_off = 4096, y_off = x_off + uint64_t{kTable} * s.cols * 4;
     const uint64_t alone_off = y_off + uint64_t{kTable} * s.rows * 4;
-    HostBuffer arena(dev, alone_off + uint64_t{kTable} * s.rows * 4 * 2);
+    HostBuffer arena(dev,
+                     alone_off + uint64_t{kTable} * s.rows * 4 * isas.size());  // a table per ISA
     std::memcpy(arena.at(x_off), x.data(), x.size() * 4);
     auto* tok = arena.at<int32_t>(tok_off);
     for (uint32_t t = 0; t < kTable; ++t)  // Logits rows: reversed, every third token none
@@ -109,7 +110,7 @@ TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
     };
     std::vector<std::vector<float>> alone(isas.size());
     for (size_t v = 0; v < isas.size(); ++v) {
-      kernels.set_int8_vnni(isas[v]);
+      kernels.set_int8_isa(isas[v]);
       for (uint32_t t = kBegin; t < kTable; ++t)
         run(kernels.matmul(arena.mem(),
                            args(t, t + 1, alone_off + v * kTable * s.rows * 4, false)));
@@ -120,7 +121,7 @@ TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
     // The ISAs agree, and the one-token kernel computes the documented algorithm.
     for (size_t v = 1; v < isas.size(); ++v)
       ASSERT_EQ(0, std::memcmp(alone[0].data(), alone[v].data(), alone[0].size() * 4))
-          << "VNNI and portable kernels differ";
+          << GpuKernels::int8_isa_name(isas[v]) << " and portable kernels differ";
     const size_t row_bytes = wbytes.size() / s.rows;
     for (uint32_t t = kBegin; t < kTable; ++t)
       for (uint32_t r = s.row_begin; r < s.row_end; ++r) {
@@ -130,8 +131,8 @@ TEST_P(Int8Matmul, EveryTokenOfABatchMatchesItselfAloneBitForBit) {
       }
     for (size_t v = 0; v < isas.size() * 2; ++v) {
       const bool tiled_layout = v >= isas.size();
-      kernels.set_int8_vnni(isas[v % isas.size()]);
-      SCOPED_TRACE(std::string(isas[v % isas.size()] ? "vnni" : "portable") +
+      kernels.set_int8_isa(isas[v % isas.size()]);
+      SCOPED_TRACE(std::string(GpuKernels::int8_isa_name(isas[v % isas.size()])) +
                    (tiled_layout ? ", tiled weights" : ""));
       for (uint32_t n = 1; n <= kTable - kBegin; ++n)
         for (const bool table : {false, true}) {

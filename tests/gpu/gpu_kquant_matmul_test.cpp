@@ -75,7 +75,7 @@ struct Fixture {
 using KQuantInt8Matmul = testing::Int8MatmulTest;
 
 TEST_P(KQuantInt8Matmul, EveryLaunchComputesTheDocumentedAlgorithmBitForBit) {
-  const std::vector<bool> isas = integer_isas();
+  const std::vector<GpuKernels::Int8Isa> isas = integer_isas();
   const uint32_t table = kBegin + 296;
   for (const Shape& s : kShapes) {
     SCOPED_TRACE("rows " + std::to_string(s.rows) + " cols " + std::to_string(s.cols));
@@ -87,13 +87,13 @@ TEST_P(KQuantInt8Matmul, EveryLaunchComputesTheDocumentedAlgorithmBitForBit) {
         want[size_t{t} * s.rows + r] = kq_emulate(type, f.wbytes.data() + r * row_bytes,
                                                   f.x.data() + size_t{t} * s.cols, s.cols, bits);
     const TiledTensor tiled(dev, type, s.rows, s.cols, f.wbytes.data());
-    for (const bool vnni : isas)
+    for (const GpuKernels::Int8Isa isa : isas)
       for (const bool tiled_layout : {false, true}) {
-        kernels.set_int8_vnni(vnni);
+        kernels.set_int8_isa(isa);
         for (const uint32_t n : token_counts())
           for (const bool logits : {false, true}) {
             if (logits && n > 20 && s.rows != 33) continue;  // enough: the table's rows per shape
-            SCOPED_TRACE(std::string(vnni ? "vnni" : "portable") +
+            SCOPED_TRACE(std::string(GpuKernels::int8_isa_name(isa)) +
                          (tiled_layout ? " tiled" : " file") + " n " + std::to_string(n) +
                          (logits ? " (Logits rows)" : ""));
             float* y = f.arena.at<float>(f.y_off);

@@ -137,15 +137,19 @@ inline bool int8_path_available(GpuKernels& k) {
   }
 }
 
-// The ISAs of the integer kernels k's device runs: portable (false), and VNNI (true) where the
-// CPU has AVX-512 VNNI (k is left on VNNI then).
-inline std::vector<bool> integer_isas(GpuKernels& k) {
-  std::vector<bool> out{false};
-  try {
-    k.set_int8_vnni(true);
-    out.push_back(true);
-  } catch (const Error&) {
-    std::printf("note: no AVX-512 VNNI here, portable kernels only\n");
+// The ISAs of the integer kernels k's device runs: portable, then VNNI where the CPU has AVX-512
+// VNNI, then AMX where it has AMX-INT8 and the tile state is granted (k is left on the last).
+inline std::vector<GpuKernels::Int8Isa> integer_isas(GpuKernels& k) {
+  using Isa = GpuKernels::Int8Isa;
+  std::vector<Isa> out{Isa::portable};
+  for (const Isa isa : {Isa::vnni, Isa::amx}) {
+    try {
+      k.set_int8_isa(isa);
+      out.push_back(isa);
+    } catch (const Error&) {
+      std::printf("note: no %s here\n", GpuKernels::int8_isa_name(isa));
+      break;
+    }
   }
   return out;
 }
@@ -158,7 +162,7 @@ class Int8MatmulTest : public ::testing::TestWithParam<std::tuple<DType, int>> {
     if (!int8_path_available(kernels)) GTEST_SKIP() << "no integer path on " << dev.info().name;
     kernels.set_int8_act_bits(bits);
   }
-  std::vector<bool> integer_isas() { return testing::integer_isas(kernels); }
+  std::vector<GpuKernels::Int8Isa> integer_isas() { return testing::integer_isas(kernels); }
 
   const DType type = std::get<0>(GetParam());
   const int bits = std::get<1>(GetParam());

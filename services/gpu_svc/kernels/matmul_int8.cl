@@ -24,22 +24,24 @@
 
 // The quantised input, by tiles of MMI_TILE tokens (counted from t_begin) and blocks: the group of
 // tile t and block b starts at q + (t * n_blocks + b) * MMI_GROUP_BYTES and holds, for token slot
-// s = 0..7 of the tile, its plane 0 (32 int8) at s * 64 and plane 1 at s * 64 + 32, then the 8
-// float scales d (at 512), 8 int32 sums of plane 0 (at 544), 8 int32 sums of the block's
-// quants or of plane 1 (at 576) and 8 of its first 16 quants (at 608, the whole quants'
-// sum as SUMS1 for 16 bits); 640 bytes, ten cache lines. A matmul's work-item then reads a
-// whole block of its 8 tokens at fixed offsets from one pointer (with a row per token it kept 24
-// pointers, reloaded from the stack in the inner loop). With bits = 8 (llama.cpp's Q8_0
-// activations) a block is q = round(x / d), d = amax / 127, in plane 0. With bits = 16,
-// q = round(x / d) with d = amax / (127 * 256), split as q = 256 * q_hi + q_lo (q_hi in plane 0,
-// q_lo in [-128, 127] in plane 1), so the same 8-bit dot instruction serves and the int dot is
-// 256 * hi + lo.
-#define MMI_TILE 8
-#define MMI_GROUP_BYTES 640
-#define MMI_SCALES 512
-#define MMI_SUMS0 544
-#define MMI_SUMS1 576
-#define MMI_HALF_SUMS 608  // the first 16 quants' sums (as SUMS1 for 16 bits): matmul_kq_cpu.cl
+// s = 0..15 of the tile, its plane 0 (32 int8) at s * 64 and plane 1 at s * 64 + 32, then the 16
+// float scales d (at 1024), 16 int32 sums of plane 0 (at 1088), 16 int32 sums of the block's
+// quants or of plane 1 (at 1152) and 16 of its first 16 quants (at 1216, the whole quants'
+// sum as SUMS1 for 16 bits); 1280 bytes, twenty cache lines. A matmul's work-item then reads a
+// whole block of its tokens at fixed offsets from one pointer (with a row per token it kept 24
+// pointers, reloaded from the stack in the inner loop), and a plane of the 16 slots is one AMX
+// tile (16 rows 64 bytes apart: matmul_int8_amx.cl; 8-slot tiles gave it half-height products,
+// no faster than vpdpbusd). The VNNI GEMM's items take 8 of a tile's slots. With bits = 8
+// (llama.cpp's Q8_0 activations) a block is q = round(x / d), d = amax / 127, in plane 0. With
+// bits = 16, q = round(x / d) with d = amax / (127 * 256), split as q = 256 * q_hi + q_lo (q_hi in
+// plane 0, q_lo in [-128, 127] in plane 1), so the same 8-bit dot instruction serves and the int
+// dot is 256 * hi + lo.
+#define MMI_TILE 16
+#define MMI_GROUP_BYTES 1280
+#define MMI_SCALES 1024
+#define MMI_SUMS0 1088
+#define MMI_SUMS1 1152
+#define MMI_HALF_SUMS 1216  // the first 16 quants' sums (as SUMS1 for 16 bits): matmul_kq_cpu.cl
 // One block of 32 values (lo, hi) of token slot i (counted from t_begin) into the group of block
 // b: quantize_q8_act's work-item, and the fused kernels' below (the same bits by construction).
 __attribute__((always_inline)) inline void q8_act_block(float16 lo, float16 hi, global uchar* q,
@@ -375,6 +377,12 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
   }
 #define MMI_DOTS_portable MMI_DOTS_DOT4
 #define MMI_DOTS_vnni MMI_DOTS_DOT4
+// What an item does before its first and after its last block dots, by ISA (matmul_int8_amx.cl:
+// the tile configuration).
+#define MMI_BEGIN_portable(NAME, MMI_T)
+#define MMI_BEGIN_vnni(NAME, MMI_T)
+#define MMI_END_portable
+#define MMI_END_vnni
 
 // One block of a matmul_i8 work-item (DEFINE_MATMUL_INT8): acc[i] += the 16 rows' dots (u, the
 // weights' lane vectors; dw, their scales) with token i's block b. 8 bits: the zero point's
@@ -404,7 +412,7 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
 // (strided addresses), or a range's last rows.
 #define MMI_ITEM_file(NAME, MMI_T, ISA, BITS)                                                      \
   const uint r0 = row_begin + item_rows * 16;                                                      \
-  MMI_ITEM_START(MMI_T)                                                                            \
+  MMI_ITEM_START(NAME, MMI_T, ISA)                                                                 \
   const ulong row_bytes = (ulong)n_blocks * BLOCK_BYTES_##NAME;                                    \
   global const uchar* w_item = w + w_off + (ulong)r0 * row_bytes;                                  \
   /* The next item's rows (the next 16, one contiguous range), a few lines per block (a few       \
@@ -435,7 +443,7 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
 #define MMI_PREFETCH_AHEAD(NAME, wb) MMI_PREFETCH_L2((wb) + MMI_AHEAD_##NAME, TILED_BYTES_##NAME)
 #define MMI_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                     \
   const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
-  MMI_ITEM_START(MMI_T)                                                                            \
+  MMI_ITEM_START(NAME, MMI_T, ISA)                                                                 \
   global const uchar* w_item = w + (ulong)(r0 / 16) * n_blocks * TILED_BYTES_##NAME;               \
   for (uint b = 0; b < n_blocks; ++b) {                                                            \
     global const uchar* wb = w_item + (ulong)b * TILED_BYTES_##NAME;                               \
@@ -446,7 +454,7 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
     MMI_BLOCK_DOTS(MMI_T, ISA, BITS)                                                               \
   }
 // Shared by both: the item's output rows, the tile of its tokens, the accumulators.
-#define MMI_ITEM_START(MMI_T)                                                                      \
+#define MMI_ITEM_START(NAME, MMI_T, ISA)                                                           \
   const uint t0 = t_begin + item_tokens * MMI_T;                                                   \
   if (r0 >= row_end || t0 >= t_end) return;                                                        \
   global const int* tok = (global const int*)(arena + tok_off);                                    \
@@ -464,20 +472,22 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
       q + (ulong)((t0 - t_begin) / MMI_TILE) * n_blocks * MMI_GROUP_BYTES;                         \
   const ulong tile_step = (ulong)n_blocks * MMI_GROUP_BYTES;                                       \
   float16 acc[MMI_T];                                                                              \
-  _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] = (float16)(0.0f);
+  _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) acc[i] = (float16)(0.0f);                    \
+  MMI_BEGIN_##ISA(NAME, MMI_T)
 
-// y[t][r] for 16 rows x MMI_T tokens per work-item (the runner's MMI_T = 1 or MMI_TILE: an
-// item's tokens lie in one tile of the quantised input; the block dots also serve 2 MMI_TILE,
-// whose items span two tiles: bench/kquant/decode_gemv.cpp's KQH_T=16). With rows_from_table,
-// token t writes y row tok[t].logits_row (nothing for -1), as matmul.cl's kernels. Only rows in
-// [row_begin, row_end) are written. ITEM names the family of per-item bodies (ITEM##_file /
-// ITEM##_tiled: MMI_ITEM here, KQ_ITEM in matmul_kq_cpu.cl), each declaring r0, out_row and acc.
+// y[t][r] for 16 rows x MMI_T tokens per work-item (MMI_T = 1, 8 or MMI_TILE = 16: an item's
+// tokens lie in one tile of the quantised input; the block dots also serve 2 MMI_TILE, whose
+// items span two tiles, for kernel benches). With rows_from_table, token t writes y row
+// tok[t].logits_row (nothing for -1), as matmul.cl's kernels. Only rows in [row_begin, row_end)
+// are written. ITEM names the family of per-item bodies (ITEM##_file / ITEM##_tiled: MMI_ITEM here,
+// KQ_ITEM in matmul_kq_cpu.cl), each declaring r0, out_row and acc.
 #define DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, ISA, BITS, LAYOUT)                                   \
   MMI_TARGET_##ISA void matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(           \
       global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \
       uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, int rows_from_table,  \
       global const uchar* q, uint item_rows, uint item_tokens) {                                   \
-    ITEM##_##LAYOUT(NAME, MMI_T, ISA, BITS) global float* y = (global float*)(arena + y_off);      \
+    ITEM##_##LAYOUT(NAME, MMI_T, ISA, BITS) MMI_END_##ISA                                          \
+    global float* y = (global float*)(arena + y_off);                                              \
     _Pragma("unroll") for (uint i = 0; i < MMI_T; ++i) {                                           \
       if (out_row[i] < 0) continue;                                                                \
       global float* yr = y + (ulong)out_row[i] * y_stride + r0;                                    \
@@ -507,7 +517,7 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
   INT8_ISA_portable(DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, portable, 16, LAYOUT))                   \
   INT8_ISA_vnni(DEFINE_MATMUL_INT8(ITEM, NAME, MMI_T, vnni, 16, LAYOUT))
 DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 1, file)
-DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 8, file)  // MMI_TILE
+DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 8, file)  // half a tile
 DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q8_0, 1, file)
 DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q8_0, 8, file)
 DEFINE_MATMUL_INT8_ALL(MMI_ITEM, q4_0, 1, tiled)

@@ -191,7 +191,7 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
   }
 #define KQ_ITEM_file(NAME, MMI_T, ISA, BITS)                                                       \
   const uint r0 = row_begin + item_rows * 16;                                                      \
-  MMI_ITEM_START(MMI_T)                                                                            \
+  MMI_ITEM_START(NAME, MMI_T, ISA)                                                                 \
   const uint n_super = k / 256;                                                                    \
   const ulong row_bytes = (ulong)n_super * BLOCK_BYTES_##NAME;                                     \
   global const uchar* w_item = w + w_off + (ulong)r0 * row_bytes;                                  \
@@ -218,7 +218,7 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
 #define KQ_PREFETCH(NAME, wb) MMI_PREFETCH_L2((wb) + 4 * TILED_BYTES_##NAME, TILED_BYTES_##NAME)
 #define KQ_ITEM_tiled(NAME, MMI_T, ISA, BITS)                                                      \
   const uint r0 = (row_begin & ~15u) + item_rows * 16;                                             \
-  MMI_ITEM_START(MMI_T)                                                                            \
+  MMI_ITEM_START(NAME, MMI_T, ISA)                                                                 \
   const uint n_super = k / 256;                                                                    \
   const ulong row_bytes = 0;                                                                       \
   global const uchar* w_item = w + (ulong)(r0 / 16) * n_super * TILED_BYTES_##NAME;                \
@@ -230,7 +230,7 @@ __attribute__((always_inline)) inline void kq_scale_min(const int16* h, uint j, 
 
 // The kernels: matmul_int8.cl's DEFINE_MATMUL_INT8 over the KQ_ITEM bodies above.
 DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q4_k, 1, file)
-DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q4_k, 8, file)  // MMI_TILE
+DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q4_k, 8, file)  // half a tile
 DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q5_k, 1, file)
 DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q5_k, 8, file)
 DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q6_k, 1, file)
@@ -241,5 +241,11 @@ DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q5_k, 1, tiled)
 DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q5_k, 8, tiled)
 DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q6_k, 1, tiled)
 DEFINE_MATMUL_INT8_ALL(KQ_ITEM, q6_k, 8, tiled)
+DEFINE_MATMUL_INT8_AMX(KQ_ITEM, q4_k, file)
+DEFINE_MATMUL_INT8_AMX(KQ_ITEM, q5_k, file)
+DEFINE_MATMUL_INT8_AMX(KQ_ITEM, q6_k, file)
+DEFINE_MATMUL_INT8_AMX(KQ_ITEM, q4_k, tiled)
+DEFINE_MATMUL_INT8_AMX(KQ_ITEM, q5_k, tiled)
+DEFINE_MATMUL_INT8_AMX(KQ_ITEM, q6_k, tiled)
 
 #endif  // __x86_64__ && __clang__
