@@ -383,6 +383,10 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
 #define MMI_BEGIN_vnni(NAME, MMI_T)
 #define MMI_END_portable
 #define MMI_END_vnni
+// What a kernel does before its item (matmul_int8_amx.cl: a tile's last items of 8 tokens or
+// fewer take the VNNI item instead).
+#define MMI_KERNEL_HEAD_portable(NAME, BITS, LAYOUT)
+#define MMI_KERNEL_HEAD_vnni(NAME, BITS, LAYOUT)
 
 // One block of a matmul_i8 work-item (DEFINE_MATMUL_INT8): acc[i] += the 16 rows' dots (u, the
 // weights' lane vectors; dw, their scales) with token i's block b. 8 bits: the zero point's
@@ -507,6 +511,7 @@ __attribute__((always_inline)) inline float16 mmi_tiled_scales(global const ucha
       global const uchar* w, ulong w_off, uint k, global uchar* arena, ulong y_off, uint y_stride, \
       uint row_begin, uint row_end, uint t_begin, uint t_end, ulong tok_off, int rows_from_table,  \
       global const uchar* q) {                                                                     \
+    MMI_KERNEL_HEAD_##ISA(NAME, BITS, LAYOUT)                                                      \
     matmul_i8_##NAME##_t##MMI_T##_##ISA##_a##BITS##_##LAYOUT##_item(                               \
         w, w_off, k, arena, y_off, y_stride, row_begin, row_end, t_begin, t_end, tok_off,          \
         rows_from_table, q, get_global_id(0), get_global_id(1));                                   \

@@ -97,9 +97,25 @@ __attribute__((always_inline)) inline void mmi_amx_dots(const int16* b, global c
     dot_lo[i] = BITS == 16 ? amx_c[16 + i] + init : (int16)(0);            \
   }
 
-#define DEFINE_MATMUL_INT8_AMX(ITEM, NAME, LAYOUT)   \
-  DEFINE_MATMUL_INT8(ITEM, NAME, 16, amx, 8, LAYOUT) \
-  DEFINE_MATMUL_INT8(ITEM, NAME, 16, amx, 16, LAYOUT)
+// An item whose tile holds 8 tokens or fewer of the launch (the last of a launch of 16 n + 1..8
+// tokens) runs the VNNI 8-token item over the tile's first 8 slots: the same ints (hence bits),
+// for half the work of a 16-slot product whose rows past the launch are discarded (a 54-token
+// prefill's fourth tile holds 6).
+#define MMI_KERNEL_HEAD_amx(NAME, BITS, LAYOUT)                                                 \
+  {                                                                                             \
+    const uint t0 = t_begin + (uint)get_global_id(1) * 16;                                      \
+    if (t0 < t_end && t_end - t0 <= 8) {                                                        \
+      matmul_i8_##NAME##_t8_vnni_a##BITS##_##LAYOUT##_item(                                     \
+          w, w_off, k, arena, y_off, y_stride, row_begin, row_end, t_begin, t_end, tok_off,     \
+          rows_from_table, q, get_global_id(0), 2 * (uint)get_global_id(1));                    \
+      return;                                                                                   \
+    }                                                                                           \
+  }
+
+// In the VNNI program only (cl_device.cpp's split): AMX implies VNNI, and the tail's item is there.
+#define DEFINE_MATMUL_INT8_AMX(ITEM, NAME, LAYOUT)                 \
+  INT8_ISA_vnni(DEFINE_MATMUL_INT8(ITEM, NAME, 16, amx, 8, LAYOUT)) \
+  INT8_ISA_vnni(DEFINE_MATMUL_INT8(ITEM, NAME, 16, amx, 16, LAYOUT))
 DEFINE_MATMUL_INT8_AMX(MMI_ITEM, q4_0, file)
 DEFINE_MATMUL_INT8_AMX(MMI_ITEM, q8_0, file)
 DEFINE_MATMUL_INT8_AMX(MMI_ITEM, q4_0, tiled)
