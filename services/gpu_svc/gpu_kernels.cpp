@@ -11,7 +11,6 @@
 #include <string>
 
 #if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -23,16 +22,14 @@
 namespace duet::gpu {
 namespace {
 
-// AMX-INT8 in the CPU (cpuid leaf 7, EDX bits 24 AMX-TILE and 25 AMX-INT8), and the tile state
-// granted to this process by Linux (5.16 on: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
-// without it the first tile instruction faults). Asked once; the grant is the whole process's,
-// PoCL's worker threads included.
+// AMX-INT8 in the CPU (as host_has_vnni asks), and the tile state granted to this process by
+// Linux (5.16 on: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); without it the first tile
+// instruction faults). Asked once; the grant is the whole process's, PoCL's worker threads
+// included.
 bool host_grants_amx() {
 #if defined(__x86_64__) && defined(__linux__)
   static const bool granted = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1))
-      return false;
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
@@ -205,10 +202,6 @@ void GpuKernels::set_int8_isa(Int8Isa isa) {
                 "gpu_svc: no AMX-INT8 here (the CPU lacks it, or Linux refused the tile state)");
   set_int8_vnni(isa != Int8Isa::portable);
   int8_amx_ = isa == Int8Isa::amx;
-}
-
-GpuKernels::Int8Isa GpuKernels::int8_isa() const {
-  return !int8_vnni_ ? Int8Isa::portable : int8_amx_ ? Int8Isa::amx : Int8Isa::vnni;
 }
 
 const char* GpuKernels::int8_isa_name(Int8Isa isa) {

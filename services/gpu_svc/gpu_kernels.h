@@ -88,8 +88,9 @@ struct KvArgs {
 // kernels of matmul.cl then run, as on every other device), DUET_GPU_INT8_VNNI=0 keeps it on
 // but uses the portable kernels instead of AVX-512 VNNI (the same bits, slower). Where the CPU
 // has AMX-INT8 and Linux grants this process the tile state, launches of more than 8 tokens run
-// AMX tile products instead of vpdpbusd chains (matmul_int8_amx.cl: the same bits, 1.3-1.4x
-// faster GEMMs); DUET_GPU_INT8_AMX=0 keeps them on VNNI. Weights are
+// AMX tile products instead of vpdpbusd chains, but for a last tile of 8 tokens or fewer
+// (matmul_int8_amx.cl: the same bits, 1.3-1.4x faster GEMMs); DUET_GPU_INT8_AMX=0 keeps them on
+// VNNI. Weights are
 // read from their tiled copy (MatmulArgs::tiled, tiled_weights.h: the runner makes one per
 // tensor) or, without one, from the file's layout (transposed block by block: ~25% slower).
 // Activations are quantised per 32-value block to 8 bits (llama.cpp's Q8_0) or 16 (two 8-bit
@@ -143,7 +144,6 @@ class GpuKernels {
   // kernel refused the tile state).
   enum class Int8Isa { portable, vnni, amx };
   void set_int8_isa(Int8Isa isa);
-  Int8Isa int8_isa() const;
   static const char* int8_isa_name(Int8Isa isa);
   // Activation bits of the integer path, per matmul role (see above): 8 or 16, invalid_argument
   // otherwise. set_int8_act_bits(bits) sets every role; int8_act_bits() is the widest (what a

@@ -103,7 +103,7 @@ __attribute__((always_inline)) inline void mmi_amx_dots(const int16* b, global c
 // prefill's fourth tile holds 6).
 #define MMI_KERNEL_HEAD_amx(NAME, BITS, LAYOUT)                                                 \
   {                                                                                             \
-    const uint t0 = t_begin + (uint)get_global_id(1) * 16;                                      \
+    const uint t0 = t_begin + (uint)get_global_id(1) * MMI_TILE;                                \
     if (t0 < t_end && t_end - t0 <= 8) {                                                        \
       matmul_i8_##NAME##_t8_vnni_a##BITS##_##LAYOUT##_item(                                     \
           w, w_off, k, arena, y_off, y_stride, row_begin, row_end, t_begin, t_end, tok_off,     \
